@@ -1,0 +1,24 @@
+# `make demo` and `make test` do all set-up themselves on a fresh Debian machine.
+.PHONY: setup demo test bench lint clean
+
+BIN := .venv/bin
+
+setup:
+	@bash scripts/setup.sh
+
+demo: setup
+	$(BIN)/baton demo
+
+test: setup
+	$(BIN)/pytest -q
+
+bench: setup
+	$(BIN)/python -m bench
+
+lint: setup
+	$(BIN)/ruff check orchestrator workers sandbox tests bench
+	$(BIN)/ruff format --check orchestrator workers sandbox tests bench
+	$(BIN)/mypy
+
+clean:
+	rm -rf .venv .pytest_cache .mypy_cache .ruff_cache build *.egg-info

@@ -1,0 +1,43 @@
+"""Every Redis key Baton writes, in one place. All start with `baton:`.
+
+A run's keys share the `baton:run:<id>` prefix so that one SCAN finds them all.
+"""
+
+from __future__ import annotations
+
+PREFIX = "baton:"
+
+
+def run(run_id: str) -> str:
+    """Hash: the run record. Fields `meta`, `issue`, `status`, `reason`, `current_stage`,
+    `updated_at` and one `stage:<name>` JSON document per stage."""
+    return f"{PREFIX}run:{run_id}"
+
+
+def outputs(run_id: str) -> str:
+    """Hash: output key → the stage output (JSON). Keys starting `temp:` go when the run ends."""
+    return f"{PREFIX}run:{run_id}:outputs"
+
+
+def artifact(run_id: str, name: str) -> str:
+    """String: the bytes of one artifact (a diff, a test log)."""
+    return f"{PREFIX}run:{run_id}:artifact:{name}"
+
+
+def audit(run_id: str) -> str:
+    """Stream: the append-only audit log of every stage session's events."""
+    return f"{PREFIX}run:{run_id}:audit"
+
+
+def idempotency(key: str) -> str:
+    """String: idempotency key → run id."""
+    return f"{PREFIX}idem:{key}"
+
+
+RUNS = f"{PREFIX}runs"
+"""Sorted set: run id scored by creation time."""
+
+
+def stage_field(stage: str) -> str:
+    """Field of the run hash that holds one stage's record."""
+    return f"stage:{stage}"

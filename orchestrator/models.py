@@ -1,0 +1,183 @@
+"""The orchestrator's data: issues, runs, stages and artifacts."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class IssueSource(StrEnum):
+    """Where an issue came from."""
+
+    SENTRY_EVENT = "sentry_event"
+    SENTRY_ISSUE = "sentry_issue"
+    GITHUB = "github"
+    TEXT = "text"
+
+
+class Frame(BaseModel):
+    """One stack frame, as much of it as the source gave."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    file: str
+    line: int | None = None
+    function: str | None = None
+    context_line: str | None = None
+    in_app: bool = False
+
+
+class Issue(BaseModel):
+    """An error report in one shape, whatever its source."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    source: IssueSource
+    source_id: str | None = None
+    """Event id, Sentry issue id or `owner/repo#number`; absent for plain text."""
+    title: str
+    error_type: str | None = None
+    error_message: str | None = None
+    frames: list[Frame] = Field(default_factory=list)
+    """Oldest call first, the frame that raised last (Sentry's order)."""
+    culprit: str | None = None
+    level: str | None = None
+    platform: str | None = None
+    tags: dict[str, str] = Field(default_factory=dict)
+    links: list[str] = Field(default_factory=list)
+    body: str | None = None
+
+    def idempotency_key(self) -> str:
+        """Source plus source id, or a hash of the content when the source has no id."""
+        if self.source_id:
+            return f"{self.source.value}:{self.source_id}"
+        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True)
+        return f"{self.source.value}:sha256:{hashlib.sha256(canonical.encode()).hexdigest()[:32]}"
+
+    def digest(self) -> str:
+        """A compact, plain-text rendering for prompts."""
+        lines = [f"Title: {self.title}", f"Source: {self.source.value}"]
+        if self.error_type or self.error_message:
+            lines.append(f"Error: {self.error_type or 'Error'}: {self.error_message or ''}".rstrip())
+        if self.culprit:
+            lines.append(f"Culprit: {self.culprit}")
+        if self.frames:
+            lines.append("Stack (most recent call last):")
+            for frame in self.frames:
+                where = f"{frame.file}:{frame.line}" if frame.line else frame.file
+                tag = "" if frame.in_app else "  [library]"
+                lines.append(f"  {where} in {frame.function or '?'}{tag}")
+                if frame.context_line:
+                    lines.append(f"      {frame.context_line.strip()}")
+        if self.tags:
+            lines.append("Tags: " + ", ".join(f"{k}={v}" for k, v in sorted(self.tags.items())))
+        if self.body:
+            lines.extend(["Description:", self.body])
+        return "\n".join(lines)
+
+
+class RunStatus(StrEnum):
+    """Where a run stands."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    WAITING = "waiting"
+    """A stage is waiting out a rate limit before its next attempt."""
+    DONE = "done"
+    SKIPPED = "skipped"
+    """A stage ended the run early (e.g. triage found the issue not actionable)."""
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in _TERMINAL_RUN
+
+
+_TERMINAL_RUN = {RunStatus.DONE, RunStatus.SKIPPED, RunStatus.FAILED, RunStatus.CANCELLED}
+
+
+class StageStatus(StrEnum):
+    """Where one stage of a run stands."""
+
+    PENDING = "pending"
+    QUEUED = "queued"
+    RUNNING = "running"
+    WAITING = "waiting"
+    DONE = "done"
+    FAILED = "failed"
+    SKIPPED = "skipped"
+
+
+class ArtifactRef(BaseModel):
+    """A large output (diff, log) stored beside the run and passed around by reference."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    run_id: str
+    name: str
+    size_bytes: int
+    sha256: str
+    media_type: str = "text/plain"
+
+    @property
+    def uri(self) -> str:
+        return f"artifact://{self.run_id}/{self.name}"
+
+
+class StageRecord(BaseModel):
+    """Status, attempts, timings and token use of one stage of a run."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    status: StageStatus = StageStatus.PENDING
+    attempts: int = 0
+    queued_at: float | None = None
+    started_at: float | None = None
+    finished_at: float | None = None
+    requests: int = 0
+    """Model calls made by the attempt that produced the output."""
+    prompt_tokens_total: int = 0
+    prompt_tokens_max: int = 0
+    output_tokens: int = 0
+    output_chars: int = 0
+    waiting_until: float | None = None
+    """When a rate-limited stage will be tried again (epoch seconds)."""
+    rate_limit_wait_s: float = 0.0
+    """Total time this stage has been told to wait by 429s."""
+    rate_limit_retries: int = 0
+    compacted: str | None = None
+    """How an over-budget output was brought within budget: `summarized` or `truncated`."""
+    error: str | None = None
+    session_id: str | None = None
+    artifacts: dict[str, ArtifactRef] = Field(default_factory=dict)
+
+    @property
+    def duration_s(self) -> float | None:
+        if self.started_at is None or self.finished_at is None:
+            return None
+        return round(self.finished_at - self.started_at, 3)
+
+
+class RunRecord(BaseModel):
+    """One run of a pipeline over one issue and one repository."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str
+    pipeline: str
+    repo: str
+    commit: str
+    issue: Issue
+    idempotency_key: str
+    status: RunStatus = RunStatus.QUEUED
+    reason: str | None = None
+    """Why the run ended, when it did not simply finish."""
+    current_stage: str | None = None
+    created_at: float = Field(default_factory=time.time)
+    updated_at: float = Field(default_factory=time.time)
+    stages: dict[str, StageRecord] = Field(default_factory=dict)

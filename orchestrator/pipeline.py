@@ -1,0 +1,224 @@
+"""Pipelines as data: stages, their queues, instructions, tools, output schemas and budgets.
+
+A pipeline is a TOML file. Built-in pipelines live in `orchestrator/pipelines/`; any other
+file can be named by path. Instructions are templates with `{key}` placeholders that name the
+issue (`{issue}`) or an upstream stage's output key; `{key?}` renders as empty when the value is
+missing and `{{` / `}}` are literal braces. Baton renders templates itself, in one pass, so braces
+inside the values (code, diffs, issue bodies) are never interpreted.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import re
+import tomllib
+from collections.abc import Mapping
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from orchestrator.errors import PipelineError
+
+ISSUE_KEY = "issue"
+"""State key of the issue digest every stage may reference."""
+
+_NAME = r"[a-z_][a-z0-9_]*"
+_TOKEN = re.compile(r"\{\{|\}\}|\{(" + _NAME + r"(?::" + _NAME + r")?)(\?)?\}")
+
+
+class StageBudget(BaseModel):
+    """Limits one stage execution must stay within."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_tool_output_chars: int = Field(8_000, gt=0)
+    """A tool result longer than this is cut, with a marker saying how much was cut."""
+    max_request_tokens: int = Field(12_000, gt=0)
+    """The outgoing request is trimmed to about this many tokens."""
+    max_model_calls: int = Field(12, gt=0)
+    """Model calls per attempt, the repair turn included."""
+    max_output_chars: int = Field(4_000, gt=0)
+    """A stage output longer than this (as JSON) is compacted before it is handed on."""
+    soft_time_limit_s: int = Field(540, gt=0)
+    time_limit_s: int = Field(600, gt=0)
+
+    @model_validator(mode="after")
+    def _soft_below_hard(self) -> StageBudget:
+        if self.soft_time_limit_s >= self.time_limit_s:
+            raise ValueError("soft_time_limit_s must be below time_limit_s")
+        return self
+
+
+class StopRule(BaseModel):
+    """Ends the run early, as skipped, when a field of the stage's output has a given value."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    field: str
+    equals: Any
+    reason_field: str | None = None
+    """Output field whose value becomes the run's reason."""
+
+    def matches(self, output: Mapping[str, Any]) -> bool:
+        return self.field in output and output[self.field] == self.equals
+
+    def reason(self, output: Mapping[str, Any]) -> str:
+        detail = output.get(self.reason_field) if self.reason_field else None
+        return str(detail) if detail else f"{self.field} was {self.equals!r}"
+
+
+class StageSpec(BaseModel):
+    """One stage: what it is told, what it may use, what it must return."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(pattern=f"^{_NAME}$")
+    instruction: str
+    output_schema: str
+    """Import path `module:Class` of the pydantic model the output must validate against."""
+    queue: str = ""
+    """Celery queue; defaults to `baton.<name>`."""
+    output_key: str = ""
+    """State key the output is stored under; defaults to the stage name. A `temp:` key is
+    removed when the run ends."""
+    tools: tuple[str, ...] = ()
+    budget: StageBudget = StageBudget()
+    stop_when: StopRule | None = None
+
+    @model_validator(mode="after")
+    def _defaults(self) -> StageSpec:
+        if not self.queue:
+            object.__setattr__(self, "queue", f"baton.{self.name}")
+        if not self.output_key:
+            object.__setattr__(self, "output_key", self.name)
+        return self
+
+    @property
+    def inputs(self) -> list[str]:
+        """State keys the instruction references, in order of first use."""
+        return list(dict.fromkeys(_placeholders(self.instruction)))
+
+    def schema_class(self) -> type[BaseModel]:
+        return _import_schema(self.output_schema)
+
+
+class Pipeline(BaseModel):
+    """An ordered list of stages."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    description: str = ""
+    stages: tuple[StageSpec, ...]
+
+    @model_validator(mode="after")
+    def _check(self) -> Pipeline:
+        if not self.stages:
+            raise ValueError("a pipeline needs at least one stage")
+        names = [s.name for s in self.stages]
+        if len(set(names)) != len(names):
+            raise ValueError(f"stage names repeat: {names}")
+        known = {ISSUE_KEY}
+        for stage in self.stages:
+            for key in stage.inputs:
+                if key not in known:
+                    raise ValueError(
+                        f"stage {stage.name!r} references {{{key}}}, which is neither "
+                        f"{{{ISSUE_KEY}}} nor an earlier stage's output key (write {{{{ for a "
+                        "literal brace)"
+                    )
+            if stage.output_key in known:
+                raise ValueError(f"stage {stage.name!r} reuses output key {stage.output_key!r}")
+            known.add(stage.output_key)
+            stage.schema_class()
+        return self
+
+    @property
+    def first(self) -> StageSpec:
+        return self.stages[0]
+
+    def stage(self, name: str) -> StageSpec:
+        for stage in self.stages:
+            if stage.name == name:
+                return stage
+        raise PipelineError(f"pipeline {self.name!r} has no stage {name!r}")
+
+    def next_after(self, name: str) -> StageSpec | None:
+        names = [s.name for s in self.stages]
+        index = names.index(self.stage(name).name)
+        return self.stages[index + 1] if index + 1 < len(self.stages) else None
+
+
+def render(template: str, values: Mapping[str, Any]) -> str:
+    """Substitute `{key}` placeholders in one pass; values are never re-scanned.
+
+    Raises:
+        KeyError: a required placeholder has no value.
+    """
+
+    def replace(match: re.Match[str]) -> str:
+        token = match.group(0)
+        if token in ("{{", "}}"):
+            return token[0]
+        key, optional = match.group(1), match.group(2)
+        if key not in values or values[key] is None:
+            if optional:
+                return ""
+            raise KeyError(key)
+        return _as_text(values[key])
+
+    return _TOKEN.sub(replace, template)
+
+
+def _as_text(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, indent=1, ensure_ascii=False)
+
+
+def _placeholders(template: str) -> list[str]:
+    return [m.group(1) for m in _TOKEN.finditer(template) if m.group(1)]
+
+
+@cache
+def _import_schema(path: str) -> type[BaseModel]:
+    module_name, _, attr = path.partition(":")
+    try:
+        schema = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise PipelineError(f"output schema {path!r} cannot be imported: {exc}") from exc
+    if not (isinstance(schema, type) and issubclass(schema, BaseModel)):
+        raise PipelineError(f"output schema {path!r} is not a pydantic model")
+    return schema
+
+
+def builtin_pipelines() -> list[str]:
+    folder = resources.files("orchestrator") / "pipelines"
+    return sorted(p.name.removesuffix(".toml") for p in folder.iterdir() if p.name.endswith(".toml"))
+
+
+@cache
+def load_pipeline(name_or_path: str) -> Pipeline:
+    """A built-in pipeline by name, or a pipeline TOML file by path.
+
+    Raises:
+        PipelineError: the pipeline is unknown or its file is invalid; the message says where.
+    """
+    path = Path(name_or_path)
+    if path.suffix == ".toml" and path.exists():
+        text, origin = path.read_text(), str(path)
+    else:
+        resource = resources.files("orchestrator") / "pipelines" / f"{name_or_path}.toml"
+        if not resource.is_file():
+            raise PipelineError(
+                f"unknown pipeline {name_or_path!r}; built-in: {', '.join(builtin_pipelines())}"
+            )
+        text, origin = resource.read_text(), f"built-in pipeline {name_or_path!r}"
+    try:
+        return Pipeline.model_validate(tomllib.loads(text))
+    except (tomllib.TOMLDecodeError, ValidationError) as exc:
+        raise PipelineError(f"{origin} is invalid: {exc}") from exc

@@ -1,0 +1,67 @@
+"""Celery configuration and the sending side: the orchestrator enqueues stages by task name.
+
+The orchestrator never imports `workers`; it only knows the task's name and the queues.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import Celery
+
+from orchestrator.pipeline import StageSpec
+from orchestrator.settings import QueueConfig
+
+STAGE_TASK = "baton.run_stage"
+"""Name of the one Celery task that runs any stage; routed by queue."""
+
+
+def stage_task_id(run_id: str, stage: str) -> str:
+    """Deterministic task id of a stage of a run: redeliveries and retries keep it."""
+    return f"{run_id}.{stage}"
+
+
+def celery_config(redis_url: str, queue: QueueConfig) -> dict[str, Any]:
+    """Settings that keep stages from being lost or run twice (shared/notes/celery-flower.md)."""
+    transport = {"visibility_timeout": queue.visibility_timeout_s}
+    return {
+        "broker_url": redis_url,
+        "broker_transport_options": transport,
+        "broker_connection_retry_on_startup": True,
+        "visibility_timeout": queue.visibility_timeout_s,
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
+        "task_ignore_result": True,
+        "task_serializer": "json",
+        "accept_content": ["json"],
+        "task_send_sent_event": True,
+        "worker_send_task_events": True,
+        "worker_prefetch_multiplier": 1,
+        "worker_cancel_long_running_tasks_on_connection_loss": True,
+        "worker_hijack_root_logger": False,
+        "task_default_queue": "baton.default",
+    }
+
+
+class Dispatcher:
+    """Sends stage tasks to their queues."""
+
+    def __init__(self, redis_url: str, queue: QueueConfig) -> None:
+        self.queue = queue
+        self.app = Celery("baton-orchestrator", set_as_current=False)
+        self.app.conf.update(celery_config(redis_url, queue))
+
+    def send_stage(self, run_id: str, stage: StageSpec) -> str:
+        task_id = stage_task_id(run_id, stage.name)
+        self.app.send_task(
+            STAGE_TASK,
+            args=[run_id, stage.name],
+            queue=stage.queue,
+            task_id=task_id,
+            soft_time_limit=stage.budget.soft_time_limit_s,
+            time_limit=stage.budget.time_limit_s,
+        )
+        return task_id
+
+    def close(self) -> None:
+        self.app.close()

@@ -1,0 +1,68 @@
+"""Output schemas of the reference pipeline `fixer`: triage → search → plan → fix → pr.
+
+Each is the compact, typed summary a stage hands to later stages. Big things (diffs, logs)
+never go here; they are artifacts, recorded beside the stage output.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Output(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Triage(_Output):
+    """Is this a bug in the repository that a code change can fix?"""
+
+    actionable: bool
+    reason: str = Field(description="One or two sentences: why it is or is not actionable.")
+    severity: Literal["low", "medium", "high", "critical"]
+    error_summary: str = Field(description="The failure in one sentence.")
+    suspected_files: list[str] = Field(default_factory=list)
+    keywords: list[str] = Field(default_factory=list, description="Identifiers worth searching.")
+
+
+class Location(_Output):
+    path: str
+    line_start: int = Field(ge=1)
+    line_end: int = Field(ge=1)
+    why: str
+
+
+class Search(_Output):
+    """Where the fault lives in the code."""
+
+    root_cause: str = Field(description="The cause of the failure, in the code's terms.")
+    locations: list[Location] = Field(min_length=1)
+    related_tests: list[str] = Field(default_factory=list)
+
+
+class Plan(_Output):
+    """The change to make, before making it."""
+
+    approach: str
+    steps: list[str] = Field(min_length=1)
+    files_to_change: list[str] = Field(min_length=1)
+    test_command: str = Field(description="Command that runs the tests proving the fix.")
+
+
+class Fix(_Output):
+    """The change made and what the tests said."""
+
+    summary: str
+    files_changed: list[str] = Field(min_length=1)
+    test_command: str
+    tests_passed: bool
+
+
+class PullRequest(_Output):
+    """The published change."""
+
+    branch: str
+    commit: str
+    title: str
+    body: str

@@ -1,0 +1,109 @@
+"""Configuration: one `Settings` object, read from the environment once per entry point.
+
+Library code never reads `os.environ`; it takes the section it needs as an argument.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from orchestrator.errors import ConfigError
+
+FAKE_API_KEY = "fake-gemini-key"
+"""The key Baton hands the real client when it talks to the bundled fake server."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelConfig(_Section):
+    """How stages reach Gemini."""
+
+    name: str = "gemini-2.5-flash"
+    """Model name sent to the API."""
+    base_url: str | None = None
+    """Override of the API's base URL (the fake server's address in tests and the demo)."""
+    api_key: SecretStr | None = None
+    """The Gemini API key; never logged, never put in a prompt, a sandbox or an artifact."""
+    timeout_s: float = 120.0
+    """Per-request HTTP timeout."""
+    streaming: bool = False
+    """Use `streamGenerateContent` (SSE) instead of `generateContent`."""
+
+
+class RetryConfig(_Section):
+    """Bounds on retries of model calls."""
+
+    rate_limit_max_retries: int = 8
+    """How many times one stage may be put back on its queue after a 429."""
+    rate_limit_max_wait_s: float = 900.0
+    """Total time one stage may spend waiting on 429s before it fails."""
+    rate_limit_jitter_s: float = 1.0
+    """Upper bound of the random delay added to the server's `retryDelay` (never subtracted)."""
+    rate_limit_fallback_s: float = 10.0
+    """First backoff step when a 429 names no delay (doubled per retry, capped at 120 s)."""
+    transient_attempts: int = 4
+    """Attempts per model call on 5xx, timeouts and dropped connections."""
+    transient_initial_s: float = 0.5
+    """First backoff step for transient errors."""
+    transient_max_s: float = 20.0
+    """Largest single backoff step for transient errors."""
+
+
+class QueueConfig(_Section):
+    """Celery and Redis settings that keep stages from being lost or run twice."""
+
+    visibility_timeout_s: int = 3600
+    """Redis transport visibility timeout; every stage's hard time limit plus the largest
+    countdown must stay below it, or a second worker would pick the same stage up."""
+    run_ttl_s: int = 7 * 24 * 3600
+    """How long a finished run's keys are kept."""
+
+
+class Settings(BaseSettings):
+    """Everything Baton reads from the environment (prefix `BATON_`)."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="BATON_", env_nested_delimiter="__", extra="ignore", frozen=True
+    )
+
+    redis_url: str | None = None
+    """`BATON_REDIS_URL`; unset means the demo starts a private redis-server."""
+    google_api_key: SecretStr | None = Field(
+        None, validation_alias=AliasChoices("GOOGLE_API_KEY", "BATON_GOOGLE_API_KEY")
+    )
+    """`GOOGLE_API_KEY`; unset means the demo plays its scenario on the fake Gemini server."""
+    gemini_base_url: str | None = None
+    """`BATON_GEMINI_BASE_URL`; where the google-genai client sends requests."""
+    model: str = "gemini-2.5-flash"
+    """`BATON_MODEL`."""
+    model_timeout_s: float = 120.0
+    """`BATON_MODEL_TIMEOUT_S`."""
+    streaming: bool = False
+    """`BATON_STREAMING`: stream model replies over SSE."""
+    sandbox_image: str = "baton-sandbox:latest"
+    """`BATON_SANDBOX_IMAGE`."""
+    repo_cache_dir: Path = Path.home() / ".cache" / "baton" / "repos"
+    """`BATON_REPO_CACHE_DIR`: one mirror clone per repository, shared by all stages."""
+    retry: RetryConfig = RetryConfig()
+    queue: QueueConfig = QueueConfig()
+
+    def model_section(self) -> ModelConfig:
+        return ModelConfig(
+            name=self.model,
+            base_url=self.gemini_base_url,
+            api_key=self.google_api_key,
+            timeout_s=self.model_timeout_s,
+            streaming=self.streaming,
+        )
+
+    def require_redis_url(self) -> str:
+        if not self.redis_url:
+            raise ConfigError(
+                "BATON_REDIS_URL is not set; point it at your Redis, e.g. redis://localhost:6379/0"
+            )
+        return self.redis_url

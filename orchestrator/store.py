@@ -1,0 +1,227 @@
+"""The run store: run records, stage outputs, artifacts and the audit log, on Redis.
+
+Redis is the source of truth for run state. Every read-modify-write of a run happens in one
+optimistic transaction (WATCH/MULTI), so concurrent writers never lose each other's changes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import redis
+
+from orchestrator import keys
+from orchestrator.errors import RunNotFoundError
+from orchestrator.models import ArtifactRef, Issue, RunRecord, RunStatus, StageRecord
+
+logger = logging.getLogger(__name__)
+
+MAX_AUDIT_ENTRY_CHARS = 64_000
+"""An audit entry's data longer than this is cut, with a marker."""
+
+Mutation = Callable[[RunRecord, "redis.client.Pipeline"], Any]
+
+
+class RunStore:
+    """Reads and writes runs. Takes a connected client; owns no connection of its own."""
+
+    def __init__(self, client: redis.Redis, *, ttl_s: int = 7 * 24 * 3600) -> None:
+        self.redis = client
+        self.ttl_s = ttl_s
+
+    @classmethod
+    def from_url(cls, url: str, *, ttl_s: int = 7 * 24 * 3600) -> RunStore:
+        return cls(redis.Redis.from_url(url, decode_responses=True), ttl_s=ttl_s)
+
+    # -- runs --------------------------------------------------------------------------------
+
+    def create(self, run: RunRecord, *, force: bool = False) -> tuple[RunRecord, bool]:
+        """Store a new run, unless its idempotency key already names a live run.
+
+        Returns the run that now stands for the issue and whether it was created.
+        """
+        idem_key = keys.idempotency(run.idempotency_key)
+        while True:
+            existing = None if force else self.redis.get(idem_key)
+            if existing and self.redis.exists(keys.run(existing)):
+                return self.get(existing), False
+            with self.redis.pipeline() as pipe:
+                try:
+                    pipe.watch(idem_key)
+                    if not force and pipe.get(idem_key) != existing:
+                        continue
+                    pipe.multi()
+                    pipe.set(idem_key, run.id)
+                    pipe.hset(keys.run(run.id), mapping=_run_fields(run))
+                    pipe.zadd(keys.RUNS, {run.id: run.created_at})
+                    pipe.execute()
+                except redis.WatchError:
+                    continue
+            return run, True
+
+    def get(self, run_id: str) -> RunRecord:
+        return _parse_run(run_id, self.redis.hgetall(keys.run(run_id)))
+
+    def exists(self, run_id: str) -> bool:
+        return bool(self.redis.exists(keys.run(run_id)))
+
+    def transact(self, run_id: str, mutate: Mutation) -> Any:
+        """Apply `mutate(run, pipe)` atomically and write back what changed.
+
+        `mutate` changes the record in place and may queue more commands on `pipe` (already in
+        MULTI mode); they execute in the same transaction. Its return value is returned.
+        """
+        key = keys.run(run_id)
+
+        def attempt(pipe: redis.client.Pipeline) -> Any:
+            before = pipe.hgetall(key)
+            run = _parse_run(run_id, before)
+            pipe.multi()
+            result = mutate(run, pipe)
+            run.updated_at = time.time()
+            after = _run_fields(run)
+            changed = {k: v for k, v in after.items() if before.get(k) != v}
+            if changed:
+                pipe.hset(key, mapping=changed)
+            return result
+
+        return self.redis.transaction(attempt, key, value_from_callable=True)
+
+    def update_stage(self, run_id: str, stage: str, **changes: Any) -> StageRecord:
+        def mutate(run: RunRecord, _pipe: Any) -> StageRecord:
+            record = run.stages.setdefault(stage, StageRecord())
+            for name, value in changes.items():
+                setattr(record, name, value)
+            return record
+
+        result: StageRecord = self.transact(run_id, mutate)
+        return result
+
+    def recent(self, limit: int = 50) -> list[str]:
+        return list(self.redis.zrevrange(keys.RUNS, 0, limit - 1))
+
+    def finish(self, run_id: str, status: RunStatus, reason: str | None = None) -> RunRecord:
+        """End a run: set its status, drop its `temp:` outputs and start its expiry clock."""
+
+        def mutate(run: RunRecord, pipe: Any) -> RunRecord:
+            run.status, run.reason, run.current_stage = status, reason, None
+            return run
+
+        run: RunRecord = self.transact(run_id, mutate)
+        temp = [k for k in self.redis.hkeys(keys.outputs(run_id)) if k.startswith("temp:")]
+        run_keys = list(self.redis.scan_iter(match=keys.run(run_id) + ":*", count=500))
+        with self.redis.pipeline() as pipe:
+            if temp:
+                pipe.hdel(keys.outputs(run_id), *temp)
+            for key in [keys.run(run_id), keys.idempotency(run.idempotency_key), *run_keys]:
+                pipe.expire(key, self.ttl_s)
+            pipe.execute()
+        logger.info("run %s ended %s (%d temp outputs removed)", run_id, status.value, len(temp))
+        return run
+
+    # -- outputs -----------------------------------------------------------------------------
+
+    def output(self, run_id: str, key: str) -> dict[str, Any] | None:
+        raw = self.redis.hget(keys.outputs(run_id), key)
+        return json.loads(raw) if raw else None
+
+    def outputs(self, run_id: str, names: Iterable[str]) -> dict[str, Any]:
+        names = list(names)
+        if not names:
+            return {}
+        raw = self.redis.hmget(keys.outputs(run_id), names)
+        return {n: json.loads(v) for n, v in zip(names, raw, strict=True) if v is not None}
+
+    # -- artifacts ---------------------------------------------------------------------------
+
+    def put_artifact(
+        self, run_id: str, name: str, data: bytes, media_type: str = "text/plain"
+    ) -> ArtifactRef:
+        self.redis.set(keys.artifact(run_id, name), data)
+        return ArtifactRef(
+            run_id=run_id,
+            name=name,
+            size_bytes=len(data),
+            sha256=hashlib.sha256(data).hexdigest(),
+            media_type=media_type,
+        )
+
+    def artifact(self, ref: ArtifactRef) -> bytes:
+        raw = self.redis.execute_command("GET", keys.artifact(ref.run_id, ref.name), NEVER_DECODE=True)
+        if raw is None:
+            raise KeyError(f"artifact {ref.uri} is gone")
+        data = bytes(raw)
+        if hashlib.sha256(data).hexdigest() != ref.sha256:
+            raise ValueError(f"artifact {ref.uri} does not match its recorded sha256")
+        return data
+
+    # -- audit -------------------------------------------------------------------------------
+
+    def audit(self, run_id: str, entries: Iterable[Mapping[str, Any]]) -> int:
+        """Append entries to the run's audit stream; returns how many were written."""
+        count = 0
+        with self.redis.pipeline(transaction=False) as pipe:
+            for entry in entries:
+                fields = {k: _audit_value(v) for k, v in entry.items()}
+                pipe.xadd(keys.audit(run_id), fields)
+                count += 1
+            pipe.execute()
+        return count
+
+    def audit_log(self, run_id: str) -> list[dict[str, str]]:
+        return [dict(fields, id=entry_id) for entry_id, fields in self.redis.xrange(keys.audit(run_id))]
+
+
+def _audit_value(value: Any) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    if len(text) > MAX_AUDIT_ENTRY_CHARS:
+        cut = len(text) - MAX_AUDIT_ENTRY_CHARS
+        text = text[:MAX_AUDIT_ENTRY_CHARS] + f"…[audit entry truncated: {cut} of {len(text)} chars cut]"
+    return text
+
+
+def _run_fields(run: RunRecord) -> dict[str, str]:
+    fields = {
+        "meta": json.dumps(
+            {
+                "id": run.id,
+                "pipeline": run.pipeline,
+                "repo": run.repo,
+                "commit": run.commit,
+                "idempotency_key": run.idempotency_key,
+                "created_at": run.created_at,
+            }
+        ),
+        "issue": run.issue.model_dump_json(),
+        "status": run.status.value,
+        "reason": run.reason or "",
+        "current_stage": run.current_stage or "",
+        "updated_at": repr(run.updated_at),
+    }
+    for name, stage in run.stages.items():
+        fields[keys.stage_field(name)] = stage.model_dump_json()
+    return fields
+
+
+def _parse_run(run_id: str, fields: Mapping[str, str]) -> RunRecord:
+    if not fields:
+        raise RunNotFoundError(run_id)
+    stages = {
+        name.removeprefix("stage:"): StageRecord.model_validate_json(value)
+        for name, value in fields.items()
+        if name.startswith("stage:")
+    }
+    return RunRecord(
+        **json.loads(fields["meta"]),
+        issue=Issue.model_validate_json(fields["issue"]),
+        status=RunStatus(fields["status"]),
+        reason=fields.get("reason") or None,
+        current_stage=fields.get("current_stage") or None,
+        updated_at=float(fields["updated_at"]),
+        stages=stages,
+    )

@@ -1,0 +1,1 @@
+"""Ephemeral, hardened Docker sandboxes for code work. Imports nothing else from Baton."""
