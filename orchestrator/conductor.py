@@ -118,7 +118,7 @@ class Conductor:
     def complete(self, run_id: str, stage: str, result: StageResult) -> str | None:
         """Record a stage's output and advance the run. Returns the next stage, if any."""
         spec = load_pipeline(self.store.get(run_id).pipeline).stage(stage)
-        payload = json.dumps(result.output, ensure_ascii=False)
+        payload = json.dumps(result.output, ensure_ascii=False, separators=(",", ":"))
 
         def mutate(run: RunRecord, pipe: Any) -> None:
             record = run.stages[stage]

@@ -1,0 +1,139 @@
+"""The `baton` command."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+
+import click
+from rich.console import Console
+
+from orchestrator import api
+from orchestrator.errors import BatonError
+from orchestrator.models import IssueSource, RunStatus
+from orchestrator.pipeline import load_pipeline
+from orchestrator.report import follow, run_json, run_table
+from orchestrator.settings import Settings
+
+err = Console(stderr=True)
+out = Console()
+
+EXIT_FAILED_RUN = 1
+EXIT_BAD_INPUT = 2
+
+
+class BatonGroup(click.Group):
+    """Turns Baton's own errors into a one-line message and a non-zero exit, not a traceback."""
+
+    def invoke(self, ctx: click.Context) -> object:
+        try:
+            return super().invoke(ctx)
+        except BatonError as exc:
+            err.print(f"[red]error:[/] {type(exc).__name__}: {exc}", highlight=False)
+            sys.exit(EXIT_BAD_INPUT)
+
+
+@click.group(cls=BatonGroup)
+@click.option("-v", "--verbose", is_flag=True, help="Log at INFO level to stderr.")
+def main(verbose: bool) -> None:
+    """Baton: LLM agent pipelines on a distributed task queue."""
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+
+
+@main.command()
+@click.argument("payload", type=click.File("rb"))
+@click.option("--repo", required=True, help="Path or URL of the git repository to fix.")
+@click.option("--pipeline", default="fixer", show_default=True, help="Pipeline name or TOML file.")
+@click.option("--source", type=click.Choice([s.value for s in IssueSource]), help="Skip auto-detection.")
+@click.option("--force", is_flag=True, help="Start a new run even if this issue already has one.")
+def enqueue(payload: click.utils.LazyFile, repo: str, pipeline: str, source: str | None, force: bool) -> None:
+    """Enqueue PAYLOAD (a file, or - for stdin) against a repository; prints the run id."""
+    data = payload.read()
+    run_id, created = api.submit(data, repo=repo, pipeline=pipeline, source=source, force=force)
+    if not created:
+        err.print(f"this issue already has run {run_id}; use --force for a new one")
+    click.echo(run_id)
+
+
+@main.command()
+@click.argument("run_id")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def status(run_id: str, as_json: bool) -> None:
+    """Show a run: status and per-stage attempts, timings, tokens and waits."""
+    run = api.get_run(run_id)
+    if as_json:
+        click.echo(json.dumps(run_json(run), indent=2))
+    else:
+        out.print(run_table(run))
+
+
+@main.command()
+@click.argument("run_id")
+@click.option("--interval", default=0.5, show_default=True, help="Seconds between refreshes.")
+@click.option("--timeout", default=0.0, help="Give up after this many seconds (0: never).")
+def watch(run_id: str, interval: float, timeout: float) -> None:
+    """Follow a run live until it ends; exits non-zero if it failed or was cancelled."""
+    run = follow(run_id, Settings(), interval_s=interval, timeout_s=timeout, console=out)
+    sys.exit(0 if run.status in (RunStatus.DONE, RunStatus.SKIPPED) else EXIT_FAILED_RUN)
+
+
+@main.command()
+@click.option("--stages", default="all", show_default=True, help="Comma-separated stages to serve.")
+@click.option("--pipeline", default="fixer", show_default=True)
+@click.option("--concurrency", "-c", default=1, show_default=True, help="Worker processes.")
+@click.option("--loglevel", default="INFO", show_default=True)
+def worker(stages: str, pipeline: str, concurrency: int, loglevel: str) -> None:
+    """Run a Celery worker that serves the queues of the given stages."""
+    spec = load_pipeline(pipeline)
+    names = [s.name for s in spec.stages] if stages == "all" else [s.strip() for s in stages.split(",")]
+    queues = ",".join(spec.stage(name).queue for name in names)
+    Settings().require_redis_url()
+    argv = [
+        sys.executable, "-m", "celery", "-A", "workers.app", "worker", "-Q", queues,
+        "-c", str(concurrency), "-P", "prefork", "-E", "--loglevel", loglevel,
+        "-n", f"baton-{'-'.join(names) if stages != 'all' else 'all'}-{os.getpid()}@%h",
+    ]
+    os.execv(sys.executable, argv)
+
+
+@main.command("fake-gemini")
+@click.option("--scenario", type=click.Path(exists=True, dir_okay=False), help="Scenario JSON.")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8765, show_default=True, help="0 picks a free port.")
+@click.option("--record", type=click.Path(dir_okay=False), help="Append every request here (JSONL).")
+def fake_gemini(scenario: str | None, host: str, port: int, record: str | None) -> None:
+    """Serve the fake Gemini API (generateContent and streamGenerateContent)."""
+    from orchestrator.demo import SCENARIO
+
+    argv = [sys.executable, "-m", "workers.fake_gemini", "--scenario", scenario or str(SCENARIO),
+            "--host", host, "--port", str(port)]
+    if record:
+        argv += ["--record", record]
+    os.execv(sys.executable, argv)
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
+@click.option("--timeout", default=300.0, show_default=True, help="Seconds to wait for the run.")
+def demo(as_json: bool, timeout: float) -> None:
+    """Run the fixer pipeline on the bundled Sentry event and sample repository."""
+    from orchestrator.demo.runner import run_demo
+
+    settings = Settings()
+    result = run_demo(settings, timeout_s=timeout, console=err if as_json else out)
+    if as_json:
+        click.echo(json.dumps(result.summary, indent=2))
+    else:
+        out.print(result.table)
+        if result.extra:
+            out.print(result.extra)
+    sys.exit(0 if result.summary["status"] == RunStatus.DONE.value else EXIT_FAILED_RUN)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,105 @@
+"""`baton demo`: the whole fixer pipeline on embedded defaults, started and stopped here.
+
+It starts a private redis-server unless `BATON_REDIS_URL` is set, the fake Gemini server
+playing the bundled scenario unless `GOOGLE_API_KEY` is set, and one worker for all stages;
+enqueues the bundled Sentry event against a copy of the bundled sample repository; shows
+progress; and stops everything it started.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import SecretStr
+from rich.console import Console, RenderableType
+from rich.table import Table
+
+from orchestrator import api
+from orchestrator.demo import SAMPLE_REPO, SCENARIO, SENTRY_EVENT, services
+from orchestrator.models import RunRecord
+from orchestrator.pipeline import load_pipeline
+from orchestrator.repo import git
+from orchestrator.report import follow, run_json, run_table
+from orchestrator.settings import FAKE_API_KEY, Settings
+
+PIPELINE = "fixer"
+
+
+@dataclass
+class DemoResult:
+    summary: dict[str, Any]
+    table: Table
+    extra: RenderableType | None = None
+
+
+def make_sample_repo(dest: Path) -> Path:
+    """A fresh git repository holding the sample package, one commit deep."""
+    shutil.copytree(SAMPLE_REPO, dest, ignore=shutil.ignore_patterns("__pycache__"))
+    git("init", "-q", "-b", "main", cwd=dest)
+    git("-c", "user.name=Baton Demo", "-c", "user.email=demo@localhost", "add", "-A", cwd=dest)
+    git(
+        "-c", "user.name=Baton Demo", "-c", "user.email=demo@localhost",
+        "commit", "-q", "-m", "shopcart: carts, items and the checkout summary", cwd=dest,
+    )
+    return dest
+
+
+def demo_summary(run: RunRecord) -> dict[str, Any]:
+    """The `baton demo --json` object: run id, status and per-stage figures."""
+    full = run_json(run)
+    keep = ("status", "attempts", "requests", "prompt_tokens_total", "prompt_tokens_max",
+            "output_chars", "duration_s")
+    return {
+        "run_id": run.id,
+        "status": run.status.value,
+        "reason": run.reason,
+        "stages": {name: {k: stage[k] for k in keep} for name, stage in full["stages"].items()},
+    }
+
+
+def run_demo(settings: Settings, *, timeout_s: float, console: Console) -> DemoResult:
+    with ExitStack() as stack:
+        work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="baton-demo-")))
+        overrides: dict[str, Any] = {"repo_cache_dir": work / "repo-cache"}
+        if not settings.redis_url:
+            console.print("starting a private redis-server (AOF on)")
+            overrides["redis_url"] = stack.enter_context(services.redis_server(work / "redis"))
+        if settings.google_api_key is None:
+            console.print("no GOOGLE_API_KEY: starting the fake Gemini server with the demo scenario")
+            overrides["gemini_base_url"] = stack.enter_context(
+                services.fake_gemini(SCENARIO, record=work / "fake-gemini.jsonl")
+            )
+            overrides["google_api_key"] = SecretStr(FAKE_API_KEY)
+        settings = settings.model_copy(update=overrides)
+        repo = make_sample_repo(work / "shopcart")
+        queues = [stage.queue for stage in load_pipeline(PIPELINE).stages]
+        console.print(f"starting one worker for all stages ({', '.join(queues)})")
+        stack.enter_context(
+            services.worker(worker_env(settings), queues, logfile=work / "worker.log")
+        )
+        run_id = api.enqueue(
+            SENTRY_EVENT.read_bytes(), repo=str(repo), pipeline=PIPELINE, settings=settings
+        )
+        console.print(f"enqueued the sample Sentry event as run {run_id}")
+        run = follow(run_id, settings, interval_s=0.3, timeout_s=timeout_s, console=console)
+        return DemoResult(summary=demo_summary(run), table=run_table(run))
+    raise AssertionError("unreachable")
+
+
+def worker_env(settings: Settings) -> dict[str, str]:
+    """The environment a worker subprocess needs to see the same settings."""
+    env = {
+        "BATON_REDIS_URL": settings.require_redis_url(),
+        "BATON_REPO_CACHE_DIR": str(settings.repo_cache_dir),
+        "BATON_MODEL": settings.model,
+    }
+    if settings.gemini_base_url:
+        env["BATON_GEMINI_BASE_URL"] = settings.gemini_base_url
+    if settings.google_api_key is not None:
+        env["GOOGLE_API_KEY"] = settings.google_api_key.get_secret_value()
+    return env

@@ -1,0 +1,134 @@
+"""The processes a local Baton needs, as context managers that stop what they started:
+a private redis-server, the fake Gemini server and Celery workers.
+
+The demo, the tests and the benchmarks all start their services through this module.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+import redis
+
+from orchestrator.errors import ConfigError
+
+STOP_TIMEOUT_S = 20.0
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextmanager
+def redis_server(workdir: Path, *, port: int | None = None) -> Iterator[str]:
+    """A private redis-server with AOF on and `noeviction`; yields its URL."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise ConfigError("redis-server is not installed: run `make setup` or apt-get install redis-server")
+    workdir.mkdir(parents=True, exist_ok=True)
+    port = port or free_port()
+    argv = [
+        binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(workdir),
+        "--appendonly", "yes", "--appendfsync", "everysec", "--save", "",
+        "--maxmemory-policy", "noeviction", "--daemonize", "no", "--protected-mode", "yes",
+    ]
+    with open(workdir / "redis.log", "ab") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+    url = f"redis://127.0.0.1:{port}/0"
+    try:
+        _wait_for_redis(url, proc)
+        yield url
+    finally:
+        _stop(proc)
+
+
+def _wait_for_redis(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 15.0) -> None:
+    client = redis.Redis.from_url(url)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise ConfigError(f"redis-server exited at start with code {proc.returncode}")
+        try:
+            client.ping()
+            return
+        except redis.ConnectionError:
+            time.sleep(0.05)
+        finally:
+            client.close()
+    raise ConfigError(f"redis-server did not answer on {url} within {timeout_s:.0f}s")
+
+
+@contextmanager
+def fake_gemini(scenario: Path, *, record: Path | None = None, port: int = 0) -> Iterator[str]:
+    """The fake Gemini server in a subprocess; yields its base URL."""
+    argv = [sys.executable, "-m", "workers.fake_gemini", "--scenario", str(scenario), "--port", str(port)]
+    if record:
+        argv += ["--record", str(record)]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline().strip()
+        if not line.startswith("fake-gemini listening on "):
+            raise ConfigError(f"fake Gemini server did not start (exit code {proc.poll()})")
+        yield line.removeprefix("fake-gemini listening on ")
+    finally:
+        _stop(proc)
+
+
+@contextmanager
+def worker(
+    env: Mapping[str, str],
+    queues: Sequence[str],
+    *,
+    concurrency: int = 1,
+    logfile: Path,
+    name: str = "baton-worker",
+) -> Iterator[subprocess.Popen[bytes]]:
+    """A Celery worker subprocess serving `queues`; stopped with a warm shutdown."""
+    argv = [
+        sys.executable, "-m", "celery", "-A", "workers.app", "worker", "-Q", ",".join(queues),
+        "-c", str(concurrency), "-P", "prefork", "-E", "--loglevel", "INFO",
+        "--without-gossip", "--without-mingle", "-n", f"{name}-{free_port()}@%h",
+    ]
+    logfile.parent.mkdir(parents=True, exist_ok=True)
+    with open(logfile, "ab") as log:
+        proc = subprocess.Popen(argv, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        _wait_for_log(logfile, "ready.", proc)
+        yield proc
+    finally:
+        _stop(proc)
+
+
+def _wait_for_log(logfile: Path, marker: str, proc: subprocess.Popen[bytes], timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            tail = logfile.read_text(errors="replace")[-2000:]
+            raise ConfigError(f"worker exited at start with code {proc.returncode}:\n{tail}")
+        if marker in logfile.read_text(errors="replace"):
+            return
+        time.sleep(0.1)
+    raise ConfigError(f"worker not ready within {timeout_s:.0f}s; see {logfile}")
+
+
+def _stop(proc: subprocess.Popen[bytes] | subprocess.Popen[str]) -> None:
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=STOP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()

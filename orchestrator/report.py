@@ -1,0 +1,122 @@
+"""How a run is shown: a table for people, a JSON object for scripts."""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime
+from typing import Any
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from orchestrator import api
+from orchestrator.settings import Settings
+
+from orchestrator.models import RunRecord, StageRecord, StageStatus
+
+_STYLE = {
+    StageStatus.DONE: "green",
+    StageStatus.RUNNING: "cyan",
+    StageStatus.WAITING: "yellow",
+    StageStatus.QUEUED: "blue",
+    StageStatus.FAILED: "red",
+    StageStatus.SKIPPED: "dim",
+    StageStatus.PENDING: "dim",
+}
+
+
+def stage_json(record: StageRecord) -> dict[str, Any]:
+    return {
+        "status": record.status.value,
+        "attempts": record.attempts,
+        "requests": record.requests,
+        "prompt_tokens_total": record.prompt_tokens_total,
+        "prompt_tokens_max": record.prompt_tokens_max,
+        "output_chars": record.output_chars,
+        "duration_s": record.duration_s,
+        "waiting_until": record.waiting_until,
+        "rate_limit_retries": record.rate_limit_retries,
+        "rate_limit_wait_s": record.rate_limit_wait_s,
+        "compacted": record.compacted,
+        "error": record.error,
+        "artifacts": {name: ref.uri for name, ref in record.artifacts.items()},
+    }
+
+
+def run_json(run: RunRecord) -> dict[str, Any]:
+    return {
+        "run_id": run.id,
+        "status": run.status.value,
+        "reason": run.reason,
+        "pipeline": run.pipeline,
+        "repo": run.repo,
+        "commit": run.commit,
+        "issue": run.issue.title,
+        "current_stage": run.current_stage,
+        "stages": {name: stage_json(record) for name, record in run.stages.items()},
+    }
+
+
+def run_table(run: RunRecord, *, now: float | None = None) -> Table:
+    now = time.time() if now is None else now
+    title = f"run {run.id} · {run.pipeline} · {run.status.value}"
+    table = Table(title=title, caption=run.reason or None, title_justify="left")
+    for column, justify in [
+        ("stage", "left"), ("status", "left"), ("attempts", "right"), ("requests", "right"),
+        ("prompt tokens", "right"), ("max request", "right"), ("output chars", "right"),
+        ("duration", "right"), ("note", "left"),
+    ]:
+        table.add_column(column, justify=justify)  # type: ignore[arg-type]
+    for name, record in run.stages.items():
+        table.add_row(
+            name,
+            f"[{_STYLE[record.status]}]{record.status.value}[/]",
+            str(record.attempts),
+            str(record.requests),
+            f"{record.prompt_tokens_total:,}",
+            f"{record.prompt_tokens_max:,}",
+            f"{record.output_chars:,}",
+            _duration(record, now),
+            _note(record, now),
+        )
+    return table
+
+
+def _duration(record: StageRecord, now: float) -> str:
+    if record.duration_s is not None:
+        return f"{record.duration_s:.1f}s"
+    if record.status == StageStatus.RUNNING and record.started_at:
+        return f"{now - record.started_at:.1f}s…"
+    return ""
+
+
+def _note(record: StageRecord, now: float) -> str:
+    if record.status == StageStatus.WAITING and record.waiting_until:
+        until = datetime.fromtimestamp(record.waiting_until).strftime("%H:%M:%S")
+        left = max(0.0, record.waiting_until - now)
+        return f"rate limited: retry at {until} (in {left:.0f}s)"
+    if record.status == StageStatus.FAILED and record.error:
+        return record.error[:120]
+    notes = []
+    if record.rate_limit_retries:
+        notes.append(f"waited {record.rate_limit_wait_s:.1f}s on {record.rate_limit_retries} × 429")
+    if record.compacted:
+        notes.append(f"output {record.compacted}")
+    return "; ".join(notes)
+
+
+def follow(
+    run_id: str, settings: Settings, *, interval_s: float, timeout_s: float, console: Console
+) -> RunRecord:
+    """Redraw the run's table until it reaches a terminal state (or the timeout)."""
+    deadline = time.monotonic() + timeout_s if timeout_s else None
+    run = api.get_run(run_id, settings=settings)
+    with Live(run_table(run), console=console, refresh_per_second=4, transient=False) as live:
+        while not run.status.is_terminal:
+            if deadline and time.monotonic() > deadline:
+                break
+            time.sleep(interval_s)
+            run = api.get_run(run_id, settings=settings)
+            live.update(run_table(run))
+    return run

@@ -1,0 +1,92 @@
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.errors import PipelineError
+from orchestrator.pipeline import Pipeline, load_pipeline, render
+
+
+def test_fixer_pipeline_has_five_stages_each_on_its_own_queue() -> None:
+    pipeline = load_pipeline("fixer")
+    assert [s.name for s in pipeline.stages] == ["triage", "search", "plan", "fix", "pr"]
+    assert [s.queue for s in pipeline.stages] == [
+        "baton.triage", "baton.search", "baton.plan", "baton.fix", "baton.pr",
+    ]
+
+
+def test_fixer_stages_reference_only_what_they_need() -> None:
+    pipeline = load_pipeline("fixer")
+    assert {s.name: s.inputs for s in pipeline.stages} == {
+        "triage": ["issue"],
+        "search": ["triage", "issue"],
+        "plan": ["triage", "search"],
+        "fix": ["plan", "search"],
+        "pr": ["triage", "fix"],
+    }
+
+
+def test_triage_can_end_a_run_as_not_actionable() -> None:
+    rule = load_pipeline("fixer").stage("triage").stop_when
+    assert rule is not None
+    assert rule.matches({"actionable": False, "reason": "a browser extension"})
+    assert not rule.matches({"actionable": True})
+    assert rule.reason({"actionable": False, "reason": "a browser extension"}) == "a browser extension"
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("def f(): return {item}", "<def f(): return {item}>"),
+        ("{{diff}} ${x} {x}", "<{{diff}} ${x} {x}>"),
+        ('{"a": 1}', '<{"a": 1}>'),
+    ],
+)
+def test_braces_inside_values_are_never_templated(value: str, expected: str) -> None:
+    assert render("<{code}>", {"code": value, "item": "NO", "diff": "NO", "x": "NO"}) == expected
+
+
+def test_template_braces_escape_and_optional_keys() -> None:
+    assert render("{{literal}} {a} {b?} {c}", {"a": 1, "c": {"k": "v"}}) == (
+        '{literal} 1  {\n "k": "v"\n}'
+    )
+
+
+def test_missing_required_value_raises_key_error() -> None:
+    with pytest.raises(KeyError):
+        render("{a}", {})
+
+
+def _pipeline(**stage_overrides: object) -> dict[str, object]:
+    stage = {"name": "one", "instruction": "go {issue}", "output_schema": "orchestrator.schemas:Plan"}
+    stage.update(stage_overrides)
+    return {"name": "p", "stages": [stage]}
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ({"instruction": "use {later}"}, "references {later}"),
+        ({"output_schema": "orchestrator.schemas:Nope"}, "cannot be imported"),
+        ({"budget": {"soft_time_limit_s": 10, "time_limit_s": 5}}, "soft_time_limit_s"),
+        ({"name": "Bad Name"}, "name"),
+    ],
+)
+def test_invalid_pipelines_are_refused_with_the_reason(override: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        Pipeline.model_validate(_pipeline(**override))
+
+
+def test_unknown_pipeline_names_the_built_in_ones() -> None:
+    with pytest.raises(PipelineError, match="built-in: fixer"):
+        load_pipeline("nope")
+
+
+def test_pipeline_loads_from_a_toml_file(tmp_path) -> None:
+    path = tmp_path / "mine.toml"
+    path.write_text(
+        'name = "mine"\n[[stages]]\nname = "only"\ninstruction = "x {issue}"\n'
+        'output_schema = "orchestrator.schemas:Plan"\nqueue = "custom"\n'
+    )
+    pipeline = load_pipeline(str(path))
+    assert pipeline.first.queue == "custom"
+    assert pipeline.first.output_key == "only"

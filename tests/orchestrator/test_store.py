@@ -1,0 +1,65 @@
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from orchestrator.errors import RunNotFoundError
+from orchestrator.models import Issue, IssueSource, RunRecord, StageRecord
+from orchestrator.store import MAX_AUDIT_ENTRY_CHARS, RunStore
+
+
+def make_run(run_id: str = "r1") -> RunRecord:
+    issue = Issue(source=IssueSource.TEXT, title="t")
+    return RunRecord(
+        id=run_id, pipeline="fixer", repo="/r", commit="c", issue=issue,
+        idempotency_key=f"k-{run_id}", stages={"a": StageRecord(), "b": StageRecord()},
+    )
+
+
+def test_a_run_reads_back_as_written(store: RunStore) -> None:
+    run, created = store.create(make_run())
+    assert created
+    assert store.get("r1") == run
+
+
+def test_unknown_run_is_a_clear_error(store: RunStore) -> None:
+    with pytest.raises(RunNotFoundError, match="no run with id 'nope'"):
+        store.get("nope")
+
+
+def test_concurrent_stage_updates_are_never_lost(store: RunStore) -> None:
+    store.create(make_run())
+
+    def bump(stage: str) -> None:
+        for _ in range(25):
+            store.transact("r1", lambda run, _pipe: setattr(run.stages[stage], "requests", run.stages[stage].requests + 1))
+
+    threads = [threading.Thread(target=bump, args=(s,)) for s in ("a", "a", "b", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+    stages = store.get("r1").stages
+    assert (stages["a"].requests, stages["b"].requests) == (50, 50)
+
+
+def test_artifacts_round_trip_as_bytes_with_their_digest(store: RunStore) -> None:
+    store.create(make_run())
+    data = b"diff --git a/x b/x\n\xff\x00binary-safe\n"
+    ref = store.put_artifact("r1", "fix/workspace.diff", data, "text/x-diff")
+
+    assert ref.uri == "artifact://r1/fix/workspace.diff"
+    assert (ref.size_bytes, ref.media_type) == (len(data), "text/x-diff")
+    assert store.artifact(ref) == data
+
+
+def test_audit_entries_are_appended_in_order_and_huge_ones_cut(store: RunStore) -> None:
+    store.audit("r1", [{"kind": "a", "data": "x"}, {"kind": "b", "data": "y" * (MAX_AUDIT_ENTRY_CHARS + 500)}])
+    store.audit("r1", [{"kind": "c", "data": {"n": 1}}])
+
+    log = store.audit_log("r1")
+    assert [e["kind"] for e in log] == ["a", "b", "c"]
+    assert log[1]["data"].endswith(f"[audit entry truncated: 500 of {MAX_AUDIT_ENTRY_CHARS + 500} chars cut]")
+    assert log[2]["data"] == '{"n": 1}'

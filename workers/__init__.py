@@ -1,0 +1,1 @@
+"""What executes a stage: Celery app and tasks, ADK agents, models, tools."""

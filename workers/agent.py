@@ -1,0 +1,183 @@
+"""One stage execution as one fresh ADK session.
+
+A new `Runner` and `InMemorySessionService` per execution: the agent sees its instruction
+(rendered by Baton, never by ADK's `{key}` templating), one user message, and its own tool
+calls in this turn. Nothing of any other stage.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from google.adk.agents import LlmAgent
+from google.adk.agents.invocation_context import LlmCallsLimitExceededError
+from google.adk.agents.readonly_context import ReadonlyContext
+from google.adk.agents.run_config import RunConfig, StreamingMode
+from google.adk.events import Event
+from google.adk.models.base_llm import BaseLlm
+from google.adk.models.llm_request import LlmRequest
+from google.adk.runners import Runner
+from google.adk.sessions import InMemorySessionService
+from google.genai import types
+
+from orchestrator.pipeline import StageBudget, render
+from workers.budget import request_trimmer, tool_output_limiter
+from workers.errors import ModelCallLimitError
+
+logger = logging.getLogger(__name__)
+
+APP_NAME = "baton"
+
+AuditSink = Callable[[list[dict[str, Any]]], None]
+
+
+@dataclass
+class Usage:
+    """Model calls and tokens of one stage execution, counted from non-partial events."""
+
+    requests: int = 0
+    prompt_tokens_total: int = 0
+    prompt_tokens_max: int = 0
+    output_tokens: int = 0
+
+    def add_event(self, event: Event) -> None:
+        usage = event.usage_metadata
+        if usage is None or event.partial:
+            return
+        prompt = usage.prompt_token_count or 0
+        self.prompt_tokens_total += prompt
+        self.prompt_tokens_max = max(self.prompt_tokens_max, prompt)
+        self.output_tokens += usage.candidates_token_count or 0
+
+
+@dataclass
+class AgentSpec:
+    """What to build one stage's agent from."""
+
+    name: str
+    instruction: str
+    """Template with `{key}` placeholders, rendered from session state by Baton."""
+    contract: str
+    """Appended verbatim after the rendered instruction: how to reply."""
+    budget: StageBudget
+    tools: Sequence[Callable[..., Any]] = ()
+    json_reply: bool = False
+    """Ask the API for `application/json` (only for stages without tools)."""
+
+
+def build_agent(spec: AgentSpec, model: BaseLlm, usage: Usage) -> LlmAgent:
+    def instruction(ctx: ReadonlyContext) -> str:
+        return render(spec.instruction, dict(ctx.state)).strip() + "\n\n" + spec.contract
+
+    def count_request(callback_context: Any, llm_request: LlmRequest) -> None:
+        usage.requests += 1
+
+    config = types.GenerateContentConfig(response_mime_type="application/json") if spec.json_reply else None
+    return LlmAgent(
+        name=spec.name,
+        model=model,
+        instruction=instruction,
+        tools=list(spec.tools),
+        generate_content_config=config,
+        before_model_callback=[request_trimmer(spec.budget.max_request_tokens), count_request],
+        after_tool_callback=tool_output_limiter(spec.budget.max_tool_output_chars),
+    )
+
+
+class StageSession:
+    """A fresh session over one agent; `turn()` sends one user message and returns the reply."""
+
+    def __init__(self, runner: Runner, session_id: str, *, audit: AuditSink, labels: Mapping[str, str],
+                 usage: Usage, streaming: bool) -> None:
+        self._runner = runner
+        self._session_id = session_id
+        self._audit = audit
+        self._labels = dict(labels)
+        self.usage = usage
+        self._streaming = streaming
+
+    @classmethod
+    @asynccontextmanager
+    async def open(
+        cls,
+        agent: LlmAgent,
+        *,
+        session_id: str,
+        state: Mapping[str, Any],
+        audit: AuditSink,
+        labels: Mapping[str, str],
+        usage: Usage,
+        streaming: bool = False,
+    ) -> AsyncIterator[StageSession]:
+        runner = Runner(agent=agent, app_name=APP_NAME, session_service=InMemorySessionService())
+        try:
+            await runner.session_service.create_session(
+                app_name=APP_NAME, user_id=session_id, session_id=session_id, state=dict(state)
+            )
+            yield cls(runner, session_id, audit=audit, labels=labels, usage=usage, streaming=streaming)
+        finally:
+            await runner.close()
+
+    async def turn(self, message: str, *, max_model_calls: int) -> str:
+        """Run one invocation; returns the final reply text (may be empty).
+
+        Raises:
+            ModelCallLimitError: the invocation reached `max_model_calls`.
+        """
+        run_config = RunConfig(
+            max_llm_calls=max_model_calls,
+            streaming_mode=StreamingMode.SSE if self._streaming else StreamingMode.NONE,
+        )
+        content = types.Content(role="user", parts=[types.Part(text=message)])
+        self._audit([{**self._labels, "ts": repr(time.time()), "kind": "user_message",
+                      "author": "user", "data": json.dumps({"text": message})}])
+        final = ""
+        try:
+            async for event in self._runner.run_async(
+                user_id=self._session_id, session_id=self._session_id, new_message=content, run_config=run_config
+            ):
+                self.usage.add_event(event)
+                if not event.partial:
+                    self._audit([self._audit_entry(event)])
+                if event.is_final_response() and event.content and not event.partial:
+                    final = "".join(p.text or "" for p in event.content.parts or [] if not p.thought)
+        except LlmCallsLimitExceededError as exc:
+            raise ModelCallLimitError(
+                f"stage {self._labels.get('stage', '?')!r} reached its budget of {max_model_calls} "
+                "model calls without finishing"
+            ) from exc
+        return final
+
+    def _audit_entry(self, event: Event) -> dict[str, Any]:
+        content = event.content.model_dump(mode="json", exclude_none=True) if event.content else None
+        usage = event.usage_metadata.model_dump(exclude_none=True) if event.usage_metadata else None
+        return {
+            **self._labels,
+            "ts": repr(time.time()),
+            "kind": _event_kind(event),
+            "author": event.author,
+            "event_id": event.id,
+            "invocation": event.invocation_id,
+            "data": json.dumps(
+                {"content": content, "usage": usage, "error": event.error_message}, default=str
+            ),
+        }
+
+
+def _event_kind(event: Event) -> str:
+    parts = event.content.parts if event.content and event.content.parts else []
+    if event.error_code:
+        return "error"
+    if any(p.function_call for p in parts):
+        return "tool_call"
+    if any(p.function_response for p in parts):
+        return "tool_result"
+    if event.author == "user":
+        return "user_message"
+    return "model_reply" if parts else "event"

@@ -1,0 +1,158 @@
+"""Context budgets inside a stage: tool outputs cut to size, requests trimmed to a token budget.
+
+Sizes are estimated as characters / 4, the same rule the fake Gemini server counts tokens by.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from google.adk.models.llm_request import LlmRequest
+from google.adk.models.llm_response import LlmResponse
+from google.genai import types
+
+logger = logging.getLogger(__name__)
+
+CHARS_PER_TOKEN = 4
+MIN_STRING_CHARS = 80
+"""`shrink_to_fit` never cuts a string below this many characters."""
+_MARKER_ROOM = 40
+
+
+def json_chars(value: Any) -> int:
+    return len(json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str))
+
+
+def shrink_to_fit(value: Any, max_chars: int) -> tuple[Any, int]:
+    """Cut the longest strings, then the longest lists, until `value` fits `max_chars` as JSON.
+
+    Every cut leaves a marker saying how much was cut. Returns the new value and the number of
+    characters removed (0 when it already fit). The value keeps its shape: dicts keep their keys.
+    """
+    value = json.loads(json.dumps(value, default=str))
+    before = json_chars(value)
+    for _ in range(10_000):
+        excess = json_chars(value) - max_chars
+        if excess <= 0:
+            break
+        if not (_cut_longest_string(value, excess) or _cut_longest_list(value)):
+            break
+    return value, max(0, before - json_chars(value))
+
+
+def _leaves(value: Any) -> list[tuple[Any, Any, Any]]:
+    """(container, key, child) for every child of every dict and list in `value`."""
+    found, stack = [], [value]
+    while stack:
+        node = stack.pop()
+        items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+        for key, child in items:
+            found.append((node, key, child))
+            stack.append(child)
+    return found
+
+
+def _cut_longest_string(value: Any, excess: int) -> bool:
+    strings = [
+        (c, k, s) for c, k, s in _leaves(value)
+        if isinstance(s, str) and len(s) > MIN_STRING_CHARS + _MARKER_ROOM
+    ]
+    if not strings:
+        return False
+    container, key, text = max(strings, key=lambda leaf: len(leaf[2]))
+    keep = max(MIN_STRING_CHARS, len(text) - excess - _MARKER_ROOM)
+    container[key] = text[:keep] + f"…[cut {len(text) - keep} of {len(text)} chars]"
+    return True
+
+
+def _cut_longest_list(value: Any) -> bool:
+    lists = [child for _, _, child in _leaves(value) if isinstance(child, list) and len(child) > 1]
+    if not lists:
+        return False
+    longest = max(lists, key=json_chars)
+    dropped = max(1, len(longest) // 4)
+    del longest[len(longest) - dropped :]
+    if all(isinstance(item, str) for item in longest):
+        longest.append(f"…[{dropped} more items cut]")
+    return True
+
+
+def tool_output_limiter(max_chars: int) -> Callable[..., dict[str, Any] | None]:
+    """An `after_tool_callback` that cuts a tool's result to `max_chars` with a marker."""
+
+    def after_tool(tool: Any, args: dict[str, Any], tool_context: Any, tool_response: Any) -> dict[str, Any] | None:
+        response = tool_response if isinstance(tool_response, dict) else {"result": tool_response}
+        size = json_chars(response)
+        if size <= max_chars:
+            return None
+        cut, removed = shrink_to_fit(response, max_chars)
+        if json_chars(cut) > max_chars:
+            text = json.dumps(response, ensure_ascii=False, default=str)
+            cut = {"result": text[: max_chars - 120]}
+            removed = size - len(cut["result"])
+        cut["truncated"] = f"tool output cut to fit the budget: {removed} of {size} chars removed"
+        logger.info("tool %s output cut from %d to %d chars", getattr(tool, "name", "?"), size, json_chars(cut))
+        return cut
+
+    return after_tool
+
+
+def request_tokens(request: LlmRequest) -> int:
+    """Estimated prompt tokens of a request: system instruction, tools and contents."""
+    config = request.config
+    chars = sum(_content_chars(c) for c in request.contents)
+    if config and config.system_instruction:
+        chars += len(str(config.system_instruction))
+    if config and config.tools:
+        chars += sum(len(t.model_dump_json(exclude_none=True)) for t in config.tools if hasattr(t, "model_dump_json"))
+    return -(-chars // CHARS_PER_TOKEN)
+
+
+def _content_chars(content: types.Content) -> int:
+    return len(content.model_dump_json(exclude_none=True))
+
+
+def request_trimmer(max_tokens: int) -> Callable[..., LlmResponse | None]:
+    """A `before_model_callback` that drops the oldest exchanges until the request fits.
+
+    The first content (the stage's one user message) always stays, and so does the newest
+    exchange. A function call and its response are dropped together, never one without the
+    other. Only the outgoing request changes; the session keeps its history.
+    """
+
+    def before_model(callback_context: Any, llm_request: LlmRequest) -> LlmResponse | None:
+        if request_tokens(llm_request) <= max_tokens or len(llm_request.contents) < 3:
+            return None
+        head, units = llm_request.contents[0], _exchanges(llm_request.contents[1:])
+        dropped = 0
+        while len(units) > 1 and request_tokens(llm_request) > max_tokens:
+            unit = units.pop(0)
+            dropped += len(unit)
+            llm_request.contents = [head] + [c for u in units for c in u]
+        if dropped:
+            note = types.Part(
+                text=f"[Baton: {dropped} earlier contents were left out to fit the request budget "
+                "of this stage; call the tools again if you need what they returned.]"
+            )
+            head = head.model_copy(update={"parts": [*(head.parts or []), note]})
+            llm_request.contents = [head, *llm_request.contents[1:]]
+            logger.info("request trimmed: %d contents left out, ~%d tokens", dropped, request_tokens(llm_request))
+        return None
+
+    return before_model
+
+
+def _exchanges(contents: list[types.Content]) -> list[list[types.Content]]:
+    """Group contents so that a function call and the responses to it stay together."""
+    units: list[list[types.Content]] = []
+    for content in contents:
+        parts = content.parts or []
+        is_response = any(p.function_response for p in parts)
+        if is_response and units and any(p.function_call for c in units[-1] for p in (c.parts or [])):
+            units[-1].append(content)
+        else:
+            units.append([content])
+    return units
