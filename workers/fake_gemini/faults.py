@@ -1,0 +1,41 @@
+"""Which fault, if any, a request gets: the rules plus the counters their selectors read."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+
+from workers.fake_gemini.scenario import FaultRule
+
+
+class FaultBook:
+    """Fault rules, the number of requests per agent and the number of uses per rule.
+
+    Not thread-safe: the server touches it only from its event loop.
+    """
+
+    def __init__(self, rules: Iterable[FaultRule] = ()) -> None:
+        self._rules = list(rules)
+        self._uses = [0] * len(self._rules)
+        self._requests: Counter[str] = Counter()
+
+    def next_request(self, agent: str) -> tuple[int, FaultRule | None]:
+        """Count one more request of `agent`; return its 1-based number and the rule it meets."""
+        self._requests[agent] += 1
+        number = self._requests[agent]
+        for index, rule in enumerate(self._rules):
+            used_up = rule.times is not None and self._uses[index] >= rule.times
+            if not used_up and rule.selects(agent, number):
+                self._uses[index] += 1
+                return number, rule
+        return number, None
+
+    def replace(self, rules: Iterable[FaultRule]) -> None:
+        """Swap in new rules, with fresh use counts; request numbers carry on."""
+        self._rules = list(rules)
+        self._uses = [0] * len(self._rules)
+
+    def reset(self) -> None:
+        """Start counting requests and rule uses from zero again."""
+        self._requests.clear()
+        self._uses = [0] * len(self._rules)

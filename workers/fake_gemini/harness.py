@@ -1,0 +1,114 @@
+"""Running the fake server (in a thread or as a process) and driving its admin endpoints.
+
+with FakeGemini.start(scenario) as fake:
+    client = genai.Client(api_key="k", http_options=types.HttpOptions(base_url=fake.url))
+    ...
+    assert [entry["step"] for entry in fake.requests()] == [0, 1]
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import uvicorn
+from starlette.types import ASGIApp
+
+from workers.fake_gemini.scenario import FaultRule, Scenario
+from workers.fake_gemini.server import create_app
+
+ADMIN_TIMEOUT_S = 10.0
+"""Timeout of one admin request."""
+
+
+class FakeGemini:
+    """A running fake server: its base URL and its admin endpoints.
+
+    `FakeGemini.start(...)` runs one in a background thread; `FakeGemini(url)` attaches to one
+    running elsewhere (a `python -m workers.fake_gemini` process).
+    """
+
+    def __init__(self, url: str) -> None:
+        self.url = url.rstrip("/")
+
+    @classmethod
+    @contextmanager
+    def start(
+        cls,
+        scenario: Scenario | Mapping[str, Any] | None = None,
+        *,
+        record_path: str | Path | None = None,
+        host: str = "127.0.0.1",
+        startup_timeout_s: float = 10.0,
+    ) -> Iterator[FakeGemini]:
+        """Serve `scenario` on a free port of `host` until the block ends."""
+        app = create_app(Scenario.model_validate(scenario or {}), record_path=record_path)
+        with listen(host, 0) as sock:
+            server = uvicorn_server(app)
+            thread = threading.Thread(
+                target=server.run, kwargs={"sockets": [sock]}, name="fake-gemini", daemon=True
+            )
+            thread.start()
+            try:
+                _wait_until_started(server, thread, startup_timeout_s)
+                yield cls(url_of(sock))
+            finally:
+                server.should_exit = True
+                thread.join(startup_timeout_s)
+
+    def requests(self) -> list[dict[str, Any]]:
+        """The entries recorded since the last reset, oldest first."""
+        response = self._admin("GET", "/_fake/requests")
+        entries: list[dict[str, Any]] = response.json()
+        return entries
+
+    def reset(self) -> None:
+        """Forget recorded entries and restart the per-agent request counters."""
+        self._admin("POST", "/_fake/reset")
+
+    def set_faults(self, rules: Iterable[FaultRule | Mapping[str, Any]]) -> None:
+        """Replace the fault rules."""
+        validated = [FaultRule.model_validate(rule).model_dump(mode="json") for rule in rules]
+        self._admin("PUT", "/_fake/faults", json=validated)
+
+    def set_scenario(self, scenario: Scenario | Mapping[str, Any]) -> None:
+        """Replace the scenario, its fault rules included."""
+        validated = Scenario.model_validate(scenario)
+        self._admin("PUT", "/_fake/scenario", json=validated.model_dump(mode="json", by_alias=True))
+
+    def _admin(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        response = httpx.request(method, self.url + path, timeout=ADMIN_TIMEOUT_S, **kwargs)
+        return response.raise_for_status()
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A listening TCP socket; port 0 picks a free one."""
+    return socket.create_server((host, port))
+
+
+def url_of(sock: socket.socket) -> str:
+    """The base URL of the server listening on `sock`."""
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def uvicorn_server(app: ASGIApp) -> uvicorn.Server:
+    """A uvicorn server for `app` that leaves logging configuration to the entry point."""
+    config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="off")
+    return uvicorn.Server(config)
+
+
+def _wait_until_started(server: uvicorn.Server, thread: threading.Thread, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not server.started:
+        if not thread.is_alive():
+            raise RuntimeError("the fake Gemini server stopped while starting; see its log")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the fake Gemini server did not start within {timeout_s} s")
+        time.sleep(0.01)

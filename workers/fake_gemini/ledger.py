@@ -1,0 +1,52 @@
+"""The record of every model request the fake server received.
+
+One entry per model request, faulted ones included (a body that is not a JSON object gets a 400
+and no entry)::
+
+    {"ts": 1767000000.1, "agent": "search", "model": "gemini-2.5-flash", "stream": false,
+     "step": 0, "status": 200, "prompt_tokens": 31, "candidates_tokens": 9,
+     "request_chars": 140, "request": {...the parsed request body...}}
+
+`status` is 0 for a dropped connection. `request_chars` is the length of the body's compact
+JSON (`tokens.compact_json`). Request headers are never recorded: the API key travels in one.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+from workers.fake_gemini.tokens import compact_json
+
+
+class Ledger:
+    """Entries kept in memory and, when `path` is given, appended to a JSONL file.
+
+    A reset clears the memory only; the file is an append-only log. A lock keeps concurrent
+    appends from interleaving lines.
+    """
+
+    def __init__(self, path: str | Path | None = None) -> None:
+        self._path = Path(path) if path is not None else None
+        self._entries: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+
+    def append(self, entry: dict[str, Any]) -> None:
+        """Record one request."""
+        line = compact_json(entry) + "\n"
+        with self._lock:
+            self._entries.append(entry)
+            if self._path is not None:
+                with self._path.open("a", encoding="utf-8") as file:
+                    file.write(line)
+
+    def entries(self) -> list[dict[str, Any]]:
+        """A copy of the entries since the last reset, oldest first."""
+        with self._lock:
+            return list(self._entries)
+
+    def clear(self) -> None:
+        """Forget the in-memory entries."""
+        with self._lock:
+            self._entries.clear()

@@ -1,0 +1,184 @@
+"""What the fake Gemini server says: a scripted policy per agent, fault rules and latency.
+
+A scenario is JSON::
+
+    {"agents": {
+        "search": {"steps": [
+            {"call": {"name": "search_code", "args": {"pattern": "average_price_cents"}}},
+            {"calls": [{"name": "read_file", "args": {"path": "a.py"}},
+                       {"name": "read_file", "args": {"path": "b.py"}}]},
+            {"json": {"root_cause": "..."}}
+        ]},
+        "*": [{"text": "ok"}]
+     },
+     "faults": [{"agent": "search", "requests": [1], "status": 429, "retry_delay_s": 3}],
+     "latency_ms": 0}
+
+Agents. The agent of a request is the name ADK puts in the system instruction, else the
+`x-baton-agent` header, else `"default"`; an agent with no script plays `"*"`. A script is
+`{"steps": [...]}` or just the list. Each step is exactly one of `text` (a text reply), `json`
+(a text reply holding that value as JSON), `call` (one function call) or `calls` (several
+function calls in one reply). The step a request gets is the number of `role: "model"` entries
+in its `contents`, so a retried or redelivered request replays the same step; past the end of
+the script the last step repeats. In a `text` or `json` step, `{{fn:NAME.FIELD}}` is replaced by
+FIELD of the newest response of function NAME in the request (e.g. the commit a tool made).
+
+Faults. Rules are checked in order for every model request and the first that matches applies.
+Selectors: `agent` (default `"*"`, any agent), `requests` (1-based numbers of that agent's
+requests since the last reset), `every` (every Nth request of that agent), `times` (apply at
+most this many times in all). Effects:
+
+* `status`: answer with an error status from `wire.ERRORS`. For 429, `retry_delay_s` puts a
+  `RetryInfo` in the body (default 1 s, `null` for none). `retry_after_s` adds a `Retry-After`
+  header (whole seconds, rounded up).
+* `drop`: close the connection without a complete reply.
+* `latency_ms`: wait first (also a scenario-wide default); alone, it delays a normal reply.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveInt,
+    model_validator,
+)
+
+from workers.fake_gemini import wire
+from workers.fake_gemini.tokens import compact_json
+
+ANY_AGENT = "*"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class FunctionCall(_Model):
+    """A function call the model makes."""
+
+    name: str
+    """Name of the tool to call."""
+    args: dict[str, Any] = Field(default_factory=dict)
+    """Arguments of the call."""
+
+
+class Step(_Model):
+    """One scripted reply: exactly one of `text`, `json`, `call` or `calls`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    text: str | None = None
+    """A text reply."""
+    json_value: Any = Field(None, alias="json")
+    """A text reply holding this value serialized as JSON (not `null`)."""
+    call: FunctionCall | None = None
+    """A reply with one function call."""
+    calls: list[FunctionCall] | None = Field(None, min_length=1)
+    """A reply with several function calls."""
+
+    @model_validator(mode="after")
+    def _exactly_one_kind(self) -> Step:
+        values = {
+            "text": self.text,
+            "json": self.json_value,
+            "call": self.call,
+            "calls": self.calls,
+        }
+        given = [kind for kind, value in values.items() if value is not None]
+        if len(given) != 1:
+            named = ", ".join(given) or "none"
+            raise ValueError(f"a step is exactly one of text, json, call, calls (given: {named})")
+        return self
+
+    def parts(self) -> list[dict[str, Any]]:
+        """The reply's `parts` in the wire format (fresh objects on every call)."""
+        if self.json_value is not None:
+            return [{"text": compact_json(self.json_value)}]
+        if self.text is not None:
+            return [{"text": self.text}]
+        calls = [self.call] if self.call is not None else (self.calls or [])
+        return [{"functionCall": call.model_dump()} for call in calls]
+
+
+class AgentScript(_Model):
+    """The replies one agent gets, by step."""
+
+    steps: list[Step] = Field(min_length=1)
+    """Replies in order; the last one repeats."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _accept_bare_list(cls, data: Any) -> Any:
+        return {"steps": data} if isinstance(data, list) else data
+
+    def step(self, index: int) -> Step:
+        """The reply for step `index` (0-based); past the end, the last step."""
+        return self.steps[min(index, len(self.steps) - 1)]
+
+
+class FaultRule(_Model):
+    """A fault to inject into matching requests (see the module docstring)."""
+
+    agent: str = ANY_AGENT
+    """Agent the rule applies to; `"*"` means any."""
+    requests: list[PositiveInt] | None = None
+    """1-based numbers of the agent's requests since the last reset."""
+    every: PositiveInt | None = None
+    """Apply to every Nth request of the agent."""
+    times: PositiveInt | None = None
+    """Apply at most this many times in all."""
+    status: int | None = None
+    """HTTP error status to answer with."""
+    retry_delay_s: NonNegativeFloat | None = 1.0
+    """For 429: the `RetryInfo.retryDelay` in the body; `None` leaves `RetryInfo` out."""
+    retry_after_s: NonNegativeFloat | None = None
+    """A `Retry-After` header, in whole seconds (rounded up)."""
+    drop: bool = False
+    """Close the connection without a complete reply."""
+    latency_ms: NonNegativeInt | None = None
+    """Wait this long before answering; replaces the scenario's `latency_ms`."""
+
+    @model_validator(mode="after")
+    def _has_one_effect(self) -> FaultRule:
+        if self.status is not None and self.status not in wire.ERRORS:
+            raise ValueError(f"status {self.status} is not one of {sorted(wire.ERRORS)}")
+        if self.status is not None and self.drop:
+            raise ValueError("a rule either answers with a status or drops, not both")
+        if self.status is None and not self.drop and self.latency_ms is None:
+            raise ValueError("a rule needs an effect: status, drop or latency_ms")
+        return self
+
+    def selects(self, agent: str, request_number: int) -> bool:
+        """Whether the agent's `request_number`-th request matches (ignoring `times`)."""
+        if self.agent not in (ANY_AGENT, agent):
+            return False
+        if self.requests is not None and request_number not in self.requests:
+            return False
+        return self.every is None or request_number % self.every == 0
+
+
+class Scenario(_Model):
+    """Everything the fake server plays."""
+
+    agents: dict[str, AgentScript] = Field(default_factory=dict)
+    """Script per agent name; `"*"` serves agents without one."""
+    faults: list[FaultRule] = Field(default_factory=list)
+    """Fault rules, first match wins."""
+    latency_ms: NonNegativeInt = 0
+    """Delay before every reply unless a matching rule sets its own."""
+
+    @classmethod
+    def load(cls, path: str | Path) -> Scenario:
+        """Read and validate a scenario JSON file."""
+        return cls.model_validate_json(Path(path).read_text(encoding="utf-8"))
+
+    def script_for(self, agent: str) -> AgentScript | None:
+        """The agent's script, else the `"*"` script, else `None`."""
+        return self.agents.get(agent) or self.agents.get(ANY_AGENT)
