@@ -1,7 +1,7 @@
 """Baton from Python: enqueue an issue against a repository, read a run back.
 
-    from orchestrator import enqueue
-    run_id = enqueue(sentry_event_json, repo="/srv/git/shop")
+from orchestrator import enqueue
+run_id = enqueue(sentry_event_json, repo="/srv/git/shop")
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def submit(
     data = json.dumps(payload) if isinstance(payload, Mapping) else payload
     issue = parse_payload(data, IssueSource(source) if source else None)
     load_pipeline(pipeline)
-    repo = repos.normalize(repo)
+    repo = repos.repo_source(repo)
     commit = repos.resolve_commit(repo)
     with connect(settings) as conductor:
         return conductor.submit(issue, repo=repo, commit=commit, pipeline=pipeline, force=force)

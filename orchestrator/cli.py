@@ -49,9 +49,13 @@ def main(verbose: bool) -> None:
 @click.argument("payload", type=click.File("rb"))
 @click.option("--repo", required=True, help="Path or URL of the git repository to fix.")
 @click.option("--pipeline", default="fixer", show_default=True, help="Pipeline name or TOML file.")
-@click.option("--source", type=click.Choice([s.value for s in IssueSource]), help="Skip auto-detection.")
+@click.option(
+    "--source", type=click.Choice([s.value for s in IssueSource]), help="Skip auto-detection."
+)
 @click.option("--force", is_flag=True, help="Start a new run even if this issue already has one.")
-def enqueue(payload: click.utils.LazyFile, repo: str, pipeline: str, source: str | None, force: bool) -> None:
+def enqueue(
+    payload: click.utils.LazyFile, repo: str, pipeline: str, source: str | None, force: bool
+) -> None:
     """Enqueue PAYLOAD (a file, or - for stdin) against a repository; prints the run id."""
     data = payload.read()
     run_id, created = api.submit(data, repo=repo, pipeline=pipeline, source=source, force=force)
@@ -90,13 +94,29 @@ def watch(run_id: str, interval: float, timeout: float) -> None:
 def worker(stages: str, pipeline: str, concurrency: int, loglevel: str) -> None:
     """Run a Celery worker that serves the queues of the given stages."""
     spec = load_pipeline(pipeline)
-    names = [s.name for s in spec.stages] if stages == "all" else [s.strip() for s in stages.split(",")]
+    names = (
+        [s.name for s in spec.stages] if stages == "all" else [s.strip() for s in stages.split(",")]
+    )
     queues = ",".join(spec.stage(name).queue for name in names)
     Settings().require_redis_url()
     argv = [
-        sys.executable, "-m", "celery", "-A", "workers.app", "worker", "-Q", queues,
-        "-c", str(concurrency), "-P", "prefork", "-E", "--loglevel", loglevel,
-        "-n", f"baton-{'-'.join(names) if stages != 'all' else 'all'}-{os.getpid()}@%h",
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "workers.app",
+        "worker",
+        "-Q",
+        queues,
+        "-c",
+        str(concurrency),
+        "-P",
+        "prefork",
+        "-E",
+        "--loglevel",
+        loglevel,
+        "-n",
+        f"baton-{'-'.join(names) if stages != 'all' else 'all'}-{os.getpid()}@%h",
     ]
     os.execv(sys.executable, argv)
 
@@ -105,13 +125,24 @@ def worker(stages: str, pipeline: str, concurrency: int, loglevel: str) -> None:
 @click.option("--scenario", type=click.Path(exists=True, dir_okay=False), help="Scenario JSON.")
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8765, show_default=True, help="0 picks a free port.")
-@click.option("--record", type=click.Path(dir_okay=False), help="Append every request here (JSONL).")
+@click.option(
+    "--record", type=click.Path(dir_okay=False), help="Append every request here (JSONL)."
+)
 def fake_gemini(scenario: str | None, host: str, port: int, record: str | None) -> None:
     """Serve the fake Gemini API (generateContent and streamGenerateContent)."""
     from orchestrator.demo import SCENARIO
 
-    argv = [sys.executable, "-m", "workers.fake_gemini", "--scenario", scenario or str(SCENARIO),
-            "--host", host, "--port", str(port)]
+    argv = [
+        sys.executable,
+        "-m",
+        "workers.fake_gemini",
+        "--scenario",
+        scenario or str(SCENARIO),
+        "--host",
+        host,
+        "--port",
+        str(port),
+    ]
     if record:
         argv += ["--record", record]
     os.execv(sys.executable, argv)

@@ -111,8 +111,9 @@ class Conductor:
             return StageStart("run", attempt=record.attempts, run=run)
 
         start: StageStart = self.store.transact(run_id, mutate)
-        self._audit_transition(run_id, stage, start.attempt, "stage_begin", action=start.action,
-                               task_id=task_id)
+        self._audit_transition(
+            run_id, stage, start.attempt, "stage_begin", action=start.action, task_id=task_id
+        )
         return start
 
     def complete(self, run_id: str, stage: str, result: StageResult) -> str | None:
@@ -147,7 +148,9 @@ class Conductor:
         output = self.store.output(run_id, spec.output_key) or {}
         if spec.stop_when and spec.stop_when.matches(output):
             self._skip_rest(run_id, pipeline, completed)
-            self.store.finish(run_id, RunStatus.SKIPPED, f"{completed}: {spec.stop_when.reason(output)}")
+            self.store.finish(
+                run_id, RunStatus.SKIPPED, f"{completed}: {spec.stop_when.reason(output)}"
+            )
             return None
         following = pipeline.next_after(completed)
         if following is None:
@@ -170,8 +173,9 @@ class Conductor:
             return record
 
         record: StageRecord = self.store.transact(run_id, mutate)
-        self._audit_transition(run_id, stage, record.attempts, "stage_waiting", delay_s=delay_s,
-                               reason=reason)
+        self._audit_transition(
+            run_id, stage, record.attempts, "stage_waiting", delay_s=delay_s, reason=reason
+        )
         return record
 
     def fail(self, run_id: str, stage: str, error: str) -> None:
@@ -204,7 +208,9 @@ class Conductor:
 
         self.store.transact(run_id, mutate)
 
-    def _audit_transition(self, run_id: str, stage: str, attempt: int, kind: str, **data: Any) -> None:
+    def _audit_transition(
+        self, run_id: str, stage: str, attempt: int, kind: str, **data: Any
+    ) -> None:
         run = self.store.get(run_id)
         self.store.audit(
             run_id,

@@ -62,7 +62,9 @@ class Issue(BaseModel):
         """A compact, plain-text rendering for prompts."""
         lines = [f"Title: {self.title}", f"Source: {self.source.value}"]
         if self.error_type or self.error_message:
-            lines.append(f"Error: {self.error_type or 'Error'}: {self.error_message or ''}".rstrip())
+            lines.append(
+                f"Error: {self.error_type or 'Error'}: {self.error_message or ''}".rstrip()
+            )
         if self.culprit:
             lines.append(f"Culprit: {self.culprit}")
         if self.frames:

@@ -198,7 +198,9 @@ def _import_schema(path: str) -> type[BaseModel]:
 
 def builtin_pipelines() -> list[str]:
     folder = resources.files("orchestrator") / "pipelines"
-    return sorted(p.name.removesuffix(".toml") for p in folder.iterdir() if p.name.endswith(".toml"))
+    return sorted(
+        p.name.removesuffix(".toml") for p in folder.iterdir() if p.name.endswith(".toml")
+    )
 
 
 @cache

@@ -11,9 +11,8 @@ from rich.live import Live
 from rich.table import Table
 
 from orchestrator import api
-from orchestrator.settings import Settings
-
 from orchestrator.models import RunRecord, StageRecord, StageStatus
+from orchestrator.settings import Settings
 
 _STYLE = {
     StageStatus.DONE: "green",
@@ -61,11 +60,24 @@ def run_json(run: RunRecord) -> dict[str, Any]:
 def run_table(run: RunRecord, *, now: float | None = None) -> Table:
     now = time.time() if now is None else now
     title = f"run {run.id} · {run.pipeline} · {run.status.value}"
-    table = Table(title=title, caption=run.reason or None, title_justify="left")
+    waits = [
+        f"{name} rate limited: next attempt at {_clock(r.waiting_until)} "
+        f"(in {max(0.0, r.waiting_until - now):.0f}s)"
+        for name, r in run.stages.items()
+        if r.status == StageStatus.WAITING and r.waiting_until
+    ]
+    caption = "\n".join([*waits, *([run.reason] if run.reason else [])]) or None
+    table = Table(title=title, caption=caption, title_justify="left", caption_justify="left")
     for column, justify in [
-        ("stage", "left"), ("status", "left"), ("attempts", "right"), ("requests", "right"),
-        ("prompt tokens", "right"), ("max request", "right"), ("output chars", "right"),
-        ("duration", "right"), ("note", "left"),
+        ("stage", "left"),
+        ("status", "left"),
+        ("tries", "right"),
+        ("calls", "right"),
+        ("prompt tok", "right"),
+        ("max req", "right"),
+        ("out chars", "right"),
+        ("time", "right"),
+        ("note", "left"),
     ]:
         table.add_column(column, justify=justify)  # type: ignore[arg-type]
     for name, record in run.stages.items():
@@ -83,6 +95,10 @@ def run_table(run: RunRecord, *, now: float | None = None) -> Table:
     return table
 
 
+def _clock(epoch_s: float) -> str:
+    return datetime.fromtimestamp(epoch_s).strftime("%H:%M:%S")
+
+
 def _duration(record: StageRecord, now: float) -> str:
     if record.duration_s is not None:
         return f"{record.duration_s:.1f}s"
@@ -93,26 +109,30 @@ def _duration(record: StageRecord, now: float) -> str:
 
 def _note(record: StageRecord, now: float) -> str:
     if record.status == StageStatus.WAITING and record.waiting_until:
-        until = datetime.fromtimestamp(record.waiting_until).strftime("%H:%M:%S")
-        left = max(0.0, record.waiting_until - now)
-        return f"rate limited: retry at {until} (in {left:.0f}s)"
+        return f"429: retry at {_clock(record.waiting_until)}"
     if record.status == StageStatus.FAILED and record.error:
         return record.error[:120]
     notes = []
     if record.rate_limit_retries:
-        notes.append(f"waited {record.rate_limit_wait_s:.1f}s on {record.rate_limit_retries} × 429")
+        notes.append(f"waited {record.rate_limit_wait_s:.1f}s on {record.rate_limit_retries} x 429")
     if record.compacted:
         notes.append(f"output {record.compacted}")
     return "; ".join(notes)
 
 
 def follow(
-    run_id: str, settings: Settings, *, interval_s: float, timeout_s: float, console: Console
+    run_id: str,
+    settings: Settings,
+    *,
+    interval_s: float,
+    timeout_s: float,
+    console: Console,
+    transient: bool = False,
 ) -> RunRecord:
     """Redraw the run's table until it reaches a terminal state (or the timeout)."""
     deadline = time.monotonic() + timeout_s if timeout_s else None
     run = api.get_run(run_id, settings=settings)
-    with Live(run_table(run), console=console, refresh_per_second=4, transient=False) as live:
+    with Live(run_table(run), console=console, refresh_per_second=4, transient=transient) as live:
         while not run.status.is_terminal:
             if deadline and time.monotonic() > deadline:
                 break

@@ -152,7 +152,9 @@ class RunStore:
         )
 
     def artifact(self, ref: ArtifactRef) -> bytes:
-        raw = self.redis.execute_command("GET", keys.artifact(ref.run_id, ref.name), NEVER_DECODE=True)
+        raw = self.redis.execute_command(
+            "GET", keys.artifact(ref.run_id, ref.name), NEVER_DECODE=True
+        )
         if raw is None:
             raise KeyError(f"artifact {ref.uri} is gone")
         data = bytes(raw)
@@ -174,14 +176,19 @@ class RunStore:
         return count
 
     def audit_log(self, run_id: str) -> list[dict[str, str]]:
-        return [dict(fields, id=entry_id) for entry_id, fields in self.redis.xrange(keys.audit(run_id))]
+        return [
+            dict(fields, id=entry_id) for entry_id, fields in self.redis.xrange(keys.audit(run_id))
+        ]
 
 
 def _audit_value(value: Any) -> str:
     text = value if isinstance(value, str) else json.dumps(value, default=str)
     if len(text) > MAX_AUDIT_ENTRY_CHARS:
         cut = len(text) - MAX_AUDIT_ENTRY_CHARS
-        text = text[:MAX_AUDIT_ENTRY_CHARS] + f"…[audit entry truncated: {cut} of {len(text)} chars cut]"
+        text = (
+            text[:MAX_AUDIT_ENTRY_CHARS]
+            + f"…[audit entry truncated: {cut} of {len(text)} chars cut]"
+        )
     return text
 
 
@@ -195,6 +202,7 @@ def _run_fields(run: RunRecord) -> dict[str, str]:
                 "commit": run.commit,
                 "idempotency_key": run.idempotency_key,
                 "created_at": run.created_at,
+                "stage_order": list(run.stages),
             }
         ),
         "issue": run.issue.model_dump_json(),
@@ -211,13 +219,16 @@ def _run_fields(run: RunRecord) -> dict[str, str]:
 def _parse_run(run_id: str, fields: Mapping[str, str]) -> RunRecord:
     if not fields:
         raise RunNotFoundError(run_id)
+    meta = json.loads(fields["meta"])
+    order = meta.pop("stage_order", [])
     stages = {
         name.removeprefix("stage:"): StageRecord.model_validate_json(value)
         for name, value in fields.items()
         if name.startswith("stage:")
     }
+    stages = {name: stages[name] for name in sorted(stages, key=_position(order))}
     return RunRecord(
-        **json.loads(fields["meta"]),
+        **meta,
         issue=Issue.model_validate_json(fields["issue"]),
         status=RunStatus(fields["status"]),
         reason=fields.get("reason") or None,
@@ -225,3 +236,8 @@ def _parse_run(run_id: str, fields: Mapping[str, str]) -> RunRecord:
         updated_at=float(fields["updated_at"]),
         stages=stages,
     )
+
+
+def _position(order: list[str]) -> Callable[[str], tuple[int, str]]:
+    """Sort key: pipeline order first, then any other stage by name."""
+    return lambda name: (order.index(name) if name in order else len(order), name)

@@ -18,8 +18,15 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 @pytest.fixture
-def redis_client(redis_url: str) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(redis_url, decode_responses=True)
+def unit_redis_url(redis_url: str) -> str:
+    """Database 1 of the same server: unit tests flush it freely, while integration tests and
+    their workers use database 0, which is never flushed (Celery keeps its bindings there)."""
+    return redis_url.rsplit("/", 1)[0] + "/1"
+
+
+@pytest.fixture
+def redis_client(unit_redis_url: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(unit_redis_url, decode_responses=True)
     client.flushdb()
     yield client
     client.close()

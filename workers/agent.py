@@ -12,7 +12,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from google.adk.agents import LlmAgent
@@ -78,7 +78,11 @@ def build_agent(spec: AgentSpec, model: BaseLlm, usage: Usage) -> LlmAgent:
     def count_request(callback_context: Any, llm_request: LlmRequest) -> None:
         usage.requests += 1
 
-    config = types.GenerateContentConfig(response_mime_type="application/json") if spec.json_reply else None
+    config = (
+        types.GenerateContentConfig(response_mime_type="application/json")
+        if spec.json_reply
+        else None
+    )
     return LlmAgent(
         name=spec.name,
         model=model,
@@ -93,8 +97,16 @@ def build_agent(spec: AgentSpec, model: BaseLlm, usage: Usage) -> LlmAgent:
 class StageSession:
     """A fresh session over one agent; `turn()` sends one user message and returns the reply."""
 
-    def __init__(self, runner: Runner, session_id: str, *, audit: AuditSink, labels: Mapping[str, str],
-                 usage: Usage, streaming: bool) -> None:
+    def __init__(
+        self,
+        runner: Runner,
+        session_id: str,
+        *,
+        audit: AuditSink,
+        labels: Mapping[str, str],
+        usage: Usage,
+        streaming: bool,
+    ) -> None:
         self._runner = runner
         self._session_id = session_id
         self._audit = audit
@@ -120,7 +132,9 @@ class StageSession:
             await runner.session_service.create_session(
                 app_name=APP_NAME, user_id=session_id, session_id=session_id, state=dict(state)
             )
-            yield cls(runner, session_id, audit=audit, labels=labels, usage=usage, streaming=streaming)
+            yield cls(
+                runner, session_id, audit=audit, labels=labels, usage=usage, streaming=streaming
+            )
         finally:
             await runner.close()
 
@@ -135,18 +149,32 @@ class StageSession:
             streaming_mode=StreamingMode.SSE if self._streaming else StreamingMode.NONE,
         )
         content = types.Content(role="user", parts=[types.Part(text=message)])
-        self._audit([{**self._labels, "ts": repr(time.time()), "kind": "user_message",
-                      "author": "user", "data": json.dumps({"text": message})}])
+        self._audit(
+            [
+                {
+                    **self._labels,
+                    "ts": repr(time.time()),
+                    "kind": "user_message",
+                    "author": "user",
+                    "data": json.dumps({"text": message}),
+                }
+            ]
+        )
         final = ""
         try:
             async for event in self._runner.run_async(
-                user_id=self._session_id, session_id=self._session_id, new_message=content, run_config=run_config
+                user_id=self._session_id,
+                session_id=self._session_id,
+                new_message=content,
+                run_config=run_config,
             ):
                 self.usage.add_event(event)
                 if not event.partial:
                     self._audit([self._audit_entry(event)])
                 if event.is_final_response() and event.content and not event.partial:
-                    final = "".join(p.text or "" for p in event.content.parts or [] if not p.thought)
+                    final = "".join(
+                        p.text or "" for p in event.content.parts or [] if not p.thought
+                    )
         except LlmCallsLimitExceededError as exc:
             raise ModelCallLimitError(
                 f"stage {self._labels.get('stage', '?')!r} reached its budget of {max_model_calls} "
@@ -155,7 +183,9 @@ class StageSession:
         return final
 
     def _audit_entry(self, event: Event) -> dict[str, Any]:
-        content = event.content.model_dump(mode="json", exclude_none=True) if event.content else None
+        content = (
+            event.content.model_dump(mode="json", exclude_none=True) if event.content else None
+        )
         usage = event.usage_metadata.model_dump(exclude_none=True) if event.usage_metadata else None
         return {
             **self._labels,

@@ -48,7 +48,13 @@ def _leaves(value: Any) -> list[tuple[Any, Any, Any]]:
     found, stack = [], [value]
     while stack:
         node = stack.pop()
-        items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+        items = (
+            node.items()
+            if isinstance(node, dict)
+            else enumerate(node)
+            if isinstance(node, list)
+            else ()
+        )
         for key, child in items:
             found.append((node, key, child))
             stack.append(child)
@@ -57,7 +63,8 @@ def _leaves(value: Any) -> list[tuple[Any, Any, Any]]:
 
 def _cut_longest_string(value: Any, excess: int) -> bool:
     strings = [
-        (c, k, s) for c, k, s in _leaves(value)
+        (c, k, s)
+        for c, k, s in _leaves(value)
         if isinstance(s, str) and len(s) > MIN_STRING_CHARS + _MARKER_ROOM
     ]
     if not strings:
@@ -83,7 +90,9 @@ def _cut_longest_list(value: Any) -> bool:
 def tool_output_limiter(max_chars: int) -> Callable[..., dict[str, Any] | None]:
     """An `after_tool_callback` that cuts a tool's result to `max_chars` with a marker."""
 
-    def after_tool(tool: Any, args: dict[str, Any], tool_context: Any, tool_response: Any) -> dict[str, Any] | None:
+    def after_tool(
+        tool: Any, args: dict[str, Any], tool_context: Any, tool_response: Any
+    ) -> dict[str, Any] | None:
         response = tool_response if isinstance(tool_response, dict) else {"result": tool_response}
         size = json_chars(response)
         if size <= max_chars:
@@ -94,7 +103,12 @@ def tool_output_limiter(max_chars: int) -> Callable[..., dict[str, Any] | None]:
             cut = {"result": text[: max_chars - 120]}
             removed = size - len(cut["result"])
         cut["truncated"] = f"tool output cut to fit the budget: {removed} of {size} chars removed"
-        logger.info("tool %s output cut from %d to %d chars", getattr(tool, "name", "?"), size, json_chars(cut))
+        logger.info(
+            "tool %s output cut from %d to %d chars",
+            getattr(tool, "name", "?"),
+            size,
+            json_chars(cut),
+        )
         return cut
 
     return after_tool
@@ -107,7 +121,11 @@ def request_tokens(request: LlmRequest) -> int:
     if config and config.system_instruction:
         chars += len(str(config.system_instruction))
     if config and config.tools:
-        chars += sum(len(t.model_dump_json(exclude_none=True)) for t in config.tools if hasattr(t, "model_dump_json"))
+        chars += sum(
+            len(t.model_dump_json(exclude_none=True))
+            for t in config.tools
+            if hasattr(t, "model_dump_json")
+        )
     return -(-chars // CHARS_PER_TOKEN)
 
 
@@ -139,7 +157,11 @@ def request_trimmer(max_tokens: int) -> Callable[..., LlmResponse | None]:
             )
             head = head.model_copy(update={"parts": [*(head.parts or []), note]})
             llm_request.contents = [head, *llm_request.contents[1:]]
-            logger.info("request trimmed: %d contents left out, ~%d tokens", dropped, request_tokens(llm_request))
+            logger.info(
+                "request trimmed: %d contents left out, ~%d tokens",
+                dropped,
+                request_tokens(llm_request),
+            )
         return None
 
     return before_model
@@ -151,7 +173,11 @@ def _exchanges(contents: list[types.Content]) -> list[list[types.Content]]:
     for content in contents:
         parts = content.parts or []
         is_response = any(p.function_response for p in parts)
-        if is_response and units and any(p.function_call for c in units[-1] for p in (c.parts or [])):
+        if (
+            is_response
+            and units
+            and any(p.function_call for c in units[-1] for p in (c.parts or []))
+        ):
             units[-1].append(content)
         else:
             units.append([content])

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import email.utils
 import logging
+import random
 import time
 from collections.abc import AsyncGenerator
 from typing import Any
@@ -26,12 +27,14 @@ from google.genai import errors as genai_errors
 from google.genai import types
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
 
+from orchestrator.models import StageRecord
 from orchestrator.settings import ModelConfig, RetryConfig
 from workers.errors import ModelRejectedError, ModelUnavailableError, RateLimitedError
 
 logger = logging.getLogger(__name__)
 
 _TRANSIENT_HTTP = (httpx.TimeoutException, httpx.TransportError, TimeoutError)
+RATE_LIMIT_BACKOFF_CAP_S = 120.0
 
 
 class BatonGemini(Gemini):
@@ -52,7 +55,9 @@ class BatonGemini(Gemini):
         retrying = AsyncRetrying(
             stop=stop_after_attempt(self.transient_attempts),
             wait=wait_exponential_jitter(
-                initial=self.transient_initial_s, max=self.transient_max_s, jitter=self.transient_initial_s
+                initial=self.transient_initial_s,
+                max=self.transient_max_s,
+                jitter=self.transient_initial_s,
             ),
             retry=retry_if_exception(retryable),
             before_sleep=_log_retry,
@@ -68,7 +73,9 @@ class BatonGemini(Gemini):
 def _log_retry(state: Any) -> None:
     exc = state.outcome.exception() if state.outcome else None
     logger.warning(
-        "model call failed transiently (%s); attempt %d, retrying", _describe(exc), state.attempt_number
+        "model call failed transiently (%s); attempt %d, retrying",
+        _describe(exc),
+        state.attempt_number,
     )
 
 
@@ -102,11 +109,9 @@ def classify(exc: BaseException) -> Exception | None:
     """Map a model-call failure to Baton's errors; None if it is not a model-call failure."""
     if isinstance(exc, genai_errors.APIError):
         if exc.code == 429:
-            delay = retry_delay_s(exc)
-            return RateLimitedError(
-                f"model rate limit (429 {exc.status or 'RESOURCE_EXHAUSTED'}): {_short(exc.message)}",
-                delay,
-            )
+            status = exc.status or "RESOURCE_EXHAUSTED"
+            message = f"model rate limit (429 {status}): {_short(exc.message)}"
+            return RateLimitedError(message, retry_delay_s(exc))
         if is_transient(exc):
             return ModelUnavailableError(f"model unavailable after retries: {_describe(exc)}")
         return ModelRejectedError(
@@ -120,9 +125,13 @@ def classify(exc: BaseException) -> Exception | None:
 
 def retry_delay_s(exc: genai_errors.APIError) -> float | None:
     """The server's `google.rpc.RetryInfo.retryDelay`, else its `Retry-After` header, in seconds."""
-    details = exc.details.get("error", {}).get("details", []) if isinstance(exc.details, dict) else []
+    details = (
+        exc.details.get("error", {}).get("details", []) if isinstance(exc.details, dict) else []
+    )
     for detail in details if isinstance(details, list) else []:
-        if isinstance(detail, dict) and str(detail.get("@type", "")).endswith("google.rpc.RetryInfo"):
+        if isinstance(detail, dict) and str(detail.get("@type", "")).endswith(
+            "google.rpc.RetryInfo"
+        ):
             delay = _seconds(str(detail.get("retryDelay", "")).removesuffix("s"))
             if delay is not None:
                 return delay
@@ -160,3 +169,24 @@ def _describe(exc: BaseException | None) -> str:
 def _short(text: str | None, limit: int = 300) -> str:
     text = (text or "").strip()
     return text if len(text) <= limit else text[:limit] + "…"
+
+
+def rate_limit_countdown(
+    exc: RateLimitedError, record: StageRecord, cfg: RetryConfig
+) -> float | None:
+    """Seconds until the next attempt: the server's delay (or backoff) plus positive jitter.
+
+    None when the stage has used up its retries or its total wait.
+    """
+    if record.rate_limit_retries >= cfg.rate_limit_max_retries:
+        return None
+    if exc.delay_s is not None:
+        delay = exc.delay_s
+    else:
+        delay = min(
+            RATE_LIMIT_BACKOFF_CAP_S, cfg.rate_limit_fallback_s * 2**record.rate_limit_retries
+        )
+    countdown = delay + random.uniform(0, cfg.rate_limit_jitter_s)
+    if record.rate_limit_wait_s + countdown > cfg.rate_limit_max_wait_s:
+        return None
+    return round(countdown, 3)

@@ -70,8 +70,8 @@ def truncate_to_budget(
         cut = schema.model_validate(cut).model_dump(mode="json")
     except ValidationError as exc:
         raise StageOutputError(
-            f"the output is {json_chars(output)} chars, over its budget of {max_chars}, and cutting "
-            f"it breaks its schema: {_describe(exc, schema)}"
+            f"the output is {json_chars(output)} chars, over its budget of {max_chars}, and "
+            f"cutting it breaks its schema: {_describe(exc, schema)}"
         ) from exc
     if json_chars(cut) > max_chars:
         raise StageOutputError(

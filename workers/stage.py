@@ -88,7 +88,10 @@ async def execute_stage(
     spec, usage = job.spec, Usage()
     schema = spec.schema_class()
     artifacts = StoreArtifacts(store, job.run.id, spec.name)
-    audit: Callable[[list[dict[str, Any]]], Any] = lambda entries: store.audit(job.run.id, entries)
+
+    def audit(entries: list[dict[str, Any]]) -> Any:
+        return store.audit(job.run.id, entries)
+
     async with _workspace(job, store, repos) as workspace:
         tools = _tools(job, workspace, artifacts)
         agent = build_agent(
@@ -104,8 +107,13 @@ async def execute_stage(
             usage,
         )
         async with StageSession.open(
-            agent, session_id=job.labels["session"], state=seed_state(job, store), audit=audit,
-            labels=job.labels, usage=usage, streaming=streaming,
+            agent,
+            session_id=job.labels["session"],
+            state=seed_state(job, store),
+            audit=audit,
+            labels=job.labels,
+            usage=usage,
+            streaming=streaming,
         ) as session:
             result = await _reply(session, spec, schema)
         if workspace is not None and WRITE_TOOLS & set(spec.tools):
@@ -113,7 +121,11 @@ async def execute_stage(
     result, compacted = await _fit_budget(result, job, schema, model, usage, audit, streaming)
     logger.info(
         "stage %s of run %s: %d model calls, %d prompt tokens, output %d chars",
-        spec.name, job.run.id, usage.requests, usage.prompt_tokens_total, json_chars(result),
+        spec.name,
+        job.run.id,
+        usage.requests,
+        usage.prompt_tokens_total,
+        json_chars(result),
     )
     return StageResult(
         output=result,
@@ -174,20 +186,29 @@ async def _fit_budget(
     labels = {**job.labels, "session": job.labels["session"] + ":compact"}
     try:
         async with StageSession.open(
-            agent, session_id=labels["session"], state={}, audit=audit, labels=labels,
-            usage=usage, streaming=streaming,
+            agent,
+            session_id=labels["session"],
+            state={},
+            audit=audit,
+            labels=labels,
+            usage=usage,
+            streaming=streaming,
         ) as session:
             text = await session.turn(json.dumps(result, ensure_ascii=False), max_model_calls=2)
         summary = outputs.parse(text, schema)
         if json_chars(summary) <= limit:
             return summary, "summarized"
-        logger.info("summary of %s still over budget (%d chars)", job.spec.name, json_chars(summary))
+        logger.info(
+            "summary of %s still over budget (%d chars)", job.spec.name, json_chars(summary)
+        )
     except StageError as exc:
         logger.info("summarizing %s failed (%s); cutting instead", job.spec.name, exc)
     return outputs.truncate_to_budget(result, schema, limit), "truncated"
 
 
-def _tools(job: StageJob, workspace: Workspace | None, artifacts: StoreArtifacts) -> list[Callable[..., Any]]:
+def _tools(
+    job: StageJob, workspace: Workspace | None, artifacts: StoreArtifacts
+) -> list[Callable[..., Any]]:
     if workspace is None:
         return []
     return build_tools(
@@ -200,7 +221,9 @@ def _tools(job: StageJob, workspace: Workspace | None, artifacts: StoreArtifacts
 
 
 @asynccontextmanager
-async def _workspace(job: StageJob, store: RunStore, repos: RepoCache) -> AsyncIterator[Workspace | None]:
+async def _workspace(
+    job: StageJob, store: RunStore, repos: RepoCache
+) -> AsyncIterator[Workspace | None]:
     """A fresh working copy at the pinned commit plus upstream changes; None without tools."""
     if not job.spec.tools:
         yield None

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 from dataclasses import dataclass
 from functools import cache
 
@@ -15,20 +14,17 @@ from celery import Task
 from celery.exceptions import SoftTimeLimitExceeded
 
 from orchestrator.conductor import Conductor
-from orchestrator.models import StageRecord
 from orchestrator.pipeline import load_pipeline
 from orchestrator.queue import STAGE_TASK, Dispatcher
-from orchestrator.settings import RetryConfig, Settings
+from orchestrator.settings import Settings
 from orchestrator.store import RunStore
 from workers.app import app, settings
 from workers.errors import RateLimitedError, StageError
-from workers.gemini import build_model, classify
+from workers.gemini import build_model, classify, rate_limit_countdown
 from workers.repos import RepoCache
 from workers.stage import StageJob, execute_stage
 
 logger = logging.getLogger(__name__)
-
-RATE_LIMIT_BACKOFF_CAP_S = 120.0
 
 
 @dataclass(frozen=True)
@@ -45,7 +41,9 @@ class Runtime:
 def runtime() -> Runtime:
     store = RunStore.from_url(settings.require_redis_url(), ttl_s=settings.queue.run_ttl_s)
     dispatcher = Dispatcher(settings.require_redis_url(), settings.queue)
-    return Runtime(settings, store, Conductor(store, dispatcher), RepoCache(settings.repo_cache_dir))
+    return Runtime(
+        settings, store, Conductor(store, dispatcher), RepoCache(settings.repo_cache_dir)
+    )
 
 
 @app.task(name=STAGE_TASK, bind=True, max_retries=None, acks_late=True, reject_on_worker_lost=True)
@@ -61,15 +59,21 @@ def run_stage(self: Task, run_id: str, stage: str) -> None:
         return
     assert start.run is not None
     pipeline = load_pipeline(start.run.pipeline)
-    job = StageJob(run=start.run, pipeline=pipeline, spec=pipeline.stage(stage), attempt=start.attempt)
+    job = StageJob(
+        run=start.run, pipeline=pipeline, spec=pipeline.stage(stage), attempt=start.attempt
+    )
     try:
         result = asyncio.run(_execute(job, rt))
     except RateLimitedError as exc:
         record = start.run.stages[stage]
         countdown = rate_limit_countdown(exc, record, rt.settings.retry)
         if countdown is None:
-            rt.conductor.fail(run_id, stage, f"{exc} — gave up after {record.rate_limit_retries} "
-                              f"retries and {record.rate_limit_wait_s:.0f}s of waiting")
+            rt.conductor.fail(
+                run_id,
+                stage,
+                f"{exc} — gave up after {record.rate_limit_retries} "
+                f"retries and {record.rate_limit_wait_s:.0f}s of waiting",
+            )
             return
         rt.conductor.wait(run_id, stage, delay_s=countdown, reason=str(exc))
         logger.info("stage %s of run %s rate limited; retrying in %.1fs", stage, run_id, countdown)
@@ -99,20 +103,3 @@ async def _execute(job: StageJob, rt: Runtime) -> object:
         if mapped is None:
             raise
         raise mapped from exc
-
-
-def rate_limit_countdown(exc: RateLimitedError, record: StageRecord, cfg: RetryConfig) -> float | None:
-    """Seconds until the next attempt: the server's delay (or backoff) plus positive jitter.
-
-    None when the stage has used up its retries or its total wait.
-    """
-    if record.rate_limit_retries >= cfg.rate_limit_max_retries:
-        return None
-    if exc.delay_s is not None:
-        delay = exc.delay_s
-    else:
-        delay = min(RATE_LIMIT_BACKOFF_CAP_S, cfg.rate_limit_fallback_s * 2**record.rate_limit_retries)
-    countdown = delay + random.uniform(0, cfg.rate_limit_jitter_s)
-    if record.rate_limit_wait_s + countdown > cfg.rate_limit_max_wait_s:
-        return None
-    return round(countdown, 3)

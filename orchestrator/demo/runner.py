@@ -16,16 +16,20 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import SecretStr
-from rich.console import Console, RenderableType
+from rich.console import Console, Group, RenderableType
+from rich.panel import Panel
+from rich.syntax import Syntax
 from rich.table import Table
+from rich.text import Text
 
 from orchestrator import api
 from orchestrator.demo import SAMPLE_REPO, SCENARIO, SENTRY_EVENT, services
 from orchestrator.models import RunRecord
 from orchestrator.pipeline import load_pipeline
-from orchestrator.repo import git
+from orchestrator.repo import GIT_TIMEOUT_S, git_for
 from orchestrator.report import follow, run_json, run_table
 from orchestrator.settings import FAKE_API_KEY, Settings
+from orchestrator.store import RunStore
 
 PIPELINE = "fixer"
 
@@ -40,20 +44,28 @@ class DemoResult:
 def make_sample_repo(dest: Path) -> Path:
     """A fresh git repository holding the sample package, one commit deep."""
     shutil.copytree(SAMPLE_REPO, dest, ignore=shutil.ignore_patterns("__pycache__"))
-    git("init", "-q", "-b", "main", cwd=dest)
-    git("-c", "user.name=Baton Demo", "-c", "user.email=demo@localhost", "add", "-A", cwd=dest)
-    git(
-        "-c", "user.name=Baton Demo", "-c", "user.email=demo@localhost",
-        "commit", "-q", "-m", "shopcart: carts, items and the checkout summary", cwd=dest,
-    )
+    identity = ["-c", "user.name=Baton Demo", "-c", "user.email=demo@localhost"]
+    for args in (
+        ["init", "-q", "-b", "main"],
+        ["add", "-A"],
+        ["commit", "-q", "-m", "shopcart: carts, items and the checkout summary"],
+    ):
+        git_for(str(dest), ["-C", str(dest), *identity, *args], GIT_TIMEOUT_S)
     return dest
 
 
 def demo_summary(run: RunRecord) -> dict[str, Any]:
     """The `baton demo --json` object: run id, status and per-stage figures."""
     full = run_json(run)
-    keep = ("status", "attempts", "requests", "prompt_tokens_total", "prompt_tokens_max",
-            "output_chars", "duration_s")
+    keep = (
+        "status",
+        "attempts",
+        "requests",
+        "prompt_tokens_total",
+        "prompt_tokens_max",
+        "output_chars",
+        "duration_s",
+    )
     return {
         "run_id": run.id,
         "status": run.status.value,
@@ -70,7 +82,9 @@ def run_demo(settings: Settings, *, timeout_s: float, console: Console) -> DemoR
             console.print("starting a private redis-server (AOF on)")
             overrides["redis_url"] = stack.enter_context(services.redis_server(work / "redis"))
         if settings.google_api_key is None:
-            console.print("no GOOGLE_API_KEY: starting the fake Gemini server with the demo scenario")
+            console.print(
+                "no GOOGLE_API_KEY: starting the fake Gemini server with the demo scenario"
+            )
             overrides["gemini_base_url"] = stack.enter_context(
                 services.fake_gemini(SCENARIO, record=work / "fake-gemini.jsonl")
             )
@@ -86,9 +100,36 @@ def run_demo(settings: Settings, *, timeout_s: float, console: Console) -> DemoR
             SENTRY_EVENT.read_bytes(), repo=str(repo), pipeline=PIPELINE, settings=settings
         )
         console.print(f"enqueued the sample Sentry event as run {run_id}")
-        run = follow(run_id, settings, interval_s=0.3, timeout_s=timeout_s, console=console)
-        return DemoResult(summary=demo_summary(run), table=run_table(run))
+        run = follow(
+            run_id, settings, interval_s=0.3, timeout_s=timeout_s, console=console, transient=True
+        )
+        return DemoResult(
+            summary=demo_summary(run), table=run_table(run), extra=_outcome(run, settings)
+        )
     raise AssertionError("unreachable")
+
+
+def _outcome(run: RunRecord, settings: Settings) -> RenderableType | None:
+    """The published change: pull request title, branch, commit and the diff."""
+    store = RunStore.from_url(settings.require_redis_url())
+    try:
+        pr = store.output(run.id, "pr")
+        diff_ref = run.stages["fix"].artifacts.get("workspace.diff")
+        diff = store.artifact(diff_ref).decode() if diff_ref else ""
+    finally:
+        store.redis.close()
+    if not pr:
+        return None
+    heading = Text.assemble(
+        (pr["title"], "bold"),
+        f"\nbranch {pr['branch']} · commit {pr['commit'][:12]}\n\n",
+        pr["body"],
+    )
+    return Panel(
+        Group(heading, Syntax(diff, "diff", background_color="default")),
+        title="pull request",
+        title_align="left",
+    )
 
 
 def worker_env(settings: Settings) -> dict[str, str]:

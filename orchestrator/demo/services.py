@@ -35,13 +35,31 @@ def redis_server(workdir: Path, *, port: int | None = None) -> Iterator[str]:
     """A private redis-server with AOF on and `noeviction`; yields its URL."""
     binary = shutil.which("redis-server")
     if binary is None:
-        raise ConfigError("redis-server is not installed: run `make setup` or apt-get install redis-server")
+        raise ConfigError(
+            "redis-server is not installed: run `make setup` or apt-get install redis-server"
+        )
     workdir.mkdir(parents=True, exist_ok=True)
     port = port or free_port()
     argv = [
-        binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(workdir),
-        "--appendonly", "yes", "--appendfsync", "everysec", "--save", "",
-        "--maxmemory-policy", "noeviction", "--daemonize", "no", "--protected-mode", "yes",
+        binary,
+        "--port",
+        str(port),
+        "--bind",
+        "127.0.0.1",
+        "--dir",
+        str(workdir),
+        "--appendonly",
+        "yes",
+        "--appendfsync",
+        "everysec",
+        "--save",
+        "",
+        "--maxmemory-policy",
+        "noeviction",
+        "--daemonize",
+        "no",
+        "--protected-mode",
+        "yes",
     ]
     with open(workdir / "redis.log", "ab") as log:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
@@ -72,7 +90,15 @@ def _wait_for_redis(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 
 @contextmanager
 def fake_gemini(scenario: Path, *, record: Path | None = None, port: int = 0) -> Iterator[str]:
     """The fake Gemini server in a subprocess; yields its base URL."""
-    argv = [sys.executable, "-m", "workers.fake_gemini", "--scenario", str(scenario), "--port", str(port)]
+    argv = [
+        sys.executable,
+        "-m",
+        "workers.fake_gemini",
+        "--scenario",
+        str(scenario),
+        "--port",
+        str(port),
+    ]
     if record:
         argv += ["--record", str(record)]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
@@ -97,13 +123,31 @@ def worker(
 ) -> Iterator[subprocess.Popen[bytes]]:
     """A Celery worker subprocess serving `queues`; stopped with a warm shutdown."""
     argv = [
-        sys.executable, "-m", "celery", "-A", "workers.app", "worker", "-Q", ",".join(queues),
-        "-c", str(concurrency), "-P", "prefork", "-E", "--loglevel", "INFO",
-        "--without-gossip", "--without-mingle", "-n", f"{name}-{free_port()}@%h",
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "workers.app",
+        "worker",
+        "-Q",
+        ",".join(queues),
+        "-c",
+        str(concurrency),
+        "-P",
+        "prefork",
+        "-E",
+        "--loglevel",
+        "INFO",
+        "--without-gossip",
+        "--without-mingle",
+        "-n",
+        f"{name}-{free_port()}@%h",
     ]
     logfile.parent.mkdir(parents=True, exist_ok=True)
     with open(logfile, "ab") as log:
-        proc = subprocess.Popen(argv, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            argv, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT
+        )
     try:
         _wait_for_log(logfile, "ready.", proc)
         yield proc
@@ -111,7 +155,9 @@ def worker(
         _stop(proc)
 
 
-def _wait_for_log(logfile: Path, marker: str, proc: subprocess.Popen[bytes], timeout_s: float = 60.0) -> None:
+def _wait_for_log(
+    logfile: Path, marker: str, proc: subprocess.Popen[bytes], timeout_s: float = 60.0
+) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:

@@ -19,8 +19,8 @@ ISSUE = Issue(source=IssueSource.TEXT, title="Checkout crashes on an empty cart"
 
 
 @pytest.fixture
-def conductor(redis_url: str, store: RunStore) -> Iterator[Conductor]:
-    dispatcher = Dispatcher(redis_url, QueueConfig())
+def conductor(unit_redis_url: str, store: RunStore) -> Iterator[Conductor]:
+    dispatcher = Dispatcher(unit_redis_url, QueueConfig())
     yield Conductor(store, dispatcher)
     dispatcher.close()
 
@@ -30,15 +30,22 @@ def queued_task_ids(client: redis.Redis, queue: str) -> list[str]:
 
 
 def result(output: dict[str, object]) -> StageResult:
-    return StageResult(output=output, requests=2, prompt_tokens_total=300, prompt_tokens_max=200, output_tokens=40)
+    return StageResult(
+        output=output, requests=2, prompt_tokens_total=300, prompt_tokens_max=200, output_tokens=40
+    )
 
 
 TRIAGE_OK = {
-    "actionable": True, "reason": "a bug", "severity": "high", "error_summary": "crash",
+    "actionable": True,
+    "reason": "a bug",
+    "severity": "high",
+    "error_summary": "crash",
 }
 
 
-def test_submit_creates_a_run_and_enqueues_triage_once(conductor: Conductor, redis_client: redis.Redis) -> None:
+def test_submit_creates_a_run_and_enqueues_triage_once(
+    conductor: Conductor, redis_client: redis.Redis
+) -> None:
     run_id, created = conductor.submit(ISSUE, repo="/r", commit="abc", pipeline="fixer")
     again, created_again = conductor.submit(ISSUE, repo="/r", commit="abc", pipeline="fixer")
 
@@ -47,7 +54,9 @@ def test_submit_creates_a_run_and_enqueues_triage_once(conductor: Conductor, red
     run = conductor.store.get(run_id)
     assert run.status == RunStatus.QUEUED
     assert run.stages["triage"].status == StageStatus.QUEUED
-    assert [run.stages[s].status for s in ("search", "plan", "fix", "pr")] == [StageStatus.PENDING] * 4
+    assert [run.stages[s].status for s in ("search", "plan", "fix", "pr")] == [
+        StageStatus.PENDING
+    ] * 4
 
 
 def test_force_starts_a_second_run_for_the_same_issue(conductor: Conductor) -> None:
@@ -93,7 +102,9 @@ def test_redelivered_stage_only_advances_and_never_enqueues_twice(
 def test_not_actionable_triage_ends_the_run_as_skipped(conductor: Conductor) -> None:
     run_id, _ = conductor.submit(ISSUE, repo="/r", commit="abc", pipeline="fixer")
     conductor.begin(run_id, "triage", task_id="t")
-    conductor.complete(run_id, "triage", result({**TRIAGE_OK, "actionable": False, "reason": "not our code"}))
+    conductor.complete(
+        run_id, "triage", result({**TRIAGE_OK, "actionable": False, "reason": "not our code"})
+    )
 
     run = conductor.store.get(run_id)
     assert run.status == RunStatus.SKIPPED
@@ -108,9 +119,18 @@ def test_last_stage_done_ends_the_run_and_removes_temp_outputs(
     redis_client.hset(keys.outputs(run_id), "temp:scratch", "{}")
     for stage, output in [
         ("triage", TRIAGE_OK),
-        ("search", {"root_cause": "x", "locations": [{"path": "a", "line_start": 1, "line_end": 2, "why": "y"}]}),
+        (
+            "search",
+            {
+                "root_cause": "x",
+                "locations": [{"path": "a", "line_start": 1, "line_end": 2, "why": "y"}],
+            },
+        ),
         ("plan", {"approach": "a", "steps": ["s"], "files_to_change": ["a"], "test_command": "t"}),
-        ("fix", {"summary": "s", "files_changed": ["a"], "test_command": "t", "tests_passed": True}),
+        (
+            "fix",
+            {"summary": "s", "files_changed": ["a"], "test_command": "t", "tests_passed": True},
+        ),
         ("pr", {"branch": "b", "commit": "c", "title": "t", "body": "b"}),
     ]:
         conductor.begin(run_id, stage, task_id=stage)
@@ -118,7 +138,13 @@ def test_last_stage_done_ends_the_run_and_removes_temp_outputs(
 
     run = conductor.store.get(run_id)
     assert run.status == RunStatus.DONE
-    assert sorted(redis_client.hkeys(keys.outputs(run_id))) == ["fix", "plan", "pr", "search", "triage"]
+    assert sorted(redis_client.hkeys(keys.outputs(run_id))) == [
+        "fix",
+        "plan",
+        "pr",
+        "search",
+        "triage",
+    ]
     assert 0 < redis_client.ttl(keys.run(run_id)) <= 3600
 
 
@@ -142,7 +168,10 @@ def test_fail_ends_the_run_with_the_stage_and_reason(conductor: Conductor) -> No
     conductor.fail(run_id, "triage", "the model API refused the request")
 
     run = conductor.store.get(run_id)
-    assert (run.status, run.reason) == (RunStatus.FAILED, "triage: the model API refused the request")
+    assert (run.status, run.reason) == (
+        RunStatus.FAILED,
+        "triage: the model API refused the request",
+    )
     assert conductor.begin(run_id, "triage", task_id="t").action == "drop"
 
 

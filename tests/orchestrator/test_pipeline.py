@@ -10,7 +10,11 @@ def test_fixer_pipeline_has_five_stages_each_on_its_own_queue() -> None:
     pipeline = load_pipeline("fixer")
     assert [s.name for s in pipeline.stages] == ["triage", "search", "plan", "fix", "pr"]
     assert [s.queue for s in pipeline.stages] == [
-        "baton.triage", "baton.search", "baton.plan", "baton.fix", "baton.pr",
+        "baton.triage",
+        "baton.search",
+        "baton.plan",
+        "baton.fix",
+        "baton.pr",
     ]
 
 
@@ -30,7 +34,9 @@ def test_triage_can_end_a_run_as_not_actionable() -> None:
     assert rule is not None
     assert rule.matches({"actionable": False, "reason": "a browser extension"})
     assert not rule.matches({"actionable": True})
-    assert rule.reason({"actionable": False, "reason": "a browser extension"}) == "a browser extension"
+    assert (
+        rule.reason({"actionable": False, "reason": "a browser extension"}) == "a browser extension"
+    )
 
 
 @pytest.mark.parametrize(
@@ -57,7 +63,11 @@ def test_missing_required_value_raises_key_error() -> None:
 
 
 def _pipeline(**stage_overrides: object) -> dict[str, object]:
-    stage = {"name": "one", "instruction": "go {issue}", "output_schema": "orchestrator.schemas:Plan"}
+    stage = {
+        "name": "one",
+        "instruction": "go {issue}",
+        "output_schema": "orchestrator.schemas:Plan",
+    }
     stage.update(stage_overrides)
     return {"name": "p", "stages": [stage]}
 
@@ -71,7 +81,9 @@ def _pipeline(**stage_overrides: object) -> dict[str, object]:
         ({"name": "Bad Name"}, "name"),
     ],
 )
-def test_invalid_pipelines_are_refused_with_the_reason(override: dict[str, object], message: str) -> None:
+def test_invalid_pipelines_are_refused_with_the_reason(
+    override: dict[str, object], message: str
+) -> None:
     with pytest.raises(ValueError, match=message):
         Pipeline.model_validate(_pipeline(**override))
 

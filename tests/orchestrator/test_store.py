@@ -12,8 +12,13 @@ from orchestrator.store import MAX_AUDIT_ENTRY_CHARS, RunStore
 def make_run(run_id: str = "r1") -> RunRecord:
     issue = Issue(source=IssueSource.TEXT, title="t")
     return RunRecord(
-        id=run_id, pipeline="fixer", repo="/r", commit="c", issue=issue,
-        idempotency_key=f"k-{run_id}", stages={"a": StageRecord(), "b": StageRecord()},
+        id=run_id,
+        pipeline="fixer",
+        repo="/r",
+        commit="c",
+        issue=issue,
+        idempotency_key=f"k-{run_id}",
+        stages={"a": StageRecord(), "b": StageRecord()},
     )
 
 
@@ -33,7 +38,12 @@ def test_concurrent_stage_updates_are_never_lost(store: RunStore) -> None:
 
     def bump(stage: str) -> None:
         for _ in range(25):
-            store.transact("r1", lambda run, _pipe: setattr(run.stages[stage], "requests", run.stages[stage].requests + 1))
+            store.transact(
+                "r1",
+                lambda run, _pipe: setattr(
+                    run.stages[stage], "requests", run.stages[stage].requests + 1
+                ),
+            )
 
     threads = [threading.Thread(target=bump, args=(s,)) for s in ("a", "a", "b", "b")]
     for t in threads:
@@ -56,10 +66,15 @@ def test_artifacts_round_trip_as_bytes_with_their_digest(store: RunStore) -> Non
 
 
 def test_audit_entries_are_appended_in_order_and_huge_ones_cut(store: RunStore) -> None:
-    store.audit("r1", [{"kind": "a", "data": "x"}, {"kind": "b", "data": "y" * (MAX_AUDIT_ENTRY_CHARS + 500)}])
+    store.audit(
+        "r1",
+        [{"kind": "a", "data": "x"}, {"kind": "b", "data": "y" * (MAX_AUDIT_ENTRY_CHARS + 500)}],
+    )
     store.audit("r1", [{"kind": "c", "data": {"n": 1}}])
 
     log = store.audit_log("r1")
     assert [e["kind"] for e in log] == ["a", "b", "c"]
-    assert log[1]["data"].endswith(f"[audit entry truncated: 500 of {MAX_AUDIT_ENTRY_CHARS + 500} chars cut]")
+    assert log[1]["data"].endswith(
+        f"[audit entry truncated: 500 of {MAX_AUDIT_ENTRY_CHARS + 500} chars cut]"
+    )
     assert log[2]["data"] == '{"n": 1}'

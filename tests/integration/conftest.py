@@ -1,0 +1,105 @@
+"""The whole stack for real: redis-server, a Celery worker subprocess (prefork), the fake Gemini
+server reached through the real google-genai client, git repositories on disk."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import SecretStr
+
+from orchestrator import api
+from orchestrator.demo import SCENARIO, services
+from orchestrator.demo.runner import make_sample_repo, worker_env
+from orchestrator.models import RunRecord
+from orchestrator.pipeline import load_pipeline
+from orchestrator.settings import Settings
+from orchestrator.store import RunStore
+from workers.fake_gemini import FakeGemini
+
+CANARY_KEY = "AIza-canary-key-0123456789"
+"""The API key the tests hand the client: it must never show up in a recorded request."""
+
+
+def demo_scenario() -> dict[str, Any]:
+    scenario: dict[str, Any] = json.loads(SCENARIO.read_text())
+    return scenario
+
+
+@dataclass
+class Stack:
+    settings: Settings
+    fake: FakeGemini
+    workdir: Path
+
+    def sample_repo(self) -> Path:
+        return make_sample_repo(self.workdir / f"shopcart-{time.monotonic_ns()}")
+
+    def enqueue(self, payload: bytes | str, repo: Path, **kwargs: Any) -> str:
+        return api.enqueue(payload, repo=str(repo), settings=self.settings, force=True, **kwargs)
+
+    def wait(self, run_id: str, timeout_s: float = 90.0) -> RunRecord:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            run = api.get_run(run_id, settings=self.settings)
+            if run.status.is_terminal:
+                return run
+            time.sleep(0.1)
+        raise AssertionError(f"run {run_id} did not end within {timeout_s}s: {run.status}")
+
+    def requests(self, agent: str | None = None) -> list[dict[str, Any]]:
+        entries = self.fake.requests()
+        return [e for e in entries if agent is None or e["agent"] == agent]
+
+
+def start_worker(settings: Settings, logfile: Path, **env: str) -> Any:
+    queues = [stage.queue for stage in load_pipeline("fixer").stages]
+    return services.worker({**worker_env(settings), **env}, queues, logfile=logfile)
+
+
+@pytest.fixture(scope="session")
+def fake_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FakeGemini]:
+    record = tmp_path_factory.mktemp("fake") / "requests.jsonl"
+    with FakeGemini.start(demo_scenario(), record_path=record) as fake:
+        yield fake
+
+
+def stack_settings(redis_url: str, fake: FakeGemini, workdir: Path) -> Settings:
+    return Settings(
+        redis_url=redis_url,
+        gemini_base_url=fake.url,
+        google_api_key=SecretStr(CANARY_KEY),
+        repo_cache_dir=workdir / "repo-cache",
+    )
+
+
+@pytest.fixture(scope="session")
+def session_stack(
+    redis_url: str, fake_server: FakeGemini, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Stack]:
+    workdir = tmp_path_factory.mktemp("stack")
+    settings = stack_settings(redis_url, fake_server, workdir)
+    with start_worker(settings, workdir / "worker.log"):
+        yield Stack(settings, fake_server, workdir)
+
+
+@pytest.fixture
+def stack(session_stack: Stack) -> Iterator[Stack]:
+    """The shared worker and fake server, with the demo scenario and no faults."""
+    session_stack.fake.set_scenario(demo_scenario())
+    session_stack.fake.reset()
+    yield session_stack
+    session_stack.fake.set_scenario(demo_scenario())
+
+
+@pytest.fixture
+def run_store(session_stack: Stack) -> Iterator[RunStore]:
+    """The store the worker writes to (database 0, never flushed)."""
+    store = RunStore.from_url(session_stack.settings.require_redis_url())
+    yield store
+    store.redis.close()

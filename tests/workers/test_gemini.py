@@ -1,0 +1,136 @@
+"""Classification of model-call failures and the 429 countdown (no network involved)."""
+
+from __future__ import annotations
+
+import email.utils
+import time
+
+import httpx
+import pytest
+from google.genai import errors
+
+from orchestrator.models import StageRecord
+from orchestrator.settings import RetryConfig
+from workers.errors import ModelRejectedError, ModelUnavailableError, RateLimitedError
+from workers.gemini import classify, rate_limit_countdown, retry_delay_s
+
+
+def rate_limited(
+    details: list[dict[str, str]] | None = None, headers: dict[str, str] | None = None
+) -> errors.ClientError:
+    body = {
+        "error": {
+            "code": 429,
+            "message": "Resource has been exhausted",
+            "status": "RESOURCE_EXHAUSTED",
+            "details": details or [],
+        }
+    }
+    response = httpx.Response(429, headers=headers or {}, json=body)
+    return errors.ClientError(429, body, response)
+
+
+RETRY_INFO = "type.googleapis.com/google.rpc.RetryInfo"
+
+
+@pytest.mark.parametrize(
+    ("details", "headers", "expected"),
+    [
+        ([{"@type": RETRY_INFO, "retryDelay": "31s"}], {}, 31.0),
+        (
+            [
+                {"@type": "type.googleapis.com/google.rpc.QuotaFailure"},
+                {"@type": RETRY_INFO, "retryDelay": "1.5s"},
+            ],
+            {},
+            1.5,
+        ),
+        ([], {"Retry-After": "7"}, 7.0),
+        ([{"@type": RETRY_INFO, "retryDelay": "2s"}], {"Retry-After": "9"}, 2.0),
+        ([], {}, None),
+        ([{"@type": RETRY_INFO, "retryDelay": "soon"}], {}, None),
+    ],
+)
+def test_retry_delay_comes_from_retry_info_then_retry_after(details, headers, expected) -> None:
+    assert retry_delay_s(rate_limited(details, headers)) == expected
+
+
+def test_retry_after_may_be_an_http_date() -> None:
+    when = email.utils.formatdate(time.time() + 20, usegmt=True)
+    delay = retry_delay_s(rate_limited([], {"Retry-After": when}))
+    assert delay is not None and 18 <= delay <= 21
+
+
+def test_429_becomes_a_rate_limit_with_the_servers_delay() -> None:
+    mapped = classify(rate_limited([{"@type": RETRY_INFO, "retryDelay": "3s"}]))
+    assert isinstance(mapped, RateLimitedError)
+    assert mapped.delay_s == 3.0
+    assert "429 RESOURCE_EXHAUSTED" in str(mapped)
+
+
+@pytest.mark.parametrize(
+    ("code", "status"),
+    [(400, "INVALID_ARGUMENT"), (401, "UNAUTHENTICATED"), (403, "PERMISSION_DENIED")],
+)
+def test_client_errors_fail_at_once_with_a_clear_message(code: int, status: str) -> None:
+    body = {"error": {"code": code, "message": "API key not valid", "status": status}}
+    mapped = classify(errors.ClientError(code, body))
+    assert isinstance(mapped, ModelRejectedError)
+    assert f"{code} {status}: API key not valid" in str(mapped)
+    assert "GOOGLE_API_KEY" in str(mapped)
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        errors.ServerError(
+            503, {"error": {"code": 503, "status": "UNAVAILABLE", "message": "overloaded"}}
+        ),
+        httpx.ReadTimeout("timed out"),
+        httpx.RemoteProtocolError("dropped"),
+    ],
+)
+def test_transient_failures_that_outlast_backoff_are_unavailability(exc: Exception) -> None:
+    assert isinstance(classify(exc), ModelUnavailableError)
+
+
+def test_other_exceptions_are_not_model_failures() -> None:
+    assert classify(KeyError("x")) is None
+
+
+def test_countdown_is_the_delay_plus_small_positive_jitter() -> None:
+    cfg = RetryConfig(rate_limit_jitter_s=1.0)
+    countdowns = [
+        rate_limit_countdown(RateLimitedError("429", 3.0), StageRecord(), cfg) for _ in range(200)
+    ]
+    assert all(c is not None and 3.0 <= c <= 4.0 for c in countdowns)
+    assert len(set(countdowns)) > 1
+
+
+def test_countdown_without_a_delay_backs_off_exponentially() -> None:
+    cfg = RetryConfig(rate_limit_jitter_s=0.0, rate_limit_fallback_s=10.0)
+    waits = [
+        rate_limit_countdown(RateLimitedError("429"), StageRecord(rate_limit_retries=n), cfg)
+        for n in range(5)
+    ]
+    assert waits == [10.0, 20.0, 40.0, 80.0, 120.0]
+
+
+def test_countdown_gives_up_after_the_retry_and_wait_budgets() -> None:
+    cfg = RetryConfig(rate_limit_max_retries=3, rate_limit_max_wait_s=60.0)
+    assert (
+        rate_limit_countdown(RateLimitedError("429", 1.0), StageRecord(rate_limit_retries=3), cfg)
+        is None
+    )
+    assert (
+        rate_limit_countdown(
+            RateLimitedError("429", 30.0), StageRecord(rate_limit_wait_s=40.0), cfg
+        )
+        is None
+    )
+    assert (
+        rate_limit_countdown(
+            RateLimitedError("429", 10.0), StageRecord(rate_limit_wait_s=40.0), cfg
+        )
+        is not None
+    )

@@ -1,0 +1,255 @@
+"""The repository cache against real git: mirrors, working copies, concurrency, commits."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from orchestrator.errors import RepoError
+from orchestrator.repo import resolve_commit
+from workers.repos import RepoCache
+
+IDENTITY = {
+    "GIT_AUTHOR_NAME": "Test",
+    "GIT_AUTHOR_EMAIL": "test@example.com",
+    "GIT_COMMITTER_NAME": "Test",
+    "GIT_COMMITTER_EMAIL": "test@example.com",
+}
+
+
+def git(*args: str, cwd: Path | None = None) -> str:
+    """Git for the tests' own set-up and checks, never through the code under test."""
+    env = {**os.environ, **IDENTITY}
+    done = subprocess.run(
+        ["git", *args], cwd=cwd, env=env, check=True, capture_output=True, text=True
+    )
+    return done.stdout.strip()
+
+
+class Upstream:
+    """A user's repository: a bare `origin` and a clone that commits and pushes to it."""
+
+    def __init__(self, base: Path) -> None:
+        self.bare, self.work = base / "origin.git", base / "work"
+        git("init", "--quiet", "--bare", "--initial-branch=main", str(self.bare))
+        git("clone", "--quiet", str(self.bare), str(self.work))
+
+    def commit(self, files: dict[str, str], message: str = "change") -> str:
+        for name, text in files.items():
+            (self.work / name).parent.mkdir(parents=True, exist_ok=True)
+            (self.work / name).write_text(text)
+        git("add", "--all", cwd=self.work)
+        git("commit", "--quiet", "-m", message, cwd=self.work)
+        git("push", "--quiet", "origin", "HEAD:main", cwd=self.work)
+        return git("rev-parse", "HEAD", cwd=self.work)
+
+
+@pytest.fixture
+def make_upstream(tmp_path: Path) -> Callable[[], Upstream]:
+    """Makes repositories under the test's tmp_path (removed with it)."""
+    made: list[Upstream] = []
+
+    def make() -> Upstream:
+        made.append(Upstream(tmp_path / f"upstream-{len(made)}"))
+        return made[-1]
+
+    return make
+
+
+@pytest.fixture
+def cache(tmp_path: Path) -> RepoCache:
+    return RepoCache(tmp_path / "cache")
+
+
+def test_mirror_is_cloned_once_then_refreshed_so_a_new_commit_can_be_checked_out(
+    make_upstream: Callable[[], Upstream], cache: RepoCache, tmp_path: Path
+) -> None:
+    upstream = make_upstream()
+    upstream.commit({"a.txt": "one\n"})
+    mirror = cache.mirror(str(upstream.bare))
+    marker = mirror / "made-by-the-first-clone"
+    marker.touch()
+    second = upstream.commit({"a.txt": "two\n"})
+
+    assert cache.mirror(str(upstream.bare)) == mirror
+    assert marker.exists(), "the mirror was cloned again instead of fetched"
+    assert git("rev-parse", "refs/heads/main", cwd=mirror) == second
+    copy = cache.checkout(str(upstream.bare), second, tmp_path / "copy")
+    assert (copy / "a.txt").read_text() == "two\n"
+
+
+def test_checkout_fetches_a_commit_the_mirror_does_not_have_yet(
+    make_upstream: Callable[[], Upstream], cache: RepoCache, tmp_path: Path
+) -> None:
+    upstream = make_upstream()
+    upstream.commit({"a.txt": "one\n"})
+    cache.mirror(str(upstream.bare))
+    newer = upstream.commit({"a.txt": "newer\n"})
+
+    copy = cache.checkout(str(upstream.bare), newer, tmp_path / "copy")
+
+    assert (copy / "a.txt").read_text() == "newer\n"
+
+
+def test_checkout_is_detached_at_a_pinned_older_commit(
+    make_upstream: Callable[[], Upstream], cache: RepoCache, tmp_path: Path
+) -> None:
+    upstream = make_upstream()
+    older = upstream.commit({"a.txt": "one\n"})
+    upstream.commit({"a.txt": "two\n", "b.txt": "new\n"})
+
+    copy = cache.checkout(str(upstream.bare), older, tmp_path / "copy")
+
+    assert git("rev-parse", "HEAD", cwd=copy) == older
+    on_a_branch = subprocess.run(["git", "symbolic-ref", "--quiet", "HEAD"], cwd=copy, check=False)
+    assert on_a_branch.returncode == 1, "HEAD should be detached"
+    assert (copy / "a.txt").read_text() == "one\n"
+    assert not (copy / "b.txt").exists()
+    assert git("status", "--porcelain", cwd=copy) == ""
+
+
+def test_checkout_pushes_to_the_original_repository_as_baton(
+    make_upstream: Callable[[], Upstream], cache: RepoCache, tmp_path: Path
+) -> None:
+    upstream = make_upstream()
+    commit = upstream.commit({"a.txt": "one\n"})
+
+    copy = cache.checkout(str(upstream.bare), commit, tmp_path / "copy")
+
+    assert git("remote", "get-url", "origin", cwd=copy) == str(upstream.bare)
+    assert git("config", "--local", "user.name", cwd=copy) == "Baton"
+    assert git("config", "--local", "user.email", cwd=copy) == "baton@localhost"
+    git("push", "--quiet", "origin", "HEAD:refs/heads/from-the-copy", cwd=copy)
+    assert git("rev-parse", "refs/heads/from-the-copy", cwd=upstream.bare) == commit
+
+
+def test_a_relative_path_names_the_same_mirror_as_the_absolute_one(
+    make_upstream: Callable[[], Upstream], cache: RepoCache, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    upstream = make_upstream()
+    upstream.commit({"a.txt": "one\n"})
+    monkeypatch.chdir(upstream.bare.parent)
+
+    assert cache.mirror("origin.git") == cache.mirror(str(upstream.bare))
+
+
+def test_checkout_of_an_unknown_commit_names_the_commit_and_the_repository(
+    make_upstream: Callable[[], Upstream], cache: RepoCache, tmp_path: Path
+) -> None:
+    upstream = make_upstream()
+    upstream.commit({"a.txt": "one\n"})
+    unknown = "0123456789abcdef0123456789abcdef01234567"
+
+    with pytest.raises(RepoError) as caught:
+        cache.checkout(str(upstream.bare), unknown, tmp_path / "copy")
+
+    assert unknown in str(caught.value)
+    assert str(upstream.bare) in str(caught.value)
+
+
+def test_mirror_of_a_missing_repository_says_what_git_said(
+    cache: RepoCache, tmp_path: Path
+) -> None:
+    missing = tmp_path / "no-such-repo"
+
+    with pytest.raises(RepoError) as caught:
+        cache.mirror(str(missing))
+
+    assert str(missing) in str(caught.value)
+    assert "does not exist" in str(caught.value)
+    assert not list(cache.root.glob("*.partial")), "a failed clone left a partial mirror"
+
+
+def test_credentials_in_a_url_never_appear_in_an_error(cache: RepoCache) -> None:
+    with pytest.raises(RepoError) as caught:
+        cache.mirror("http://someone:s3cret-token@127.0.0.1:9/repo.git")
+
+    assert "s3cret-token" not in str(caught.value)
+    assert "http://***@127.0.0.1:9/repo.git" in str(caught.value)
+
+
+def test_four_threads_mirroring_at_once_share_one_mirror(
+    make_upstream: Callable[[], Upstream], cache: RepoCache
+) -> None:
+    upstream = make_upstream()
+    commit = upstream.commit({"a.txt": "one\n"})
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        paths = list(pool.map(lambda _: cache.mirror(str(upstream.bare)), range(12)))
+
+    assert len(set(paths)) == 1
+    assert git("rev-parse", "refs/heads/main", cwd=paths[0]) == commit
+    assert sorted(p.name for p in cache.root.iterdir()) == [paths[0].name, f"{paths[0].stem}.lock"]
+
+
+def test_two_processes_mirroring_at_once_share_one_mirror(
+    make_upstream: Callable[[], Upstream], cache: RepoCache
+) -> None:
+    upstream = make_upstream()
+    commit = upstream.commit({"a.txt": "one\n"})
+    script = (
+        "import sys; from pathlib import Path; from workers.repos import RepoCache\n"
+        "for _ in range(3): print(RepoCache(Path(sys.argv[1])).mirror(sys.argv[2]))"
+    )
+    argv = [sys.executable, "-c", script, str(cache.root), str(upstream.bare)]
+
+    procs = [
+        subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(2)
+    ]
+    outputs = [proc.communicate(timeout=60) for proc in procs]
+
+    assert [proc.returncode for proc in procs] == [0, 0], outputs
+    printed = {line for out, _ in outputs for line in out.decode().split()}
+    assert len(printed) == 1
+    mirror = Path(printed.pop())
+    assert git("rev-parse", "refs/heads/main", cwd=mirror) == commit
+
+
+@pytest.mark.parametrize("ref", ["HEAD", "main"])
+def test_resolve_commit_of_a_local_path_gives_the_full_sha(
+    make_upstream: Callable[[], Upstream], ref: str
+) -> None:
+    upstream = make_upstream()
+    upstream.commit({"a.txt": "one\n"})
+    newest = upstream.commit({"a.txt": "two\n"})
+
+    assert resolve_commit(str(upstream.work), ref) == newest
+
+
+def test_resolve_commit_of_an_older_ref_in_a_local_path(
+    make_upstream: Callable[[], Upstream],
+) -> None:
+    upstream = make_upstream()
+    older = upstream.commit({"a.txt": "one\n"})
+    upstream.commit({"a.txt": "two\n"})
+
+    assert resolve_commit(str(upstream.work), "HEAD~1") == older
+
+
+@pytest.mark.parametrize("ref", ["HEAD", "main", "refs/heads/main"])
+def test_resolve_commit_of_a_url_asks_the_remote(
+    make_upstream: Callable[[], Upstream], ref: str
+) -> None:
+    upstream = make_upstream()
+    upstream.commit({"a.txt": "one\n"})
+    newest = upstream.commit({"a.txt": "two\n"})
+
+    assert resolve_commit(upstream.bare.as_uri(), ref) == newest
+
+
+@pytest.mark.parametrize("use_url", [False, True])
+def test_resolve_commit_of_an_unknown_ref_raises_repo_error(
+    make_upstream: Callable[[], Upstream], use_url: bool
+) -> None:
+    upstream = make_upstream()
+    upstream.commit({"a.txt": "one\n"})
+    repo = upstream.bare.as_uri() if use_url else str(upstream.bare)
+
+    with pytest.raises(RepoError, match="no-such-branch"):
+        resolve_commit(repo, "no-such-branch")
