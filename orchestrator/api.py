@@ -16,7 +16,7 @@ from orchestrator.conductor import Conductor
 from orchestrator.intake import parse_payload
 from orchestrator.models import IssueSource, RunRecord
 from orchestrator.pipeline import load_pipeline
-from orchestrator.queue import Dispatcher
+from orchestrator.queue import Dispatcher, check_time_limits
 from orchestrator.settings import Settings
 from orchestrator.store import RunStore
 
@@ -48,7 +48,7 @@ def submit(
     settings = settings or Settings()
     data = json.dumps(payload) if isinstance(payload, Mapping) else payload
     issue = parse_payload(data, IssueSource(source) if source else None)
-    load_pipeline(pipeline)
+    check_time_limits(load_pipeline(pipeline), settings.queue, settings.retry)
     repo = repos.repo_source(repo)
     commit = repos.resolve_commit(repo)
     with connect(settings) as conductor:

@@ -14,6 +14,7 @@ from orchestrator import api
 from orchestrator.errors import BatonError
 from orchestrator.models import IssueSource, RunStatus
 from orchestrator.pipeline import load_pipeline
+from orchestrator.queue import check_time_limits
 from orchestrator.report import follow, run_json, run_table
 from orchestrator.settings import Settings
 
@@ -98,7 +99,9 @@ def worker(stages: str, pipeline: str, concurrency: int, loglevel: str) -> None:
         [s.name for s in spec.stages] if stages == "all" else [s.strip() for s in stages.split(",")]
     )
     queues = ",".join(spec.stage(name).queue for name in names)
-    Settings().require_redis_url()
+    settings = Settings()
+    settings.require_redis_url()
+    check_time_limits(spec, settings.queue, settings.retry)
     argv = [
         sys.executable,
         "-m",

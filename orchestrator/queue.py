@@ -9,8 +9,9 @@ from typing import Any
 
 from celery import Celery
 
-from orchestrator.pipeline import StageSpec
-from orchestrator.settings import QueueConfig
+from orchestrator.errors import ConfigError
+from orchestrator.pipeline import Pipeline, StageSpec
+from orchestrator.settings import QueueConfig, RetryConfig
 
 STAGE_TASK = "baton.run_stage"
 """Name of the one Celery task that runs any stage; routed by queue."""
@@ -41,6 +42,23 @@ def celery_config(redis_url: str, queue: QueueConfig) -> dict[str, Any]:
         "worker_hijack_root_logger": False,
         "task_default_queue": "baton.default",
     }
+
+
+def check_time_limits(pipeline: Pipeline, queue: QueueConfig, retry: RetryConfig) -> None:
+    """Every stage's hard time limit plus the longest 429 countdown must stay below the Redis
+    visibility timeout; otherwise a second worker would take a stage that is still running.
+
+    Raises:
+        ConfigError: naming the stage and the numbers.
+    """
+    for stage in pipeline.stages:
+        worst_s = stage.budget.time_limit_s + retry.rate_limit_max_wait_s
+        if worst_s >= queue.visibility_timeout_s:
+            raise ConfigError(
+                f"stage {stage.name!r}: time_limit_s {stage.budget.time_limit_s} + "
+                f"rate_limit_max_wait_s {retry.rate_limit_max_wait_s:g} = {worst_s:g}s is not "
+                f"below the visibility timeout of {queue.visibility_timeout_s}s"
+            )
 
 
 class Dispatcher:

@@ -102,3 +102,16 @@ def test_pipeline_loads_from_a_toml_file(tmp_path) -> None:
     pipeline = load_pipeline(str(path))
     assert pipeline.first.queue == "custom"
     assert pipeline.first.output_key == "only"
+
+
+def test_time_limits_must_stay_below_the_visibility_timeout() -> None:
+    from orchestrator.errors import ConfigError
+    from orchestrator.queue import check_time_limits
+    from orchestrator.settings import QueueConfig, RetryConfig
+
+    pipeline = load_pipeline("fixer")
+    check_time_limits(pipeline, QueueConfig(), RetryConfig())
+    with pytest.raises(
+        ConfigError, match=r"stage 'triage': time_limit_s 600 \+ rate_limit_max_wait_s 900"
+    ):
+        check_time_limits(pipeline, QueueConfig(visibility_timeout_s=1200), RetryConfig())

@@ -1,0 +1,189 @@
+"""The `baton` command as a user runs it: a subprocess with only environment variables."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from orchestrator.demo import SENTRY_EVENT
+from orchestrator.demo.runner import make_sample_repo
+
+from .conftest import CANARY_KEY, Stack
+
+
+def baton(
+    *args: str, env: dict[str, str], stdin: bytes | None = None, timeout_s: float = 120
+) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(
+        [sys.executable, "-m", "orchestrator.cli", *args],
+        env={**os.environ, **env},
+        input=stdin,
+        capture_output=True,
+        timeout=timeout_s,
+    )
+
+
+@pytest.fixture
+def empty_db(redis_url: str) -> Iterator[tuple[str, redis.Redis]]:
+    url = redis_url.rsplit("/", 1)[0] + "/3"
+    client = redis.Redis.from_url(url)
+    client.flushdb()
+    yield url, client
+    client.flushdb()
+    client.close()
+
+
+def sentry_without_exception() -> bytes:
+    event = json.loads(SENTRY_EVENT.read_text())
+    del event["exception"]
+    return json.dumps(event).encode()
+
+
+@pytest.mark.parametrize(
+    ("payload", "message"),
+    [
+        (b'{"event_id": "abc", "exception": {"values": [', b"malformed JSON at line 1, column"),
+        (sentry_without_exception(), b"exception"),
+        (
+            json.dumps(
+                {
+                    "action": "opened",
+                    "issue": {"number": 7, "body": "x"},
+                    "repository": {"full_name": "o/r"},
+                }
+            ).encode(),
+            b"issue.title",
+        ),
+        (b"x" * (20 * 1024 * 1024), b"over"),
+    ],
+    ids=["malformed-json", "sentry-without-exception", "github-without-title", "20MB"],
+)
+def test_bad_payloads_exit_non_zero_name_the_problem_and_write_nothing(
+    payload: bytes, message: bytes, empty_db: tuple[str, redis.Redis], tmp_path: Path
+) -> None:
+    url, client = empty_db
+    repo = make_sample_repo(tmp_path / "repo")
+    done = baton("enqueue", "-", "--repo", str(repo), env={"BATON_REDIS_URL": url}, stdin=payload)
+
+    assert done.returncode == 2
+    assert message in done.stderr
+    assert done.stderr.startswith(b"error: ")
+    assert b"Traceback" not in done.stderr
+    assert done.stdout == b""
+    assert client.dbsize() == 0
+
+
+def test_a_repository_that_is_not_git_is_refused_before_anything_is_written(
+    empty_db: tuple[str, redis.Redis], tmp_path: Path
+) -> None:
+    url, client = empty_db
+    done = baton(
+        "enqueue", str(SENTRY_EVENT), "--repo", str(tmp_path), env={"BATON_REDIS_URL": url}
+    )
+    assert done.returncode == 2
+    assert b"RepoError" in done.stderr
+    assert client.dbsize() == 0
+
+
+def test_enqueue_prints_the_run_id_and_watch_follows_it_to_the_end(
+    stack: Stack, tmp_path: Path
+) -> None:
+    env = {"BATON_REDIS_URL": stack.settings.require_redis_url()}
+    repo = stack.sample_repo()
+    enqueued = baton("enqueue", str(SENTRY_EVENT), "--repo", str(repo), "--force", env=env)
+    run_id = enqueued.stdout.decode().strip()
+
+    watched = baton("watch", run_id, "--interval", "0.2", env=env)
+    shown = json.loads(baton("status", run_id, "--json", env=env).stdout)
+    again = baton("enqueue", str(SENTRY_EVENT), "--repo", str(repo), env=env)
+
+    assert enqueued.returncode == 0 and len(run_id) == 22
+    assert watched.returncode == 0
+    assert f"run {run_id} · fixer · done".encode() in watched.stdout
+    assert shown["status"] == "done"
+    assert list(shown["stages"]) == ["triage", "search", "plan", "fix", "pr"]
+    assert again.stdout.decode().strip() == run_id
+    assert b"already has run" in again.stderr
+
+
+def test_a_worker_serves_only_the_stages_it_is_given(
+    redis_url: str, stack: Stack, tmp_path: Path
+) -> None:
+    url = redis_url.rsplit("/", 1)[0] + "/4"
+    env = {
+        "BATON_REDIS_URL": url,
+        "BATON_GEMINI_BASE_URL": stack.fake.url,
+        "GOOGLE_API_KEY": CANARY_KEY,
+        "BATON_REPO_CACHE_DIR": str(tmp_path / "cache"),
+    }
+    log = open(tmp_path / "worker.log", "wb")  # noqa: SIM115 - closed below
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator.cli", "worker", "--stages", "triage,plan", "-c", "1"],
+        env={**os.environ, **env},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        repo = make_sample_repo(tmp_path / "repo")
+        run_id = (
+            baton("enqueue", str(SENTRY_EVENT), "--repo", str(repo), env=env)
+            .stdout.decode()
+            .strip()
+        )
+        deadline, shown = time.monotonic() + 60, {}
+        while time.monotonic() < deadline:
+            shown = json.loads(baton("status", run_id, "--json", env=env).stdout)
+            if shown["stages"]["triage"]["status"] == "done":
+                break
+            time.sleep(0.3)
+        time.sleep(2)
+        shown = json.loads(baton("status", run_id, "--json", env=env).stdout)
+        queued = redis.Redis.from_url(url).llen("baton.search")
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(timeout=30)
+        log.close()
+
+    assert shown["stages"]["triage"]["status"] == "done"
+    assert shown["stages"]["search"]["status"] == "queued"
+    assert queued == 1
+    assert b"baton.triage" in (tmp_path / "worker.log").read_bytes()
+
+
+def test_demo_json_reports_every_stage(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("BATON_REDIS_URL", "GOOGLE_API_KEY")}
+    done = subprocess.run(
+        [sys.executable, "-m", "orchestrator.cli", "demo", "--json"],
+        env={**env, "HOME": str(tmp_path)},
+        capture_output=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    summary = json.loads(done.stdout)
+    assert set(summary) >= {"run_id", "status", "stages"}
+    assert summary["status"] == "done"
+    assert list(summary["stages"]) == ["triage", "search", "plan", "fix", "pr"]
+    for figures in summary["stages"].values():
+        assert set(figures) == {
+            "status",
+            "attempts",
+            "requests",
+            "prompt_tokens_total",
+            "prompt_tokens_max",
+            "output_chars",
+            "duration_s",
+        }
+        assert figures["status"] == "done" and figures["attempts"] == 1
+        assert (
+            figures["requests"] >= 1
+            and figures["prompt_tokens_total"] >= figures["prompt_tokens_max"] > 0
+        )
