@@ -11,7 +11,7 @@ from orchestrator.demo import SENTRY_EVENT
 from orchestrator.models import RunStatus
 from orchestrator.store import RunStore
 
-from .conftest import Stack, demo_scenario, start_worker, stack_settings
+from .conftest import Stack, demo_scenario, stack_settings, start_worker
 
 
 def with_agents(**scripts: list[dict[str, Any]]) -> dict[str, Any]:

@@ -125,7 +125,7 @@ def test_a_worker_serves_only_the_stages_it_is_given(
         "GOOGLE_API_KEY": CANARY_KEY,
         "BATON_REPO_CACHE_DIR": str(tmp_path / "cache"),
     }
-    log = open(tmp_path / "worker.log", "wb")  # noqa: SIM115 - closed below
+    log = open(tmp_path / "worker.log", "wb")
     worker = subprocess.Popen(
         [sys.executable, "-m", "orchestrator.cli", "worker", "--stages", "triage,plan", "-c", "1"],
         env={**os.environ, **env},
