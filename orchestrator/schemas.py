@@ -66,3 +66,9 @@ class PullRequest(_Output):
     commit: str
     title: str
     body: str
+
+
+class Summary(_Output):
+    """A generic output for simple stages: a short free-text summary."""
+
+    summary: str

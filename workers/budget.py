@@ -17,6 +17,11 @@ from google.genai import types
 logger = logging.getLogger(__name__)
 
 CHARS_PER_TOKEN = 4
+TRIM_NOTE = (
+    "[Baton: left out {turns} earlier model turns and their tool results to fit this stage's "
+    "request budget; call the tools again if you need what they returned.]"
+)
+"""Added to the user message of a trimmed request. The fake Gemini server reads the count."""
 MIN_STRING_CHARS = 80
 """`shrink_to_fit` never cuts a string below this many characters."""
 _MARKER_ROOM = 40
@@ -145,21 +150,17 @@ def request_trimmer(max_tokens: int) -> Callable[..., LlmResponse | None]:
         if request_tokens(llm_request) <= max_tokens or len(llm_request.contents) < 3:
             return None
         head, units = llm_request.contents[0], _exchanges(llm_request.contents[1:])
-        dropped = 0
+        turns = 0
         while len(units) > 1 and request_tokens(llm_request) > max_tokens:
-            unit = units.pop(0)
-            dropped += len(unit)
+            turns += sum(1 for content in units.pop(0) if content.role == "model")
             llm_request.contents = [head] + [c for u in units for c in u]
-        if dropped:
-            note = types.Part(
-                text=f"[Baton: {dropped} earlier contents were left out to fit the request budget "
-                "of this stage; call the tools again if you need what they returned.]"
-            )
+        if turns:
+            note = types.Part(text=TRIM_NOTE.format(turns=turns))
             head = head.model_copy(update={"parts": [*(head.parts or []), note]})
             llm_request.contents = [head, *llm_request.contents[1:]]
             logger.info(
-                "request trimmed: %d contents left out, ~%d tokens",
-                dropped,
+                "request trimmed: %d model turns left out, ~%d tokens",
+                turns,
                 request_tokens(llm_request),
             )
         return None

@@ -98,6 +98,11 @@ def build_model(cfg: ModelConfig, retry: RetryConfig) -> BatonGemini:
     )
 
 
+async def close_model(model: Gemini) -> None:
+    """Close the model's HTTP client inside the event loop that used it."""
+    await model.api_client.aio.aclose()
+
+
 def is_transient(exc: BaseException) -> bool:
     """5xx, 408, timeouts and dropped connections."""
     if isinstance(exc, genai_errors.APIError):

@@ -13,14 +13,14 @@ from functools import cache
 from celery import Task
 from celery.exceptions import SoftTimeLimitExceeded
 
-from orchestrator.conductor import Conductor
+from orchestrator.conductor import Conductor, StageResult
 from orchestrator.pipeline import load_pipeline
 from orchestrator.queue import STAGE_TASK, Dispatcher
 from orchestrator.settings import Settings
 from orchestrator.store import RunStore
 from workers.app import app, settings
 from workers.errors import RateLimitedError, StageError
-from workers.gemini import build_model, classify, rate_limit_countdown
+from workers.gemini import build_model, classify, close_model, rate_limit_countdown
 from workers.repos import RepoCache
 from workers.stage import StageJob, execute_stage
 
@@ -92,7 +92,7 @@ def run_stage(self: Task, run_id: str, stage: str) -> None:
     rt.conductor.complete(run_id, stage, result)
 
 
-async def _execute(job: StageJob, rt: Runtime) -> object:
+async def _execute(job: StageJob, rt: Runtime) -> StageResult:
     model = build_model(rt.settings.model_section(), rt.settings.retry)
     try:
         return await execute_stage(
@@ -103,3 +103,5 @@ async def _execute(job: StageJob, rt: Runtime) -> object:
         if mapped is None:
             raise
         raise mapped from exc
+    finally:
+        await close_model(model)

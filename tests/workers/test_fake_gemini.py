@@ -463,3 +463,18 @@ def test_a_scripted_reply_can_repeat_a_field_of_a_tool_response() -> None:
     assert fill_references(parts, body) == [
         {"text": '{"commit":"abc123","branch":"b\\"q","x":"<no other.y in the request>"}'}
     ]
+
+
+def test_a_trimmed_conversation_counts_the_model_turns_it_left_out() -> None:
+    from workers.budget import TRIM_NOTE
+    from workers.fake_gemini.server import model_turns
+
+    note = TRIM_NOTE.format(turns=5)
+    body = {
+        "contents": [
+            {"role": "user", "parts": [{"text": "Do the search stage now."}, {"text": note}]},
+            {"role": "model", "parts": [{"functionCall": {"name": "f", "args": {}}}]},
+            {"role": "user", "parts": [{"functionResponse": {"name": "f", "response": {}}}]},
+        ]
+    }
+    assert model_turns(body) == 6

@@ -38,6 +38,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from workers.budget import TRIM_NOTE
 from workers.fake_gemini import tokens, wire
 from workers.fake_gemini.faults import FaultBook
 from workers.fake_gemini.ledger import Ledger
@@ -45,6 +46,8 @@ from workers.fake_gemini.scenario import FaultRule, Scenario
 
 logger = logging.getLogger(__name__)
 
+LEFT_OUT = re.compile(re.escape(TRIM_NOTE.split("{turns}")[0]) + r"(\d+)")
+"""The count of model turns in Baton's trimming note (`workers.budget.TRIM_NOTE`)."""
 FUNCTION_REF = re.compile(r"\{\{fn:(\w+)\.(\w+)\}\}")
 """`{{fn:NAME.FIELD}}` in a scripted text: a field of a function response in the request."""
 
@@ -219,11 +222,17 @@ def agent_name(body: Mapping[str, Any], headers: Mapping[str, str]) -> str:
 
 
 def model_turns(body: Mapping[str, Any]) -> int:
-    """How many replies of the model the request carries: the step it is at."""
-    contents = body.get("contents") or []
-    return sum(
-        1 for content in contents if isinstance(content, dict) and content.get("role") == "model"
-    )
+    """How many replies of the model the conversation holds: the step it is at.
+
+    A request Baton trimmed says in its first content how many model turns it left out; they
+    count too, so a trimmed conversation moves on instead of replaying its first steps.
+    """
+    contents = [c for c in body.get("contents") or [] if isinstance(c, dict)]
+    seen = sum(1 for content in contents if content.get("role") == "model")
+    first = contents[0].get("parts") or [] if contents else []
+    texts = " ".join(p.get("text") or "" for p in first if isinstance(p, dict))
+    left_out = sum(int(n) for n in LEFT_OUT.findall(texts))
+    return seen + left_out
 
 
 def fill_references(parts: list[dict[str, Any]], body: Mapping[str, Any]) -> list[dict[str, Any]]:

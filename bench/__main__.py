@@ -1,0 +1,48 @@
+"""`python -m bench [isolation|overhead ...] [--json]`: run benchmarks, record their results."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from bench import isolation, overhead
+
+BENCHMARKS = {"isolation": isolation, "overhead": overhead}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    parser.add_argument("names", nargs="*", choices=[*BENCHMARKS, []], help="default: all")
+    parser.add_argument("--json", action="store_true", help="print the figures as one JSON object")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.ERROR)
+    console = Console(stderr=True)
+    results: dict[str, Any] = {}
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=console) as progress:
+        for name in args.names or list(BENCHMARKS):
+            module = BENCHMARKS[name]
+            results[name] = module.run(progress)
+            module.write(results[name])
+    if args.json:
+        print(json.dumps(results, indent=2))
+    else:
+        console.print(
+            f"results written to bench/results/ and docs/benchmarks.md: {', '.join(results)}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,273 @@
+"""Isolation: the same five-stage workload in one shared ADK session and in Baton.
+
+Every stage reads three 20 KB files with a tool, then hands a short summary on. Variants:
+
+  (a) ADK `SequentialAgent`, default contents: every stage sees every earlier stage's traffic;
+  (b) the same with `include_contents='none'`;
+  (c) (a) plus Baton's tool-output truncation and request trimming callbacks;
+  (d) Baton: a Celery task and a fresh session per stage, hand-off through Redis.
+
+All four talk to the fake Gemini server through the real google-genai client; the figures are
+the server's own token counts per request. Then Baton alone with the upstream stages reading ×1,
+×4 and ×16 as much (3, 12 and 48 files each): the last stage's largest request should not move.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import tempfile
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from google.adk.agents import LlmAgent, SequentialAgent
+from google.adk.runners import Runner
+from google.adk.sessions import InMemorySessionService
+from google.genai import types
+from pydantic import SecretStr
+
+from bench import record
+from orchestrator import api
+from orchestrator.demo import services
+from orchestrator.demo.runner import worker_env
+from orchestrator.pipeline import StageBudget, load_pipeline
+from orchestrator.settings import ModelConfig, RetryConfig, Settings
+from workers.budget import request_trimmer, tool_output_limiter
+from workers.fake_gemini import FakeGemini
+from workers.gemini import build_model, close_model
+from workers.tools.artifacts import MemoryArtifacts
+from workers.tools.code import build_tools
+from workers.tools.workspace import LocalWorkspace
+
+STAGES = ["triage", "search", "plan", "fix", "pr"]
+PIPELINE = Path(__file__).parent / "pipelines" / "isolation.toml"
+READS_PER_STAGE = 3
+FILE_LINES = 200
+LINE_CHARS = 100
+VOLUMES = (1, 4, 16)
+API_KEY = "bench-key"
+
+
+def reads(stage: str, volume: int) -> int:
+    """How many files a stage reads: the last stage always 3, the upstream ones 3 × volume."""
+    return READS_PER_STAGE if stage == STAGES[-1] else READS_PER_STAGE * volume
+
+
+def make_repo(dest: Path) -> Path:
+    """The files every variant reads: 20 KB each."""
+    blobs = dest / "blobs"
+    blobs.mkdir(parents=True)
+    for stage in STAGES:
+        for i in range(1, reads(stage, max(VOLUMES)) + 1):
+            line = f"{stage}-{i}-".ljust(LINE_CHARS - 1, "x")
+            (blobs / f"{stage}_{i}.txt").write_text("\n".join([line] * FILE_LINES) + "\n")
+    for args in (
+        ["init", "-q", "-b", "main"],
+        ["add", "-A"],
+        ["-c", "user.name=b", "-c", "user.email=b@b", "commit", "-qm", "blobs"],
+    ):
+        subprocess.run(["git", "-C", str(dest), *args], check=True)
+    return dest
+
+
+def scenario(volume: int) -> dict[str, Any]:
+    agents: dict[str, Any] = {}
+    for stage in STAGES:
+        calls = [
+            {"call": {"name": "read_file", "args": {"path": f"blobs/{stage}_{i}.txt"}}}
+            for i in range(1, reads(stage, volume) + 1)
+        ]
+        agents[stage] = [*calls, {"json": {"summary": f"{stage}: read {len(calls)} files."}}]
+    return {"agents": agents}
+
+
+def per_stage(entries: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
+    figures = {}
+    for stage in STAGES:
+        served = [e for e in entries if e["agent"] == stage and e["status"] == 200]
+        figures[stage] = {
+            "requests": len(served),
+            "max_request_tokens": max((e["prompt_tokens"] for e in served), default=0),
+            "prompt_tokens_total": sum(e["prompt_tokens"] for e in served),
+        }
+    return figures
+
+
+def sequential_agent(
+    model: Any, tools: list[Callable[..., Any]], *, contents: str, budget: StageBudget | None
+) -> SequentialAgent:
+    agents = []
+    for index, stage in enumerate(STAGES):
+        before = f"\nBefore you: {{{STAGES[index - 1]}_out?}}" if index else ""
+        callbacks: dict[str, Any] = {}
+        if budget is not None:
+            callbacks = {
+                "after_tool_callback": tool_output_limiter(budget.max_tool_output_chars),
+                "before_model_callback": request_trimmer(budget.max_request_tokens),
+            }
+        agents.append(
+            LlmAgent(
+                name=stage,
+                model=model,
+                instruction=f"You are the {stage} stage. Read the files you need and summarize "
+                f"them.{before}",
+                tools=tools,
+                output_key=f"{stage}_out",
+                include_contents=contents,  # type: ignore[arg-type]
+                **callbacks,
+            )
+        )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return SequentialAgent(name="pipeline", sub_agents=agents)
+
+
+async def run_sequential(
+    fake_url: str, repo: Path, *, contents: str, budget: StageBudget | None
+) -> None:
+    model = build_model(ModelConfig(base_url=fake_url, api_key=SecretStr(API_KEY)), RetryConfig())
+    tools = build_tools(["read_file"], LocalWorkspace(repo), MemoryArtifacts(), branch="bench")
+    runner = Runner(
+        agent=sequential_agent(model, tools, contents=contents, budget=budget),
+        app_name="bench",
+        session_service=InMemorySessionService(),
+    )
+    session = await runner.session_service.create_session(app_name="bench", user_id="bench")
+    message = types.Content(
+        role="user", parts=[types.Part(text="Benchmark run: summarize the files.")]
+    )
+    async for _ in runner.run_async(user_id="bench", session_id=session.id, new_message=message):
+        pass
+    await runner.close()
+    await close_model(model)
+
+
+def run_baton(settings: Settings, repo: Path) -> None:
+    run_id = api.enqueue(
+        "Benchmark run: summarize the files.",
+        repo=str(repo),
+        pipeline=str(PIPELINE),
+        settings=settings,
+        force=True,
+    )
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        run = api.get_run(run_id, settings=settings)
+        if run.status.is_terminal:
+            if run.status.value != "done":
+                raise RuntimeError(f"benchmark run {run_id} ended {run.status.value}: {run.reason}")
+            return
+        time.sleep(0.1)
+    raise TimeoutError(f"benchmark run {run_id} did not finish")
+
+
+def run(progress: Any) -> dict[str, Any]:
+    budget = load_pipeline(str(PIPELINE)).stage("triage").budget
+    variants: dict[str, dict[str, dict[str, int]]] = {}
+    volumes: dict[str, dict[str, int]] = {}
+    task = progress.add_task("isolation", total=3 + len(VOLUMES))
+    with (
+        tempfile.TemporaryDirectory(prefix="baton-bench-") as tmp,
+        FakeGemini.start(scenario(1)) as fake,
+    ):
+        work = Path(tmp)
+        repo = make_repo(work / "repo")
+        for key, contents, callbacks in [
+            ("a", "default", None),
+            ("b", "none", None),
+            ("c", "default", budget),
+        ]:
+            progress.update(task, description=f"isolation: ADK SequentialAgent ({key})")
+            fake.reset()
+            asyncio.run(run_sequential(fake.url, repo, contents=contents, budget=callbacks))
+            variants[key] = per_stage(fake.requests())
+            progress.advance(task)
+        with services.redis_server(work / "redis") as redis_url:
+            settings = Settings(
+                redis_url=redis_url,
+                gemini_base_url=fake.url,
+                google_api_key=SecretStr(API_KEY),
+                repo_cache_dir=work / "cache",
+            )
+            queues = [s.queue for s in load_pipeline(str(PIPELINE)).stages]
+            with services.worker(worker_env(settings), queues, logfile=work / "worker.log"):
+                for volume in VOLUMES:
+                    progress.update(
+                        task, description=f"isolation: Baton, upstream volume x{volume}"
+                    )
+                    fake.set_scenario(scenario(volume))
+                    fake.reset()
+                    run_baton(settings, repo)
+                    figures = per_stage(fake.requests())
+                    volumes[f"x{volume}"] = {
+                        "last_stage_max_request_tokens": figures[STAGES[-1]]["max_request_tokens"],
+                        "prompt_tokens_total": sum(
+                            f["prompt_tokens_total"] for f in figures.values()
+                        ),
+                    }
+                    if volume == 1:
+                        variants["d"] = figures
+                    progress.advance(task)
+    return summarize(variants, volumes)
+
+
+def summarize(
+    variants: dict[str, dict[str, dict[str, int]]], volumes: dict[str, dict[str, int]]
+) -> dict[str, Any]:
+    totals = {k: sum(s["prompt_tokens_total"] for s in v.values()) for k, v in variants.items()}
+    last = [v["last_stage_max_request_tokens"] for v in volumes.values()]
+    return {
+        "workload": {
+            "stages": len(STAGES),
+            "reads_per_stage": READS_PER_STAGE,
+            "file_chars": FILE_LINES * LINE_CHARS,
+        },
+        "variants": variants,
+        "prompt_tokens_total": totals,
+        "baton_over_shared_session": round(totals["d"] / totals["a"], 4),
+        "volumes": volumes,
+        "last_stage_spread": round((max(last) - min(last)) / min(last), 4),
+    }
+
+
+def write(figures: dict[str, Any]) -> None:
+    names = {
+        "a": "(a) SequentialAgent, default",
+        "b": "(b) SequentialAgent, include_contents='none'",
+        "c": "(c) (a) + Baton's truncation and trimming",
+        "d": "(d) Baton over Celery + Redis",
+    }
+    rows = []
+    for key, stages in figures["variants"].items():
+        rows.append(
+            [
+                names[key],
+                *(f"{stages[s]['max_request_tokens']:,}" for s in STAGES),
+                f"{figures['prompt_tokens_total'][key]:,}",
+                f"{figures['prompt_tokens_total'][key] / figures['prompt_tokens_total']['a']:.1%}",
+            ]
+        )
+    detail = record.table(
+        ["variant", *(f"{s} max req" for s in STAGES), "total prompt tokens", "of (a)"], rows
+    )
+    detail += "\n\n" + record.table(
+        ["upstream volume", "last stage's max request (tokens)", "total prompt tokens"],
+        [
+            [k, f"{v['last_stage_max_request_tokens']:,}", f"{v['prompt_tokens_total']:,}"]
+            for k, v in figures["volumes"].items()
+        ],
+    )
+    totals, last = figures["prompt_tokens_total"], figures["volumes"]
+    row = [
+        f"{totals['a']:,}",
+        f"{totals['b']:,}",
+        f"{totals['c']:,}",
+        f"{totals['d']:,}",
+        f"{figures['baton_over_shared_session']:.1%}",
+        " / ".join(f"{v['last_stage_max_request_tokens']:,}" for v in last.values()),
+        f"{figures['last_stage_spread']:.1%}",
+    ]
+    record.save("isolation", figures, row, detail)

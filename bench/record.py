@@ -1,0 +1,59 @@
+"""Where benchmark results go: a JSON file per benchmark and a row in docs/benchmarks.md."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+DOC = ROOT / "docs" / "benchmarks.md"
+
+
+def commit() -> str:
+    done = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    )
+    return done.stdout.strip() or "unknown"
+
+
+def save(name: str, figures: Mapping[str, Any], row: Sequence[str], detail: str) -> Path:
+    """Write the figures, append `row` to the section's table and replace its detail block."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y-%m-%d %H:%M")
+    path = RESULTS / f"{name}.json"
+    path.write_text(
+        json.dumps({"benchmark": name, "date": stamp, "commit": commit(), **figures}, indent=2)
+        + "\n"
+    )
+    text = DOC.read_text()
+    text = _append_row(text, name, [stamp, commit(), *row])
+    text = _replace_block(text, f"detail:{name}", detail)
+    DOC.write_text(text)
+    return path
+
+
+def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _append_row(text: str, name: str, cells: Sequence[str]) -> str:
+    end = f"<!-- /table:{name} -->"
+    if end not in text:
+        raise ValueError(f"{DOC} has no {end} marker")
+    return text.replace(end, "| " + " | ".join(cells) + " |\n" + end)
+
+
+def _replace_block(text: str, marker: str, body: str) -> str:
+    start, end = f"<!-- {marker} -->", f"<!-- /{marker} -->"
+    if start not in text or end not in text:
+        raise ValueError(f"{DOC} has no {start} … {end} block")
+    head, rest = text.split(start, 1)
+    _, tail = rest.split(end, 1)
+    return f"{head}{start}\n{body.strip()}\n{end}{tail}"
