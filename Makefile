@@ -9,7 +9,7 @@ setup:
 demo: setup
 	$(BIN)/baton demo
 
-test: setup
+test: lint
 	$(BIN)/pytest -q
 
 bench: setup

@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import sys
+from typing import BinaryIO
 
 import click
 from rich.console import Console
@@ -54,9 +55,7 @@ def main(verbose: bool) -> None:
     "--source", type=click.Choice([s.value for s in IssueSource]), help="Skip auto-detection."
 )
 @click.option("--force", is_flag=True, help="Start a new run even if this issue already has one.")
-def enqueue(
-    payload: click.utils.LazyFile, repo: str, pipeline: str, source: str | None, force: bool
-) -> None:
+def enqueue(payload: BinaryIO, repo: str, pipeline: str, source: str | None, force: bool) -> None:
     """Enqueue PAYLOAD (a file, or - for stdin) against a repository; prints the run id."""
     data = payload.read()
     run_id, created = api.submit(data, repo=repo, pipeline=pipeline, source=source, force=force)

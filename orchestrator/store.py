@@ -24,14 +24,16 @@ logger = logging.getLogger(__name__)
 MAX_AUDIT_ENTRY_CHARS = 64_000
 """An audit entry's data longer than this is cut, with a marker."""
 
-Mutation = Callable[[RunRecord, "redis.client.Pipeline"], Any]
+Mutation = Callable[[RunRecord, Any], Any]
+"""Changes a run in place; may queue commands on the MULTI pipeline it is given."""
 
 
 class RunStore:
     """Reads and writes runs. Takes a connected client; owns no connection of its own."""
 
     def __init__(self, client: redis.Redis, *, ttl_s: int = 7 * 24 * 3600) -> None:
-        self.redis = client
+        # decode_responses=True makes every reply a str; redis-py's annotations cannot say so.
+        self.redis: Any = client
         self.ttl_s = ttl_s
 
     @classmethod
@@ -78,7 +80,7 @@ class RunStore:
         """
         key = keys.run(run_id)
 
-        def attempt(pipe: redis.client.Pipeline) -> Any:
+        def attempt(pipe: Any) -> Any:
             before = pipe.hgetall(key)
             run = _parse_run(run_id, before)
             pipe.multi()
