@@ -26,7 +26,7 @@ def connect(settings: Settings) -> Iterator[Conductor]:
     """A conductor on the configured Redis, closed afterwards."""
     url = settings.require_redis_url()
     store = RunStore.from_url(url, ttl_s=settings.queue.run_ttl_s)
-    dispatcher = Dispatcher(url, settings.queue)
+    dispatcher = Dispatcher.connect(url, settings.queue)
     try:
         yield Conductor(store, dispatcher)
     finally:

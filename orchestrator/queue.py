@@ -62,12 +62,18 @@ def check_time_limits(pipeline: Pipeline, queue: QueueConfig, retry: RetryConfig
 
 
 class Dispatcher:
-    """Sends stage tasks to their queues."""
+    """Sends stage tasks to their queues, through a Celery app it is given or makes."""
 
-    def __init__(self, redis_url: str, queue: QueueConfig) -> None:
-        self.queue = queue
-        self.app = Celery("baton-orchestrator", set_as_current=False)
-        self.app.conf.update(celery_config(redis_url, queue))
+    def __init__(self, app: Celery, *, owned: bool = False) -> None:
+        self.app = app
+        self._owned = owned
+
+    @classmethod
+    def connect(cls, redis_url: str, queue: QueueConfig) -> Dispatcher:
+        """A dispatcher with an app of its own (closed by `close`)."""
+        app = Celery("baton-orchestrator", set_as_current=False)
+        app.conf.update(celery_config(redis_url, queue))
+        return cls(app, owned=True)
 
     def send_stage(self, run_id: str, stage: StageSpec) -> str:
         task_id = stage_task_id(run_id, stage.name)
@@ -82,4 +88,5 @@ class Dispatcher:
         return task_id
 
     def close(self) -> None:
-        self.app.close()
+        if self._owned:
+            self.app.close()

@@ -30,6 +30,7 @@ from workers.budget import json_chars
 from workers.errors import StageError, StageOutputError
 from workers.repos import RepoCache
 from workers.tools.code import build_tools
+from workers.tools.errors import ToolError
 from workers.tools.workspace import LocalWorkspace, Workspace
 
 logger = logging.getLogger(__name__)
@@ -234,8 +235,14 @@ async def _workspace(
         upstream = _upstream_diff(job)
         if upstream is not None:
             diff = store.artifact(upstream).decode()
-            if diff.strip():
-                workspace.apply_patch(diff)
+            try:
+                if diff.strip():
+                    workspace.apply_patch(diff)
+            except ToolError as exc:
+                raise StageError(
+                    f"the changes of an earlier stage ({upstream.uri}) do not apply to "
+                    f"{job.run.commit[:12]}: {exc.message}"
+                ) from exc
         yield workspace
 
 

@@ -40,7 +40,7 @@ class Runtime:
 @cache
 def runtime() -> Runtime:
     store = RunStore.from_url(settings.require_redis_url(), ttl_s=settings.queue.run_ttl_s)
-    dispatcher = Dispatcher(settings.require_redis_url(), settings.queue)
+    dispatcher = Dispatcher(app)
     return Runtime(
         settings, store, Conductor(store, dispatcher), RepoCache(settings.repo_cache_dir)
     )

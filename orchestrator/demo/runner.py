@@ -138,6 +138,7 @@ def worker_env(settings: Settings) -> dict[str, str]:
         "BATON_REDIS_URL": settings.require_redis_url(),
         "BATON_REPO_CACHE_DIR": str(settings.repo_cache_dir),
         "BATON_MODEL": settings.model,
+        "BATON_STREAMING": str(settings.streaming).lower(),
     }
     if settings.gemini_base_url:
         env["BATON_GEMINI_BASE_URL"] = settings.gemini_base_url

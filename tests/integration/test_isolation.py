@@ -155,7 +155,18 @@ def test_every_stage_event_is_in_the_audit_log_tagged_with_branch_and_session(
     assert fix_kinds.count("tool_call") == 4 and fix_kinds.count("tool_result") == 4
 
 
-def test_the_api_key_never_reaches_a_recorded_request(stack: Stack) -> None:
-    stack.wait(stack.enqueue(SENTRY_EVENT.read_bytes(), stack.sample_repo()))
-    assert stack.requests()
+def test_the_api_key_never_reaches_a_request_the_audit_log_an_artifact_or_a_log_line(
+    stack: Stack, run_store: RunStore
+) -> None:
+    run = stack.wait(stack.enqueue(SENTRY_EVENT.read_bytes(), stack.sample_repo()))
+    artifacts = [
+        run_store.artifact(ref)
+        for record in run.stages.values()
+        for ref in record.artifacts.values()
+    ]
+
+    assert stack.requests() and artifacts and run_store.audit_log(run.id)
     assert CANARY_KEY not in json.dumps(stack.requests())
+    assert CANARY_KEY not in json.dumps(run_store.audit_log(run.id))
+    assert all(CANARY_KEY.encode() not in data for data in artifacts)
+    assert CANARY_KEY not in (stack.workdir / "worker.log").read_text()

@@ -20,7 +20,7 @@ ISSUE = Issue(source=IssueSource.TEXT, title="Checkout crashes on an empty cart"
 
 @pytest.fixture
 def conductor(unit_redis_url: str, store: RunStore) -> Iterator[Conductor]:
-    dispatcher = Dispatcher(unit_redis_url, QueueConfig())
+    dispatcher = Dispatcher.connect(unit_redis_url, QueueConfig())
     yield Conductor(store, dispatcher)
     dispatcher.close()
 
