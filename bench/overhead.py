@@ -93,7 +93,7 @@ def chain_gaps(redis_url: str, work: Path, progress: Any, task: Any) -> list[flo
     client = redis.Redis.from_url(redis_url, decode_responses=True)
     gaps: list[float] = []
     try:
-        services._wait_for_log(log, "ready.", proc)
+        services.wait_for_log(log, "ready.", proc)
         for i in range(RUNS):
             chain_id = f"c{i}"
             links = [app.signature("bench.noop", args=(None, chain_id, 0), queue="bench.chain")]

@@ -12,6 +12,7 @@ import click
 from rich.console import Console
 
 from orchestrator import api
+from orchestrator.demo import services
 from orchestrator.errors import BatonError
 from orchestrator.models import IssueSource, RunStatus
 from orchestrator.pipeline import load_pipeline
@@ -97,29 +98,16 @@ def worker(stages: str, pipeline: str, concurrency: int, loglevel: str) -> None:
     names = (
         [s.name for s in spec.stages] if stages == "all" else [s.strip() for s in stages.split(",")]
     )
-    queues = ",".join(spec.stage(name).queue for name in names)
     settings = Settings()
     settings.require_redis_url()
     check_time_limits(spec, settings.queue, settings.retry)
-    argv = [
-        sys.executable,
-        "-m",
-        "celery",
-        "-A",
-        "workers.app",
-        "worker",
-        "-Q",
-        queues,
-        "-c",
-        str(concurrency),
-        "-P",
-        "prefork",
-        "-E",
-        "--loglevel",
-        loglevel,
-        "-n",
-        f"baton-{'-'.join(names) if stages != 'all' else 'all'}-{os.getpid()}@%h",
-    ]
+    label = "-".join(names) if stages != "all" else "all"
+    argv = services.worker_argv(
+        [spec.stage(name).queue for name in names],
+        concurrency=concurrency,
+        name=f"baton-{label}-{os.getpid()}",
+        loglevel=loglevel,
+    )
     os.execv(sys.executable, argv)
 
 

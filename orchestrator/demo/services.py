@@ -112,6 +112,17 @@ def fake_gemini(scenario: Path, *, record: Path | None = None, port: int = 0) ->
         _stop(proc)
 
 
+def worker_argv(
+    queues: Sequence[str], *, concurrency: int, name: str, loglevel: str = "INFO"
+) -> list[str]:
+    """The command line of a Baton worker: Celery, prefork, task events on, these queues."""
+    return [
+        sys.executable, "-m", "celery", "-A", "workers.app", "worker",
+        "-Q", ",".join(queues), "-c", str(concurrency), "-P", "prefork", "-E",
+        "--loglevel", loglevel, "-n", f"{name}@%h",
+    ]  # fmt: skip
+
+
 @contextmanager
 def worker(
     env: Mapping[str, str],
@@ -122,40 +133,21 @@ def worker(
     name: str = "baton-worker",
 ) -> Iterator[subprocess.Popen[bytes]]:
     """A Celery worker subprocess serving `queues`; stopped with a warm shutdown."""
-    argv = [
-        sys.executable,
-        "-m",
-        "celery",
-        "-A",
-        "workers.app",
-        "worker",
-        "-Q",
-        ",".join(queues),
-        "-c",
-        str(concurrency),
-        "-P",
-        "prefork",
-        "-E",
-        "--loglevel",
-        "INFO",
-        "--without-gossip",
-        "--without-mingle",
-        "-n",
-        f"{name}-{free_port()}@%h",
-    ]
+    argv = worker_argv(queues, concurrency=concurrency, name=f"{name}-{free_port()}")
+    argv += ["--without-gossip", "--without-mingle"]
     logfile.parent.mkdir(parents=True, exist_ok=True)
     with open(logfile, "ab") as log:
         proc = subprocess.Popen(
             argv, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT
         )
     try:
-        _wait_for_log(logfile, "ready.", proc)
+        wait_for_log(logfile, "ready.", proc)
         yield proc
     finally:
         _stop(proc)
 
 
-def _wait_for_log(
+def wait_for_log(
     logfile: Path, marker: str, proc: subprocess.Popen[bytes], timeout_s: float = 60.0
 ) -> None:
     deadline = time.monotonic() + timeout_s
