@@ -7,13 +7,13 @@ setup:
 	@bash scripts/setup.sh
 
 demo: setup
-	$(BIN)/baton demo
+	bash scripts/with-docker.sh $(BIN)/baton demo
 
 test: lint
-	$(BIN)/pytest -q
+	bash scripts/with-docker.sh $(BIN)/pytest -q
 
 bench: setup
-	$(BIN)/python -m bench
+	bash scripts/with-docker.sh $(BIN)/python -m bench
 
 lint: setup
 	$(BIN)/ruff check orchestrator workers sandbox tests bench

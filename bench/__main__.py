@@ -11,9 +11,9 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from bench import isolation, overhead
+from bench import isolation, overhead, sandbox
 
-BENCHMARKS = {"isolation": isolation, "overhead": overhead}
+BENCHMARKS = {"isolation": isolation, "overhead": overhead, "sandbox": sandbox}
 
 
 def main() -> int:

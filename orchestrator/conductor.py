@@ -159,15 +159,19 @@ class Conductor:
         self._enqueue(run_id, pipeline, following.name)
         return following.name
 
-    def wait(self, run_id: str, stage: str, *, delay_s: float, reason: str) -> StageRecord:
-        """Mark a stage as waiting out a rate limit until now + delay."""
+    def wait(
+        self, run_id: str, stage: str, *, delay_s: float, reason: str, rate_limited: bool = True
+    ) -> StageRecord:
+        """Mark a stage as waiting until now + delay before its next attempt (a 429, or a
+        failure outside the stage when not `rate_limited`)."""
 
         def mutate(run: RunRecord, pipe: Any) -> StageRecord:
             record = run.stages[stage]
             record.status = StageStatus.WAITING
             record.waiting_until = time.time() + delay_s
-            record.rate_limit_wait_s = round(record.rate_limit_wait_s + delay_s, 3)
-            record.rate_limit_retries += 1
+            if rate_limited:
+                record.rate_limit_wait_s = round(record.rate_limit_wait_s + delay_s, 3)
+                record.rate_limit_retries += 1
             record.error = reason
             run.status = RunStatus.WAITING
             return record

@@ -71,6 +71,25 @@ class StopRule(BaseModel):
         return str(detail) if detail else f"{self.field} was {self.equals!r}"
 
 
+class VerifyRule(BaseModel):
+    """Baton itself runs a test command before and after the stage's agent, in its sandbox.
+
+    The results become the output's `tests_before` and `tests_after`; with `require_pass`, a
+    stage whose tests still fail afterwards fails, so its change is never handed on.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    command_from: str = Field(pattern=f"^{_NAME}(?::{_NAME})?\\.{_NAME}$")
+    """`<upstream output key>.<field>` that holds the test command, e.g. `plan.test_command`."""
+    require_pass: bool = True
+
+    @property
+    def source(self) -> tuple[str, str]:
+        key, _, field = self.command_from.rpartition(".")
+        return key, field
+
+
 class StageSpec(BaseModel):
     """One stage: what it is told, what it may use, what it must return."""
 
@@ -88,6 +107,7 @@ class StageSpec(BaseModel):
     tools: tuple[str, ...] = ()
     budget: StageBudget = StageBudget()
     stop_when: StopRule | None = None
+    verify: VerifyRule | None = None
 
     @model_validator(mode="after")
     def _defaults(self) -> StageSpec:
@@ -131,6 +151,11 @@ class Pipeline(BaseModel):
                         f"{{{ISSUE_KEY}}} nor an earlier stage's output key (write {{{{ for a "
                         "literal brace)"
                     )
+            if stage.verify and stage.verify.source[0] not in known:
+                raise ValueError(
+                    f"stage {stage.name!r} verifies with {stage.verify.command_from!r}, which "
+                    "names no earlier stage's output"
+                )
             if stage.output_key in known:
                 raise ValueError(f"stage {stage.name!r} reuses output key {stage.output_key!r}")
             known.add(stage.output_key)

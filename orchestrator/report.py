@@ -61,8 +61,8 @@ def run_table(run: RunRecord, *, now: float | None = None) -> Table:
     now = time.time() if now is None else now
     title = f"run {run.id} · {run.pipeline} · {run.status.value}"
     waits = [
-        f"{name} rate limited: next attempt at {_clock(r.waiting_until)} "
-        f"(in {max(0.0, r.waiting_until - now):.0f}s)"
+        f"{name} waiting: next attempt at {_clock(r.waiting_until)} "
+        f"(in {max(0.0, r.waiting_until - now):.0f}s) — {r.error or ''}"
         for name, r in run.stages.items()
         if r.status == StageStatus.WAITING and r.waiting_until
     ]
@@ -109,7 +109,7 @@ def _duration(record: StageRecord, now: float) -> str:
 
 def _note(record: StageRecord, now: float) -> str:
     if record.status == StageStatus.WAITING and record.waiting_until:
-        return f"429: retry at {_clock(record.waiting_until)}"
+        return f"retry at {_clock(record.waiting_until)}"
     if record.status == StageStatus.FAILED and record.error:
         return record.error[:120]
     notes = []

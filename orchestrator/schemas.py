@@ -50,6 +50,18 @@ class Plan(_Output):
     test_command: str = Field(description="Command that runs the tests proving the fix.")
 
 
+class TestRun(_Output):
+    """One run of a test command in the sandbox, as Baton measured it (not as a model said)."""
+
+    __test__ = False  # not a pytest test class
+
+    command: str
+    exit_code: int | None
+    passed: int | None = Field(description="Tests that passed, when the output says.")
+    failed: int | None = Field(description="Tests that failed or errored, when the output says.")
+    timed_out: bool = False
+
+
 class Fix(_Output):
     """The change made and what the tests said."""
 
@@ -57,6 +69,12 @@ class Fix(_Output):
     files_changed: list[str] = Field(min_length=1)
     test_command: str
     tests_passed: bool
+    tests_before: TestRun | None = Field(
+        None, description="Filled in by Baton: the test command on the unchanged code."
+    )
+    tests_after: TestRun | None = Field(
+        None, description="Filled in by Baton: the test command after the change."
+    )
 
 
 class PullRequest(_Output):

@@ -85,8 +85,8 @@ class Settings(BaseSettings):
     """`BATON_MODEL_TIMEOUT_S`."""
     streaming: bool = False
     """`BATON_STREAMING`: stream model replies over SSE."""
-    sandbox_image: str = "baton-sandbox:latest"
-    """`BATON_SANDBOX_IMAGE`."""
+    sandbox_image: str | None = None
+    """`BATON_SANDBOX_IMAGE`: the image code stages run in; unset, the one `make` builds."""
     repo_cache_dir: Path = Path.home() / ".cache" / "baton" / "repos"
     """`BATON_REPO_CACHE_DIR`: one mirror clone per repository, shared by all stages."""
     retry: RetryConfig = RetryConfig()

@@ -8,14 +8,16 @@ need=()
 command -v redis-server >/dev/null || need+=(redis-server)
 command -v git >/dev/null || need+=(git)
 command -v rg >/dev/null || need+=(ripgrep)
+command -v dockerd >/dev/null || need+=(docker.io)
+command -v debootstrap >/dev/null || need+=(debootstrap)
 if [ ${#need[@]} -gt 0 ]; then
   echo "setup: installing ${need[*]} with apt-get"
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
-  # Debian's package may start a system redis-server; Baton starts its own where it needs one.
-  if command -v service >/dev/null && [[ " ${need[*]} " == *" redis-server "* ]]; then
-    service redis-server stop >/dev/null 2>&1 || true
+  # Debian's packages may start system services; Baton starts its own where it needs them.
+  if command -v service >/dev/null; then
+    [[ " ${need[*]} " == *" redis-server "* ]] && { service redis-server stop >/dev/null 2>&1 || true; }
   fi
 fi
 

@@ -63,6 +63,8 @@ ERRORS = [
     worker_errors.ModelUnavailableError("x"),
     worker_errors.ModelCallLimitError("x"),
     worker_errors.StageOutputError("x"),
+    worker_errors.InfrastructureError("x"),
+    worker_errors.PublishError("x"),
     ToolError("x"),
 ]
 

@@ -2,10 +2,12 @@
 
     BatonError (orchestrator.errors)
     ├── RateLimitedError         (RuntimeError)  retryable: the task goes back on its queue
+    ├── InfrastructureError      (RuntimeError)  retryable a few times: Docker or the like failed
     └── StageError               (RuntimeError)  the stage fails and the run ends
         ├── ModelRejectedError                   400/401/403: retrying will not help
         ├── ModelUnavailableError                5xx, timeouts, dropped connections, after backoff
         ├── ModelCallLimitError                  the stage's model-call budget ran out
+        ├── PublishError                         the fix could not be pushed or its PR opened
         └── StageOutputError     (ValueError)    the output failed its schema after one repair turn
 
 Every class passes all of its arguments to ``super().__init__`` so that it pickles.
@@ -23,6 +25,18 @@ class RateLimitedError(BatonError, RuntimeError):
         super().__init__(message, delay_s)
         self.message = message
         self.delay_s = delay_s
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class InfrastructureError(BatonError, RuntimeError):
+    """Raised when something outside the stage failed mid-stage (the Docker daemon, say); the
+    stage is tried again from the start, a bounded number of times."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
 
     def __str__(self) -> str:
         return self.message
@@ -53,3 +67,8 @@ class ModelCallLimitError(StageError):
 
 class StageOutputError(StageError, ValueError):
     """Raised when a stage's output does not match its schema after one repair turn."""
+
+
+class PublishError(StageError):
+    """Raised when a fix cannot be published: the diff is empty or does not apply, the push or
+    the pull request is refused. The message names the repository, the branch and the step."""

@@ -13,13 +13,23 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import io
 import shutil
+import subprocess
+import tarfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from orchestrator.errors import RepoError
-from orchestrator.repo import GIT_TIMEOUT_S, NETWORK_TIMEOUT_S, redact, repo_source, run_git
+from orchestrator.repo import (
+    GIT_TIMEOUT_S,
+    NETWORK_TIMEOUT_S,
+    git_env,
+    redact,
+    repo_source,
+    run_git,
+)
 from orchestrator.repo import git_for as _git
 
 COMMITTER = {"user.name": "Baton", "user.email": "baton@localhost"}
@@ -71,6 +81,26 @@ class RepoCache:
         _git(source, [*in_dest, "checkout", "--quiet", "--detach", commit], GIT_TIMEOUT_S)
         return dest
 
+    def archive(self, repo: str, commit: str, *, uid: int, gid: int) -> bytes:
+        """The tree of `commit` as a tar whose files belong to `uid:gid` (a sandbox's user).
+
+        Raises:
+            RepoError: the commit cannot be found or archived.
+        """
+        source, path = repo_source(repo), self.mirror_path(repo)
+        with self._locked(path):
+            self._sync(source, path, refresh=False)
+            if not _has_commit(path, commit):
+                self._sync(source, path, refresh=True)
+        done = subprocess.run(
+            ["git", "-C", str(path), "archive", "--format=tar", commit],
+            env=git_env(), capture_output=True, timeout=self.network_timeout_s, check=False,
+        )  # fmt: skip
+        if done.returncode != 0:
+            message = done.stderr.decode(errors="replace").strip()[-500:]
+            raise RepoError(f"git archive of {redact(source)} at {commit} failed: {message}")
+        return _owned_by(done.stdout, uid, gid)
+
     @contextmanager
     def _locked(self, mirror: Path) -> Iterator[None]:
         """Hold the mirror's lock: an exclusive `flock`, per open file, so threads wait too."""
@@ -98,3 +128,17 @@ class RepoCache:
 def _has_commit(mirror: Path, commit: str) -> bool:
     result = run_git(["-C", str(mirror), "cat-file", "-e", f"{commit}^{{commit}}"])
     return result.returncode == 0
+
+
+def _owned_by(tar_bytes: bytes, uid: int, gid: int) -> bytes:
+    """The same archive with every entry owned by `uid:gid`."""
+    out = io.BytesIO()
+    with (
+        tarfile.open(fileobj=io.BytesIO(tar_bytes)) as source,
+        tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as target,
+    ):
+        for member in source:
+            member.uid, member.gid, member.uname, member.gname = uid, gid, "", ""
+            data = source.extractfile(member) if member.isfile() else None
+            target.addfile(member, data)
+    return out.getvalue()

@@ -1,9 +1,9 @@
 """Execute one stage of one run: plain functions, callable without Celery.
 
 The stage's session is seeded with the issue digest and only the upstream outputs its
-instruction references. Code stages get a fresh working copy of the run's pinned commit with
-the upstream stages' changes applied; what they change is recorded as the `workspace.diff`
-artifact, which carries their work to the stages after them.
+instruction references. Code stages work in a fresh sandbox (`workers.workspaces`). Fields
+Baton measures itself — test results, the published branch and commit — replace whatever the
+model said about them.
 """
 
 from __future__ import annotations
@@ -11,66 +11,49 @@ from __future__ import annotations
 import json
 import logging
 import tempfile
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from google.adk.models.base_llm import BaseLlm
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
-from orchestrator.conductor import StageResult, branch_label, session_id
-from orchestrator.models import ArtifactRef, RunRecord
-from orchestrator.pipeline import ISSUE_KEY, Pipeline, StageSpec
+import sandbox
+from orchestrator.conductor import StageResult
+from orchestrator.pipeline import ISSUE_KEY, StageSpec
 from orchestrator.store import RunStore
 from workers import output as outputs
+from workers import proof
 from workers.agent import AgentSpec, StageSession, Usage, build_agent
 from workers.budget import json_chars
 from workers.errors import StageError, StageOutputError
+from workers.publish import Publisher
 from workers.repos import RepoCache
 from workers.tools.code import build_tools
-from workers.tools.errors import ToolError
-from workers.tools.workspace import LocalWorkspace, Workspace
+from workers.tools.workspace import Workspace
+from workers.workspaces import WORKSPACE_DIFF, StageJob, StoreArtifacts, open_workspace
 
 logger = logging.getLogger(__name__)
 
-WORKSPACE_DIFF = "workspace.diff"
-"""Artifact that carries a code stage's changes to the stages after it."""
 WRITE_TOOLS = frozenset({"edit_file", "apply_patch"})
 REPAIR_MODEL_CALLS = 2
 COMPACTOR = "compactor"
 
+__all__ = ["StageJob", "StageServices", "execute_stage", "seed_state"]
+
+Audit = Callable[[list[dict[str, Any]]], Any]
+
 
 @dataclass(frozen=True)
-class StageJob:
-    """Everything one execution of one stage needs."""
+class StageServices:
+    """What a worker process lends every stage it runs."""
 
-    run: RunRecord
-    pipeline: Pipeline
-    spec: StageSpec
-    attempt: int
-
-    @property
-    def labels(self) -> dict[str, str]:
-        return {
-            "branch": branch_label(self.run.pipeline, self.spec.name),
-            "session": session_id(self.run.id, self.spec.name, self.attempt),
-            "stage": self.spec.name,
-        }
-
-
-class StoreArtifacts:
-    """The artifact sink of one stage: artifacts land in the run store under `<stage>/`."""
-
-    def __init__(self, store: RunStore, run_id: str, stage: str) -> None:
-        self._store, self._run_id, self._stage = store, run_id, stage
-        self.saved: dict[str, ArtifactRef] = {}
-
-    def save(self, name: str, data: bytes, media_type: str = "text/plain") -> str:
-        ref = self._store.put_artifact(self._run_id, f"{self._stage}/{name}", data, media_type)
-        self.saved[name] = ref
-        return ref.uri
+    store: RunStore
+    repos: RepoCache
+    sandbox: sandbox.SandboxConfig
+    publisher: Publisher
 
 
 def seed_state(job: StageJob, store: RunStore) -> dict[str, Any]:
@@ -83,18 +66,21 @@ def seed_state(job: StageJob, store: RunStore) -> dict[str, Any]:
 
 
 async def execute_stage(
-    job: StageJob, *, store: RunStore, model: BaseLlm, repos: RepoCache, streaming: bool = False
+    job: StageJob, services: StageServices, *, model: BaseLlm, streaming: bool = False
 ) -> StageResult:
-    """Run the stage's agent once, validate (one repair turn) and size its output."""
-    spec, usage = job.spec, Usage()
+    """Run the stage's agent once, validate (one repair turn), verify and size its output."""
+    spec, usage, store = job.spec, Usage(), services.store
     schema = spec.schema_class()
     artifacts = StoreArtifacts(store, job.run.id, spec.name)
+    facts: dict[str, Any] = {}
 
     def audit(entries: list[dict[str, Any]]) -> Any:
         return store.audit(job.run.id, entries)
 
-    async with _workspace(job, store, repos) as workspace:
-        tools = _tools(job, workspace, artifacts)
+    with _maybe_workspace(job, services) as workspace:
+        if spec.verify and workspace is not None:
+            facts["tests_before"] = _verify(job, store, workspace, artifacts, "before")
+        tools = _tools(job, services, workspace, artifacts, facts)
         agent = build_agent(
             AgentSpec(
                 name=spec.name,
@@ -117,17 +103,17 @@ async def execute_stage(
             streaming=streaming,
         ) as session:
             result = await _reply(session, spec, schema)
+        if spec.verify and workspace is not None:
+            facts["tests_after"] = _verify(job, store, workspace, artifacts, "after")
         if workspace is not None and WRITE_TOOLS & set(spec.tools):
             artifacts.save(WORKSPACE_DIFF, workspace.diff().encode(), "text/x-diff")
     result, compacted = await _fit_budget(result, job, schema, model, usage, audit, streaming)
+    result = _with_facts(result, facts, schema)
+    _require_passing_tests(spec, facts)
     logger.info(
         "stage %s of run %s: %d model calls, %d prompt tokens, output %d chars",
-        spec.name,
-        job.run.id,
-        usage.requests,
-        usage.prompt_tokens_total,
-        json_chars(result),
-    )
+        spec.name, job.run.id, usage.requests, usage.prompt_tokens_total, json_chars(result),
+    )  # fmt: skip
     return StageResult(
         output=result,
         requests=usage.requests,
@@ -137,6 +123,18 @@ async def execute_stage(
         compacted=compacted,
         artifacts=artifacts.saved,
     )
+
+
+@contextmanager
+def _maybe_workspace(job: StageJob, services: StageServices) -> Iterator[Workspace | None]:
+    """A sandboxed workspace for a stage with tools; none for one without."""
+    if not job.spec.tools:
+        yield None
+        return
+    with open_workspace(
+        job, store=services.store, repos=services.repos, config=services.sandbox
+    ) as workspace:
+        yield workspace
 
 
 async def _reply(session: StageSession, spec: StageSpec, schema: type[BaseModel]) -> dict[str, Any]:
@@ -156,13 +154,99 @@ async def _reply(session: StageSession, spec: StageSpec, schema: type[BaseModel]
         ) from second
 
 
+def _verify(
+    job: StageJob, store: RunStore, workspace: Workspace, artifacts: StoreArtifacts, when: str
+) -> dict[str, Any]:
+    """Run the stage's verification command; the measured result, its log an artifact."""
+    assert job.spec.verify is not None
+    key, field = job.spec.verify.source
+    command = (store.output(job.run.id, key) or {}).get(field)
+    if not isinstance(command, str) or not command.strip():
+        raise StageError(f"stage {key!r} gave no {field!r} to verify {job.spec.name!r} with")
+    timeout_s = min(300.0, job.spec.budget.soft_time_limit_s / 4)
+    run, log = proof.run_tests(workspace, command, timeout_s=timeout_s)
+    artifacts.save(f"tests-{when}.log", log.encode())
+    logger.info("tests %s %s of run %s: %s", when, job.spec.name, job.run.id, proof.describe(run))
+    return run.model_dump(mode="json")
+
+
+def _require_passing_tests(spec: StageSpec, facts: dict[str, Any]) -> None:
+    if not (spec.verify and spec.verify.require_pass and "tests_after" in facts):
+        return
+    after = proof.TestRun.model_validate(facts["tests_after"])
+    if not proof.succeeded(after):
+        before = proof.TestRun.model_validate(facts["tests_before"])
+        raise StageError(
+            f"the tests still fail after the change (`{after.command}`: {proof.describe(after)}; "
+            f"before: {proof.describe(before)}), so it is not handed on or published"
+        )
+
+
+def _with_facts(
+    result: dict[str, Any], facts: dict[str, Any], schema: type[BaseModel]
+) -> dict[str, Any]:
+    """The output with the fields Baton measured itself in place of the model's."""
+    known = {k: v for k, v in facts.items() if k in schema.model_fields}
+    if not known:
+        return result
+    try:
+        return schema.model_validate({**result, **known}).model_dump(mode="json")
+    except ValidationError as exc:
+        raise StageOutputError(f"measured fields do not fit {schema.__name__}: {exc}") from exc
+
+
+def _tools(
+    job: StageJob,
+    services: StageServices,
+    workspace: Workspace | None,
+    artifacts: StoreArtifacts,
+    facts: dict[str, Any],
+) -> list[Callable[..., Any]]:
+    if workspace is None:
+        return []
+
+    def publish(title: str, body: str, diff: str) -> dict[str, Any]:
+        evidence = proof.evidence(_verified_tests(job, services.store))
+        with tempfile.TemporaryDirectory(prefix="baton-publish-") as tmp:
+            published = services.publisher.publish(
+                repo=job.run.repo,
+                commit=job.run.commit,
+                diff=diff.encode(),
+                branch=f"baton/{job.run.id}",
+                title=title,
+                body=f"{body}\n\n{evidence}".strip(),
+                workdir=Path(tmp),
+            )
+        facts.update(branch=published.branch, commit=published.commit)
+        answer = published.model_dump(mode="json")
+        artifacts.save("published.json", json.dumps(answer).encode(), "application/json")
+        return answer
+
+    return build_tools(
+        job.spec.tools,
+        workspace,
+        artifacts,
+        test_timeout_s=min(300, job.spec.budget.soft_time_limit_s // 2),
+        publish=publish,
+    )
+
+
+def _verified_tests(job: StageJob, store: RunStore) -> dict[str, Any] | None:
+    """The measured tests of the newest earlier stage that verifies with them."""
+    names = [s.name for s in job.pipeline.stages]
+    for stage in reversed(job.pipeline.stages[: names.index(job.spec.name)]):
+        if stage.verify:
+            return store.output(job.run.id, stage.output_key)
+    return None
+
+
 async def _fit_budget(
     result: dict[str, Any],
     job: StageJob,
     schema: type[BaseModel],
     model: BaseLlm,
     usage: Usage,
-    audit: Callable[[list[dict[str, Any]]], Any],
+    audit: Audit,
     streaming: bool,
 ) -> tuple[dict[str, Any], str | None]:
     """An output over its budget is summarized by a model call, else cut with markers."""
@@ -205,52 +289,3 @@ async def _fit_budget(
     except StageError as exc:
         logger.info("summarizing %s failed (%s); cutting instead", job.spec.name, exc)
     return outputs.truncate_to_budget(result, schema, limit), "truncated"
-
-
-def _tools(
-    job: StageJob, workspace: Workspace | None, artifacts: StoreArtifacts
-) -> list[Callable[..., Any]]:
-    if workspace is None:
-        return []
-    return build_tools(
-        job.spec.tools,
-        workspace,
-        artifacts,
-        test_timeout_s=min(300, job.spec.budget.soft_time_limit_s // 2),
-        branch=f"baton/{job.run.id}",
-    )
-
-
-@asynccontextmanager
-async def _workspace(
-    job: StageJob, store: RunStore, repos: RepoCache
-) -> AsyncIterator[Workspace | None]:
-    """A fresh working copy at the pinned commit plus upstream changes; None without tools."""
-    if not job.spec.tools:
-        yield None
-        return
-    with tempfile.TemporaryDirectory(prefix=f"baton-{job.spec.name}-") as tmp:
-        path = repos.checkout(job.run.repo, job.run.commit, Path(tmp) / "repo")
-        workspace = LocalWorkspace(path)
-        upstream = _upstream_diff(job)
-        if upstream is not None:
-            diff = store.artifact(upstream).decode()
-            try:
-                if diff.strip():
-                    workspace.apply_patch(diff)
-            except ToolError as exc:
-                raise StageError(
-                    f"the changes of an earlier stage ({upstream.uri}) do not apply to "
-                    f"{job.run.commit[:12]}: {exc.message}"
-                ) from exc
-        yield workspace
-
-
-def _upstream_diff(job: StageJob) -> ArtifactRef | None:
-    """The newest `workspace.diff` recorded by a stage before this one."""
-    names = [s.name for s in job.pipeline.stages]
-    for name in reversed(names[: names.index(job.spec.name)]):
-        record = job.run.stages.get(name)
-        if record and WORKSPACE_DIFF in record.artifacts:
-            return record.artifacts[WORKSPACE_DIFF]
-    return None

@@ -13,91 +13,127 @@ from functools import cache
 from celery import Task
 from celery.exceptions import SoftTimeLimitExceeded
 
-from orchestrator.conductor import Conductor, StageResult
+import sandbox
+from orchestrator.conductor import Conductor, StageResult, StageStart
 from orchestrator.pipeline import load_pipeline
 from orchestrator.queue import STAGE_TASK, Dispatcher
-from orchestrator.settings import Settings
 from orchestrator.store import RunStore
 from workers.app import app, settings
-from workers.errors import RateLimitedError, StageError
+from workers.errors import InfrastructureError, RateLimitedError, StageError
 from workers.gemini import build_model, classify, close_model, rate_limit_countdown
+from workers.publish import Publisher
 from workers.repos import RepoCache
-from workers.stage import StageJob, execute_stage
+from workers.settings import WorkerSettings
+from workers.stage import StageJob, StageServices, execute_stage
 
 logger = logging.getLogger(__name__)
+
+INFRASTRUCTURE_ATTEMPTS = 3
+"""Executions of one stage before a failing Docker daemon (or the like) fails the run."""
+INFRASTRUCTURE_BACKOFF_S = 5.0
 
 
 @dataclass(frozen=True)
 class Runtime:
     """Per-process state of a worker, made on first use in each pool process."""
 
-    settings: Settings
+    settings: WorkerSettings
     store: RunStore
     conductor: Conductor
-    repos: RepoCache
+    services: StageServices
 
 
 @cache
 def runtime() -> Runtime:
     store = RunStore.from_url(settings.require_redis_url(), ttl_s=settings.queue.run_ttl_s)
-    dispatcher = Dispatcher(app)
-    return Runtime(
-        settings, store, Conductor(store, dispatcher), RepoCache(settings.repo_cache_dir)
+    repos = RepoCache(settings.repo_cache_dir)
+    services = StageServices(
+        store=store,
+        repos=repos,
+        sandbox=settings.sandbox_config(),
+        publisher=Publisher(
+            repos, token=settings.github_token, github_api_url=settings.github_api_url
+        ),
     )
+    return Runtime(settings, store, Conductor(store, Dispatcher(app)), services)
 
 
 @app.task(name=STAGE_TASK, bind=True, max_retries=None, acks_late=True, reject_on_worker_lost=True)
 def run_stage(self: Task, run_id: str, stage: str) -> None:
     rt = runtime()
     start = rt.conductor.begin(run_id, stage, task_id=self.request.id)
-    if start.action == "drop":
-        logger.info("run %s has ended; dropping stage %s", run_id, stage)
+    if start.action != "run" or start.run is None:
+        _not_run(rt, start, run_id, stage)
         return
-    if start.action == "advance":
-        logger.info("stage %s of run %s already recorded; only advancing", stage, run_id)
-        rt.conductor.advance(run_id, stage)
-        return
-    assert start.run is not None
     pipeline = load_pipeline(start.run.pipeline)
-    job = StageJob(
-        run=start.run, pipeline=pipeline, spec=pipeline.stage(stage), attempt=start.attempt
-    )
+    job = StageJob(start.run, pipeline, pipeline.stage(stage), start.attempt)
     try:
         result = asyncio.run(_execute(job, rt))
     except RateLimitedError as exc:
-        record = start.run.stages[stage]
-        countdown = rate_limit_countdown(exc, record, rt.settings.retry)
-        if countdown is None:
-            rt.conductor.fail(
-                run_id,
-                stage,
-                f"{exc} — gave up after {record.rate_limit_retries} "
-                f"retries and {record.rate_limit_wait_s:.0f}s of waiting",
-            )
-            return
-        rt.conductor.wait(run_id, stage, delay_s=countdown, reason=str(exc))
-        logger.info("stage %s of run %s rate limited; retrying in %.1fs", stage, run_id, countdown)
-        raise self.retry(countdown=countdown, exc=exc) from None
+        _retry_rate_limited(self, rt, job, exc)
+    except InfrastructureError as exc:
+        _retry_infrastructure(self, rt, job, exc)
     except StageError as exc:
         rt.conductor.fail(run_id, stage, str(exc))
-        return
     except SoftTimeLimitExceeded:
         limit = job.spec.budget.soft_time_limit_s
         rt.conductor.fail(run_id, stage, f"stage exceeded its soft time limit of {limit}s")
-        return
     except Exception as exc:
         logger.exception("stage %s of run %s crashed", stage, run_id)
         rt.conductor.fail(run_id, stage, f"internal error: {type(exc).__name__}: {exc}")
+    else:
+        rt.conductor.complete(run_id, stage, result)
+
+
+def _not_run(rt: Runtime, start: StageStart, run_id: str, stage: str) -> None:
+    if start.action == "advance":
+        logger.info("stage %s of run %s already recorded; only advancing", stage, run_id)
+        rt.conductor.advance(run_id, stage)
+    else:
+        logger.info("run %s has ended; dropping stage %s", run_id, stage)
+
+
+def _retry_rate_limited(task: Task, rt: Runtime, job: StageJob, exc: RateLimitedError) -> None:
+    """Back on the queue after the server's delay, or fail when the retry budget is spent."""
+    record = job.run.stages[job.spec.name]
+    countdown = rate_limit_countdown(exc, record, rt.settings.retry)
+    if countdown is None:
+        rt.conductor.fail(
+            job.run.id,
+            job.spec.name,
+            f"{exc} — gave up after {record.rate_limit_retries} retries and "
+            f"{record.rate_limit_wait_s:.0f}s of waiting",
+        )
         return
-    rt.conductor.complete(run_id, stage, result)
+    rt.conductor.wait(job.run.id, job.spec.name, delay_s=countdown, reason=str(exc))
+    logger.info(
+        "stage %s of run %s rate limited; retrying in %.1fs", job.spec.name, job.run.id, countdown
+    )
+    raise task.retry(countdown=countdown, exc=exc) from None
+
+
+def _retry_infrastructure(task: Task, rt: Runtime, job: StageJob, exc: InfrastructureError) -> None:
+    if job.attempt >= INFRASTRUCTURE_ATTEMPTS:
+        rt.conductor.fail(job.run.id, job.spec.name, f"{exc} (after {job.attempt} attempts)")
+        return
+    countdown = INFRASTRUCTURE_BACKOFF_S * job.attempt
+    rt.conductor.wait(
+        job.run.id, job.spec.name, delay_s=countdown, reason=str(exc), rate_limited=False
+    )
+    logger.warning(
+        "stage %s of run %s: %s; retrying in %.0fs", job.spec.name, job.run.id, exc, countdown
+    )
+    raise task.retry(countdown=countdown, exc=exc) from None
 
 
 async def _execute(job: StageJob, rt: Runtime) -> StageResult:
     model = build_model(rt.settings.model_section(), rt.settings.retry)
     try:
-        return await execute_stage(
-            job, store=rt.store, model=model, repos=rt.repos, streaming=rt.settings.streaming
-        )
+        return await execute_stage(job, rt.services, model=model, streaming=rt.settings.streaming)
+    except sandbox.SandboxUnavailableError as exc:
+        raise InfrastructureError(f"the sandbox failed: {exc}") from exc
+    except sandbox.SandboxStartError as exc:
+        raise StageError(f"no sandbox could be started: {exc}") from exc
     except Exception as exc:
         mapped = classify(exc)
         if mapped is None:

@@ -42,36 +42,34 @@ class DemoResult:
 
 
 def make_sample_repo(dest: Path) -> Path:
-    """A fresh git repository holding the sample package, one commit deep."""
-    shutil.copytree(SAMPLE_REPO, dest, ignore=shutil.ignore_patterns("__pycache__"))
+    """A bare repository (the "remote") holding the sample package, one commit deep."""
+    work = dest.with_name(dest.name + "-work")
+    shutil.copytree(SAMPLE_REPO, work, ignore=shutil.ignore_patterns("__pycache__"))
     identity = ["-c", "user.name=Baton Demo", "-c", "user.email=demo@localhost"]
     for args in (
         ["init", "-q", "-b", "main"],
         ["add", "-A"],
         ["commit", "-q", "-m", "shopcart: carts, items and the checkout summary"],
     ):
-        git_for(str(dest), ["-C", str(dest), *identity, *args], GIT_TIMEOUT_S)
+        git_for(str(work), ["-C", str(work), *identity, *args], GIT_TIMEOUT_S)
+    git_for(str(work), ["clone", "-q", "--bare", str(work), str(dest)], GIT_TIMEOUT_S)
+    shutil.rmtree(work)
     return dest
 
 
-def demo_summary(run: RunRecord) -> dict[str, Any]:
-    """The `baton demo --json` object: run id, status and per-stage figures."""
+def demo_summary(run: RunRecord, outputs: dict[str, Any]) -> dict[str, Any]:
+    """The `baton demo --json` object: run id, status, per-stage figures, and what the fix
+    stage measured (`tests_before`, `tests_after`) and the pr stage published (`branch`)."""
     full = run_json(run)
-    keep = (
-        "status",
-        "attempts",
-        "requests",
-        "prompt_tokens_total",
-        "prompt_tokens_max",
-        "output_chars",
-        "duration_s",
-    )
-    return {
-        "run_id": run.id,
-        "status": run.status.value,
-        "reason": run.reason,
-        "stages": {name: {k: stage[k] for k in keep} for name, stage in full["stages"].items()},
-    }
+    keep = ("status", "attempts", "requests", "prompt_tokens_total", "prompt_tokens_max",
+            "output_chars", "duration_s")  # fmt: skip
+    stages = {name: {k: stage[k] for k in keep} for name, stage in full["stages"].items()}
+    fix, pr = outputs.get("fix") or {}, outputs.get("pr") or {}
+    for when in ("tests_before", "tests_after"):
+        measured = fix.get(when) or {}
+        stages["fix"][when] = {k: measured.get(k) for k in ("exit_code", "passed", "failed")}
+    stages["pr"]["branch"] = pr.get("branch")
+    return {"run_id": run.id, "status": run.status.value, "reason": run.reason, "stages": stages}
 
 
 def run_demo(settings: Settings, *, timeout_s: float, console: Console) -> DemoResult:
@@ -103,33 +101,28 @@ def run_demo(settings: Settings, *, timeout_s: float, console: Console) -> DemoR
         run = follow(
             run_id, settings, interval_s=0.3, timeout_s=timeout_s, console=console, transient=True
         )
-        return DemoResult(
-            summary=demo_summary(run), table=run_table(run), extra=_outcome(run, settings)
-        )
+        store = RunStore.from_url(settings.require_redis_url())
+        try:
+            outputs = store.outputs(run_id, ["fix", "pr"])
+            extra = _outcome(run, store, outputs)
+        finally:
+            store.redis.close()
+        return DemoResult(summary=demo_summary(run, outputs), table=run_table(run), extra=extra)
     raise AssertionError("unreachable")
 
 
-def _outcome(run: RunRecord, settings: Settings) -> RenderableType | None:
-    """The published change: pull request title, branch, commit and the diff."""
-    store = RunStore.from_url(settings.require_redis_url())
-    try:
-        pr = store.output(run.id, "pr")
-        diff_ref = run.stages["fix"].artifacts.get("workspace.diff")
-        diff = store.artifact(diff_ref).decode() if diff_ref else ""
-    finally:
-        store.redis.close()
-    if not pr:
+def _outcome(run: RunRecord, store: RunStore, outputs: dict[str, Any]) -> RenderableType | None:
+    """The published change: pull request title, branch, commit, text and diff."""
+    pr = outputs.get("pr")
+    diff_ref = run.stages["fix"].artifacts.get("workspace.diff")
+    if not pr or diff_ref is None:
         return None
+    body = f"pushed to {run.repo}\n\n{pr['body']}"
     heading = Text.assemble(
-        (pr["title"], "bold"),
-        f"\nbranch {pr['branch']} · commit {pr['commit'][:12]}\n\n",
-        pr["body"],
+        (pr["title"], "bold"), f"\nbranch {pr['branch']} · commit {pr['commit'][:12]}\n\n", body
     )
-    return Panel(
-        Group(heading, Syntax(diff, "diff", background_color="default")),
-        title="pull request",
-        title_align="left",
-    )
+    diff = Syntax(store.artifact(diff_ref).decode(), "diff", background_color="default")
+    return Panel(Group(heading, diff), title="pull request", title_align="left")
 
 
 def worker_env(settings: Settings) -> dict[str, str]:

@@ -137,9 +137,11 @@ def worker(
     argv += ["--without-gossip", "--without-mingle"]
     logfile.parent.mkdir(parents=True, exist_ok=True)
     with open(logfile, "ab") as log:
+        # Its own session: a test can kill the worker and its pool processes as one group.
         proc = subprocess.Popen(
-            argv, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT
-        )
+            argv, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
     try:
         wait_for_log(logfile, "ready.", proc)
         yield proc

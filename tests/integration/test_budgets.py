@@ -21,19 +21,21 @@ def with_agents(**scripts: list[dict[str, Any]]) -> dict[str, Any]:
     return scenario
 
 
-def add_big_file(repo: Path) -> None:
+def add_big_file(bare: Path, scratch: Path) -> None:
+    """Push a commit with a 30 KB file to the sample repository."""
+    subprocess.run(["git", "clone", "-q", str(bare), str(scratch)], check=True)
     lines = [f"LINE_{i:04d} = '{'x' * 90}'" for i in range(300)]
-    (repo / "shopcart" / "catalog.py").write_text("\n".join(lines) + "\n")
-    for args in (
-        ["add", "-A"],
-        ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "catalog"],
-    ):
-        subprocess.run(["git", "-C", str(repo), *args], check=True)
+    (scratch / "shopcart" / "catalog.py").write_text("\n".join(lines) + "\n")
+    identity = ["-c", "user.name=t", "-c", "user.email=t@t"]
+    for args in (["add", "-A"], [*identity, "commit", "-qm", "catalog"], ["push", "-q"]):
+        subprocess.run(["git", "-C", str(scratch), *args], check=True)
 
 
-def test_a_huge_tool_output_reaches_the_model_cut_with_a_marker(stack: Stack) -> None:
+def test_a_huge_tool_output_reaches_the_model_cut_with_a_marker(
+    stack: Stack, tmp_path: Path
+) -> None:
     repo = stack.sample_repo()
-    add_big_file(repo)
+    add_big_file(repo, tmp_path / "scratch")
     search = demo_scenario()["agents"]["search"]["steps"]
     read_big = {"call": {"name": "read_file", "args": {"path": "shopcart/catalog.py"}}}
     stack.fake.set_scenario(with_agents(search=[read_big, *search[1:]]))

@@ -159,7 +159,15 @@ def test_a_worker_serves_only_the_stages_it_is_given(
     assert b"baton.triage" in (tmp_path / "worker.log").read_bytes()
 
 
-def test_demo_json_reports_every_stage(tmp_path: Path) -> None:
+def sandboxes_of(run_id: str) -> list[str]:
+    listed = subprocess.run(
+        ["docker", "ps", "-aq", "--filter", f"label=baton.run={run_id}"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return listed.stdout.split()
+
+
+def test_demo_json_reports_every_stage_the_proof_and_the_branch(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("BATON_REDIS_URL", "GOOGLE_API_KEY")}
     done = subprocess.run(
         [sys.executable, "-m", "orchestrator.cli", "demo", "--json"],
@@ -171,19 +179,17 @@ def test_demo_json_reports_every_stage(tmp_path: Path) -> None:
     summary = json.loads(done.stdout)
     assert set(summary) >= {"run_id", "status", "stages"}
     assert summary["status"] == "done"
-    assert list(summary["stages"]) == ["triage", "search", "plan", "fix", "pr"]
-    for figures in summary["stages"].values():
-        assert set(figures) == {
-            "status",
-            "attempts",
-            "requests",
-            "prompt_tokens_total",
-            "prompt_tokens_max",
-            "output_chars",
-            "duration_s",
-        }
+    stages = summary["stages"]
+    assert list(stages) == ["triage", "search", "plan", "fix", "pr"]
+    common = {"status", "attempts", "requests", "prompt_tokens_total", "prompt_tokens_max",
+              "output_chars", "duration_s"}  # fmt: skip
+    extra = {"fix": {"tests_before", "tests_after"}, "pr": {"branch"}}
+    for name, figures in stages.items():
+        assert set(figures) == common | extra.get(name, set())
         assert figures["status"] == "done" and figures["attempts"] == 1
-        assert (
-            figures["requests"] >= 1
-            and figures["prompt_tokens_total"] >= figures["prompt_tokens_max"] > 0
-        )
+        assert figures["requests"] >= 1
+        assert figures["prompt_tokens_total"] >= figures["prompt_tokens_max"] > 0
+    assert stages["fix"]["tests_before"] == {"exit_code": 1, "passed": 2, "failed": 2}
+    assert stages["fix"]["tests_after"] == {"exit_code": 0, "passed": 4, "failed": 0}
+    assert stages["pr"]["branch"] == f"baton/{summary['run_id']}"
+    assert sandboxes_of(summary["run_id"]) == []

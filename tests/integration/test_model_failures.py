@@ -50,7 +50,7 @@ def test_a_429_retries_after_the_servers_delay_and_status_shows_the_wait(stack: 
     assert waiting is not None, "baton status never showed the plan stage waiting"
     assert waiting["status"] == "waiting"
     assert waiting["stages"]["plan"]["waiting_until"] > time.time() - 60
-    assert "plan rate limited: next attempt at " in table
+    assert "plan waiting: next attempt at " in table
     assert run.status == RunStatus.DONE, run.reason
     refused, served = stack.requests("plan")[0], stack.requests("plan")[1]
     assert (refused["status"], served["status"]) == (429, 200)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import io
 import os
 import subprocess
 import sys
+import tarfile
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -253,3 +255,19 @@ def test_resolve_commit_of_an_unknown_ref_raises_repo_error(
 
     with pytest.raises(RepoError, match="no-such-branch"):
         resolve_commit(repo, "no-such-branch")
+
+
+def test_an_archive_holds_the_commit_tree_owned_by_the_sandbox_user(
+    make_upstream: Callable[[], Upstream], cache: RepoCache
+) -> None:
+    upstream = make_upstream()
+    commit = upstream.commit({"a.txt": "one\n", "pkg/b.py": "x = 1\n"})
+    upstream.commit({"a.txt": "two\n"})
+
+    data = cache.archive(str(upstream.bare), commit, uid=1000, gid=1000)
+
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        members = tar.getmembers()
+        files = {m.name: tar.extractfile(m).read() for m in members if m.isfile()}  # type: ignore[union-attr]
+    assert {(m.uid, m.gid) for m in members} == {(1000, 1000)}
+    assert files == {"a.txt": b"one\n", "pkg/b.py": b"x = 1\n"}

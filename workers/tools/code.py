@@ -50,15 +50,19 @@ TEST_ENV = {"PYTEST_ADDOPTS": "-p no:cacheprovider"}
 SHELL_OPERATORS = frozenset({"&&", "||", "|", ";", ">", ">>", "<", "&"})
 
 
+Publish = Callable[[str, str, str], dict[str, Any]]
+"""Publishes a diff with a title and a body, on the worker host; returns what to tell the model."""
+
+
 def build_tools(
     names: Sequence[str],
     ws: Workspace,
     artifacts: ArtifactSink,
     *,
     test_timeout_s: float = 120,
-    branch: str,
+    publish: Publish | None = None,
 ) -> list[Tool]:
-    """The tools called `names`, working on `ws`; `publish` pushes to `branch`.
+    """The tools called `names`, working on `ws`; `publish` hands the diff to `publish`.
 
     Raises `ValueError` for a name that is not a tool.
     """
@@ -67,7 +71,7 @@ def build_tools(
         raise ValueError(
             f"unknown tool {', '.join(unknown)}; the tools are {', '.join(TOOL_NAMES)}"
         )
-    tools = _CodeTools(ws, artifacts, test_timeout_s=test_timeout_s, branch=branch)
+    tools = _CodeTools(ws, artifacts, test_timeout_s=test_timeout_s, publish=publish)
     return [_model_facing(getattr(tools, name)) for name in names]
 
 
@@ -88,12 +92,17 @@ class _CodeTools:
     """The tools of one stage execution; each public method is one tool."""
 
     def __init__(
-        self, ws: Workspace, artifacts: ArtifactSink, *, test_timeout_s: float, branch: str
+        self,
+        ws: Workspace,
+        artifacts: ArtifactSink,
+        *,
+        test_timeout_s: float,
+        publish: Publish | None,
     ) -> None:
         self._ws = ws
         self._artifacts = artifacts
         self._test_timeout_s = test_timeout_s
-        self._branch = branch
+        self._publish = publish
         self._test_runs = 0
 
     def list_files(self, path: str = ".", glob: str = "") -> dict[str, Any]:
@@ -202,12 +211,7 @@ class _CodeTools:
         Args:
             command: The command line.
         """
-        try:
-            argv = shlex.split(command)
-        except ValueError as exc:
-            raise ToolError(f"cannot parse the command: {exc}") from None
-        if not argv or SHELL_OPERATORS & set(argv):
-            raise ToolError("give one command, without shell operators such as && or |")
+        argv = split_command(command)
         result = self._ws.run(argv, timeout_s=self._test_timeout_s, env=TEST_ENV)
         self._test_runs += 1
         ending = f"exit code {result.exit_code}" + (", timed out" if result.timed_out else "")
@@ -242,19 +246,37 @@ class _CodeTools:
         return {"diff": shown, "files": files, "chars": len(diff), "artifact": uri}
 
     def publish(self, title: str, body: str) -> dict[str, Any]:
-        """Publish the finished change: commit all changes to the run's branch and push it.
+        """Publish the finished change: commit it on the run's branch, push it and, for a
+        GitHub repository, open a pull request. Returns the branch and the commit.
 
         Args:
             title: One line: the commit subject and pull request title.
-            body: The failure, its cause, the change and the test evidence.
+            body: The failure, its cause and the change; measured test results are added.
         """
         title = title.strip()
         if not title or "\n" in title:
             raise ToolError("the title must be one non-empty line")
-        if not self._ws.diff():
+        if self._publish is None:
+            raise ToolError("publishing is not available to this stage")
+        diff = self._ws.diff()
+        if not diff:
             raise ToolError("nothing to publish: the working tree has no changes")
-        commit, pushed = self._ws.commit_and_push(self._branch, f"{title}\n\n{body.strip()}")
-        return {"branch": self._branch, "commit": commit, "pushed": pushed}
+        return self._publish(title, body.strip(), diff)
+
+
+def split_command(command: str) -> list[str]:
+    """One command line, split like a shell would but run without one.
+
+    Raises:
+        ToolError: it cannot be parsed, is empty, or uses shell operators.
+    """
+    try:
+        argv = shlex.split(command)
+    except ValueError as exc:
+        raise ToolError(f"cannot parse the command: {exc}") from None
+    if not argv or SHELL_OPERATORS & set(argv):
+        raise ToolError("give one command, without shell operators such as && or |")
+    return argv
 
 
 def _page(key: str, items: list[str], shown_max: int, narrow: str) -> dict[str, Any]:

@@ -31,6 +31,8 @@ class CommandResult:
     """The time limit passed and the command's whole process group was killed."""
     truncated: bool
     """The command wrote more than the cap; the middle of its output is not kept."""
+    oom_killed: bool = False
+    """The kernel killed it for using more memory than its sandbox allows."""
 
 
 class CappedOutput:

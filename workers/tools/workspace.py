@@ -33,18 +33,10 @@ MAX_READ_BYTES = 2_000_000
 MAX_OUTPUT_BYTES = 256_000
 """Output of a command kept by `run`: its head and tail."""
 SEARCH_TIMEOUT_S = 60.0
-NETWORK_TIMEOUT_S = 300.0
-"""Time limit of the pushes and fetches of `commit_and_push`."""
-NO_HOOKS = {
-    "GIT_CONFIG_COUNT": "1",
-    "GIT_CONFIG_KEY_0": "core.hooksPath",
-    "GIT_CONFIG_VALUE_0": "/dev/null",
-}
-"""Git configuration (as environment) that keeps hooks a command may have written from running."""
 
 
 class Workspace(Protocol):
-    """A repository checkout that the code tools read, change, test and publish.
+    """A repository checkout that the code tools read, change and test.
 
     Every path is relative to the root and `/`-separated. Whatever the model can correct (a
     missing file, a path outside the root, a patch that does not apply) raises `ToolError`.
@@ -94,14 +86,6 @@ class Workspace(Protocol):
 
     def apply_patch(self, patch: str) -> None:
         """Apply a unified diff to the working tree, all of it or nothing."""
-        ...
-
-    def commit_and_push(self, branch: str, message: str) -> tuple[str, bool]:
-        """Commit the working tree on top of HEAD as `branch` and push that to `origin`.
-
-        Returns the commit and whether `origin` changed: publishing the same change with the
-        same message again returns the same commit and False, and never a second branch.
-        """
         ...
 
 
@@ -157,7 +141,7 @@ class LocalWorkspace:
         names = sorted(
             name
             for name in set(listed.split("\0"))
-            if name and os.path.lexists(self.path / name) and _glob_matches(name, glob)
+            if name and os.path.lexists(self.path / name) and glob_matches(name, glob)
         )
         return names[:limit]
 
@@ -168,7 +152,7 @@ class LocalWorkspace:
             raise ToolError("the search pattern is empty")
         where = self._existing(path)
         rg = shutil.which("rg", path=git_env()["PATH"])
-        argv = _rg_argv(rg, pattern, where, glob) if rg else _git_grep_argv(pattern, where, glob)
+        argv = rg_argv(rg, pattern, where, glob) if rg else _git_grep_argv(pattern, where, glob)
         try:
             lines, exit_code, errors = first_lines(
                 argv, cwd=self.path, env=git_env(), limit=limit, timeout_s=SEARCH_TIMEOUT_S
@@ -224,35 +208,11 @@ class LocalWorkspace:
             failures.append(git_message(check))
         raise ToolError(f"the patch does not apply; nothing changed: {failures[0]}")
 
-    def commit_and_push(self, branch: str, message: str) -> tuple[str, bool]:
-        self._git("check-ref-format", "--branch", branch)
-        message = message.strip() + "\n"
-        base = self._git("rev-parse", "HEAD").strip()
-        tree = self._working_tree()
-        if tree == self._git("rev-parse", "HEAD^{tree}").strip():
-            raise ToolError("nothing to publish: the working copy has no changes")
-        remote = self._git("ls-remote", "origin", f"refs/heads/{branch}", network=True)
-        remote_commit = remote.split("\t")[0] if remote else ""
-        if remote_commit and self._is_commit(remote_commit, branch, (tree, base, message)):
-            commit, pushed = remote_commit, False
-        else:
-            commit = self._git("commit-tree", tree, "-p", base, "-F", "-", stdin=message).strip()
-            lease = f"--force-with-lease=refs/heads/{branch}:{remote_commit}"
-            refspec = f"{commit}:refs/heads/{branch}"
-            self._git("push", "--quiet", lease, "origin", refspec, env=NO_HOOKS, network=True)
-            pushed = True
-        self._git("update-ref", f"refs/heads/{branch}", commit)
-        return commit, pushed
-
     # -- helpers ------------------------------------------------------------------------------
 
     def _resolve(self, path: str) -> Path:
         """The real location of a path the model gave, refused unless inside the root."""
-        relative = PurePosixPath(path or ".")
-        if "\0" in path or relative.is_absolute() or path.startswith("~"):
-            raise ToolError(f"{path!r} is not a relative path; give one from the repository root")
-        if ".." in relative.parts:
-            raise ToolError(f"{path!r} goes up with '..'; give a path from the repository root")
+        relative = checked_path(path)
         root = self.path.resolve()
         full = (root / relative).resolve()
         if not full.is_relative_to(root):
@@ -268,57 +228,36 @@ class LocalWorkspace:
             raise ToolError(f"no file or directory {path!r}; list_files shows what exists")
         return full.relative_to(self.path.resolve()).as_posix()
 
-    def _working_tree(self) -> str:
-        """The tree object of the working tree as `git add --all` sees it (HEAD untouched)."""
-        index = Path(
-            self._git("rev-parse", "--path-format=absolute", "--git-path", "index").strip()
-        )
-        with tempfile.TemporaryDirectory(prefix="baton-index-") as tmp:
-            env = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
-            if index.is_file():
-                shutil.copyfile(index, env["GIT_INDEX_FILE"])  # its stat data saves rehashing
-            else:
-                self._git("read-tree", "HEAD", env=env)
-            self._git("add", "--all", env=env)
-            return self._git("write-tree", env=env).strip()
-
-    def _is_commit(self, commit: str, branch: str, content: tuple[str, str, str]) -> bool:
-        """Whether `commit` has exactly this (tree, parent, message)."""
-        if run_git(["-C", self.root, "cat-file", "-e", f"{commit}^{{commit}}"]).returncode != 0:
-            fetch = ["fetch", "--quiet", "--no-tags", "origin", f"refs/heads/{branch}"]
-            if run_git(["-C", self.root, *fetch], timeout_s=NETWORK_TIMEOUT_S).returncode != 0:
-                return False
-        headers, _, message = self._git("cat-file", "commit", commit).partition("\n\n")
-        fields = [tuple(line.split(" ", 1)) for line in headers.splitlines()]
-        parents = [value for key, value in fields if key == "parent"]
-        tree, parent, wanted = content
-        return ("tree", tree) in fields and parents == [parent] and message == wanted
-
-    def _git(
-        self,
-        *args: str,
-        stdin: str | None = None,
-        env: Mapping[str, str] | None = None,
-        network: bool = False,
-    ) -> str:
-        timeout_s = NETWORK_TIMEOUT_S if network else GIT_TIMEOUT_S
+    def _git(self, *args: str, stdin: str | None = None) -> str:
         command = args[0]
         try:
-            result = run_git(["-C", self.root, *args], timeout_s=timeout_s, stdin=stdin, env=env)
+            result = run_git(["-C", self.root, *args], timeout_s=GIT_TIMEOUT_S, stdin=stdin)
         except subprocess.TimeoutExpired:
-            raise ToolError(f"git {command} took over {timeout_s:g} s") from None
+            raise ToolError(f"git {command} took over {GIT_TIMEOUT_S:g} s") from None
         if result.returncode != 0:
             raise ToolError(f"git {command} failed: {redact(git_message(result))}")
         return result.stdout
 
 
-def _glob_matches(name: str, glob: str | None) -> bool:
+def checked_path(path: str) -> PurePosixPath:
+    """A path the model gave, as a relative path; absolute paths, `~` and `..` are refused."""
+    relative = PurePosixPath(path or ".")
+    if "\0" in path or relative.is_absolute() or path.startswith("~"):
+        raise ToolError(f"{path!r} is not a relative path; give one from the repository root")
+    if ".." in relative.parts:
+        raise ToolError(f"{path!r} goes up with '..'; give a path from the repository root")
+    if ".git" in relative.parts:
+        raise ToolError(f"{path!r} is inside .git, which tools do not touch")
+    return relative
+
+
+def glob_matches(name: str, glob: str | None) -> bool:
     if not glob:
         return True
     return fnmatchcase(name if "/" in glob else name.rsplit("/", 1)[-1], glob)
 
 
-def _rg_argv(rg: str, pattern: str, where: str, glob: str | None) -> list[str]:
+def rg_argv(rg: str, pattern: str, where: str, glob: str | None) -> list[str]:
     argv = [rg, "--line-number", "--no-heading", "--color", "never", "--hidden", "--sort", "path"]
     argv += ["--max-columns", str(MAX_MATCH_CHARS), "--max-columns-preview", "--glob", "!.git"]
     if glob:

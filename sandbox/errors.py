@@ -1,0 +1,43 @@
+"""Errors raised by sandboxes.
+
+    SandboxError
+    ├── SandboxStartError        (RuntimeError)     no container could be started; not retryable
+    ├── SandboxUnavailableError  (ConnectionError)  the daemon failed or the container was lost
+    │                                               mid-stage; retryable
+    └── SandboxFileError         (OSError)          a file operation failed inside the sandbox
+
+A command that fails, times out or is killed for memory is not an error: `DockerSandbox.exec`
+reports it in its `ExecResult`. Every class passes all of its arguments to
+``super().__init__`` so that it survives pickling (Celery moves exceptions between processes).
+"""
+
+from __future__ import annotations
+
+
+class SandboxError(Exception):
+    """Root of every error a sandbox raises on purpose."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class SandboxStartError(SandboxError, RuntimeError):
+    """Raised when no container can be created or started: the image is missing, the named
+    network does not exist, the daemon refused the configuration. The message says what to do;
+    retrying the same thing will not help."""
+
+
+class SandboxUnavailableError(SandboxError, ConnectionError):
+    """Raised when the Docker daemon cannot be reached or answers with an error, or when the
+    sandbox's container disappeared under a running stage (a daemon restart, its `ttl_s`
+    passed). Callers treat it as retryable: start the stage again in a new sandbox."""
+
+
+class SandboxFileError(SandboxError, OSError):
+    """Raised when a file cannot be read from or written into a sandbox: the path does not
+    exist, is not a regular file, is not writable by the sandbox's user, or is bigger than the
+    caller allows."""

@@ -1,0 +1,253 @@
+"""The sandbox image, built without a registry: debootstrap a minimal Debian, slim it, import it.
+
+    sudo .venv/bin/python -m sandbox.image [--tag T] [--mirror URL] [--force]
+
+The image holds Debian bookworm's minbase plus python3, git, ripgrep and ca-certificates; a
+`baton` user and group 1000; and /workspace owned by them. Where Docker Hub is reachable,
+`docker build -t baton-sandbox:1 sandbox/` builds the same thing from `sandbox/Dockerfile`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import json
+import logging
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import docker
+
+from sandbox.client import connect, translated
+from sandbox.config import IMAGE_TAG
+from sandbox.errors import SandboxError, SandboxStartError
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MIRROR = "http://deb.debian.org/debian"
+SUITE = "bookworm"
+PACKAGES = ("python3", "git", "ripgrep", "ca-certificates")
+USER, UID, GID = "baton", 1000, 1000
+CHANGES = [
+    f"USER {UID}:{GID}",
+    "WORKDIR /workspace",
+    "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "ENV HOME=/tmp",
+    "ENV LANG=C.UTF-8",
+    'CMD ["sleep","infinity"]',
+]
+SLIMMED = (
+    "var/lib/apt/lists",
+    "var/cache/apt",
+    "var/log",
+    "usr/share/doc",
+    "usr/share/man",
+    "usr/share/info",
+    "usr/share/locale",
+    "usr/share/lintian",
+)
+"""Directories whose contents a read-only sandbox never needs (apt lists and caches, docs,
+manual pages, translations); the directories themselves stay."""
+LOCK_PATH = Path(tempfile.gettempdir()) / "baton-sandbox-image.lock"
+CHUNK_BYTES = 1 << 20
+PER_PACKAGE = re.compile(r"I: (Retrieving|Validating) \S+ \S+$|I: \w+ [^ ]+\.\.\.$")
+"""debootstrap's one line per package and step: too many to show as progress."""
+
+Progress = Callable[[str], None]
+
+__all__ = ["IMAGE_TAG", "ensure_image"]
+
+
+def ensure_image(
+    tag: str = IMAGE_TAG,
+    *,
+    client: docker.DockerClient | None = None,
+    progress: Progress | None = None,
+    mirror: str = DEFAULT_MIRROR,
+    force: bool = False,
+) -> bool:
+    """Build the image `tag` unless it exists (or `force`); True when it was built. Concurrent
+    callers on one host wait for each other: only the first one builds."""
+    say = progress or (lambda line: logger.info("%s", line))
+    docker_client = connect() if client is None else client
+    try:
+        if not force and _exists(docker_client, tag):
+            return False
+        with _build_lock(say):
+            if not force and _exists(docker_client, tag):
+                return False
+            _build(docker_client, tag, mirror, say)
+            return True
+    finally:
+        if client is None:
+            docker_client.close()
+
+
+def _exists(client: docker.DockerClient, tag: str) -> bool:
+    with translated(f"looking for the image {tag}"):
+        try:
+            client.api.inspect_image(tag)
+        except docker.errors.ImageNotFound:
+            return False
+    return True
+
+
+@contextmanager
+def _build_lock(say: Progress) -> Iterator[None]:
+    with open(LOCK_PATH, "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            say(f"another process is building the image; waiting for it ({LOCK_PATH})")
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _build(client: docker.DockerClient, tag: str, mirror: str, say: Progress) -> None:
+    if os.geteuid() != 0:
+        raise SandboxStartError(
+            f"the sandbox image {tag} is missing and building it needs root (debootstrap): run "
+            "`sudo .venv/bin/python -m sandbox.image` once, or `docker build -t "
+            f"{tag} sandbox/` where Docker Hub is reachable"
+        )
+    if shutil.which("debootstrap") is None:
+        raise SandboxStartError(
+            f"the sandbox image {tag} is missing and building it needs debootstrap: "
+            "`apt-get install debootstrap`, then `sudo .venv/bin/python -m sandbox.image`"
+        )
+    started = time.monotonic()
+    rootfs = Path(tempfile.mkdtemp(prefix="baton-rootfs-"))
+    try:
+        _debootstrap(rootfs, mirror, say)
+        _slim(rootfs)
+        _add_user(rootfs)
+        say(f"importing the root file system as {tag}")
+        _import(client, rootfs, tag)
+    finally:
+        shutil.rmtree(rootfs, ignore_errors=True)
+    size_mb = client.api.inspect_image(tag)["Size"] / 1e6
+    say(f"built {tag} ({size_mb:.0f} MB) in {time.monotonic() - started:.0f} s")
+
+
+def _debootstrap(rootfs: Path, mirror: str, say: Progress) -> None:
+    argv = [
+        "debootstrap",
+        "--variant=minbase",
+        f"--include={','.join(PACKAGES)}",
+        SUITE,
+        str(rootfs),
+        mirror,
+    ]
+    say(" ".join(argv))
+    tail: deque[str] = deque(maxlen=15)
+    with subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace"
+    ) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            tail.append(line.rstrip())
+            if not PER_PACKAGE.match(line):
+                say(line.rstrip())
+    if proc.returncode != 0:
+        raise SandboxStartError(
+            f"debootstrap failed with exit code {proc.returncode} (is {mirror} reachable? "
+            "pass --mirror to use another):\n" + "\n".join(tail)
+        )
+
+
+def _slim(rootfs: Path) -> None:
+    for relative in SLIMMED:
+        directory = rootfs / relative
+        for entry in directory.glob("*") if directory.is_dir() else ():
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
+
+
+def _add_user(rootfs: Path) -> None:
+    etc = rootfs / "etc"
+    entries = {
+        "passwd": f"{USER}:x:{UID}:{GID}:Baton sandbox:/tmp:/bin/sh\n",
+        "group": f"{USER}:x:{GID}:\n",
+        "shadow": f"{USER}:*:19700:0:99999:7:::\n",
+        "gshadow": f"{USER}:*::\n",
+    }
+    for name, line in entries.items():
+        path = etc / name
+        if path.exists() and f":{UID}:" not in path.read_text():
+            with open(path, "a") as file:
+                file.write(line)
+    workspace = rootfs / "workspace"
+    workspace.mkdir(exist_ok=True)
+    os.chown(workspace, UID, GID)
+    workspace.chmod(0o755)
+
+
+def _import(client: docker.DockerClient, rootfs: Path, tag: str) -> None:
+    """Stream `tar` of the root file system into the daemon: it is never held in memory."""
+    repository, colon, version = tag.rpartition(":")
+    if not colon or "/" in version:  # no tag, or the colon was a registry's port
+        repository, version = tag, "latest"
+    tar = subprocess.Popen(
+        ["tar", "--numeric-owner", "-C", str(rootfs), "-cf", "-", "."], stdout=subprocess.PIPE
+    )
+    assert tar.stdout is not None
+    pipe = tar.stdout
+
+    def chunks() -> Iterator[bytes]:
+        while chunk := pipe.read(CHUNK_BYTES):
+            yield chunk
+
+    try:
+        with translated(f"importing the image {tag}"):
+            answer = client.api.import_image_from_data(
+                chunks(), repository=repository, tag=version, changes=CHANGES
+            )
+    finally:
+        pipe.close()
+        tar.wait()
+    last = json.loads(str(answer).strip().splitlines()[-1])
+    if tar.returncode != 0 or "error" in last:
+        raise SandboxStartError(f"importing {tag} failed: {last.get('error', 'tar failed')}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m sandbox.image",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--tag", default=IMAGE_TAG, help=f"default: {IMAGE_TAG}")
+    parser.add_argument("--mirror", default=DEFAULT_MIRROR, help=f"default: {DEFAULT_MIRROR}")
+    parser.add_argument("--force", action="store_true", help="rebuild even if the image exists")
+    args = parser.parse_args(argv)
+    started = time.monotonic()
+
+    def say(line: str) -> None:
+        print(f"[{time.monotonic() - started:6.1f}s] {line}", file=sys.stderr, flush=True)
+
+    try:
+        built = ensure_image(args.tag, progress=say, mirror=args.mirror, force=args.force)
+    except SandboxError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if not built:
+        say(f"{args.tag} exists already; --force rebuilds it")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

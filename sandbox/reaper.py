@@ -1,0 +1,52 @@
+"""`reap()`: remove the sandboxes nobody will remove any more.
+
+Three layers keep containers from leaking: `DockerSandbox.start` removes its container when
+its block ends; each container ends itself after `ttl_s`; and this reaper, run when a worker
+starts and now and then after, removes what is left: containers past `baton.expires`, and
+containers whose `baton.owner` is a process of this host that has died. Several processes may
+reap at once: a container another reaper removed first is simply skipped.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import docker
+
+from sandbox import labels as label
+from sandbox.client import connect, remove, translated
+
+logger = logging.getLogger(__name__)
+
+
+def reap(client: docker.DockerClient | None = None, *, now: float | None = None) -> list[str]:
+    """Remove (force, with volumes) every sandbox container, running or not, that expired or
+    whose owner on this host is gone; the ids removed."""
+    docker_client = connect() if client is None else client
+    moment = time.time() if now is None else now
+    removed = []
+    try:
+        with translated("reaping sandboxes"):
+            found = docker_client.api.containers(all=True, filters={"label": label.SANDBOX_FILTER})
+            for container in found:
+                reason = _why_reap(container.get("Labels") or {}, moment)
+                if reason and remove(docker_client, container["Id"]):
+                    logger.info("reaped sandbox %s: %s", container["Id"][:12], reason)
+                    removed.append(container["Id"])
+    finally:
+        if client is None:
+            docker_client.close()
+    return removed
+
+
+def _why_reap(labels: dict[str, str], now: float) -> str | None:
+    try:
+        expires = float(labels.get(label.EXPIRES, "inf"))
+    except ValueError:
+        expires = float("inf")
+    if expires <= now:
+        return "expired"
+    if label.owner_is_gone(labels.get(label.OWNER, "")):
+        return "its owner is gone"
+    return None

@@ -1,0 +1,213 @@
+"""Code stages in Docker sandboxes, end to end: proof of the fix, publishing, secrets, leaks."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from pydantic import SecretStr
+
+from orchestrator.demo import SENTRY_EVENT, services
+from orchestrator.demo.runner import worker_env
+from orchestrator.models import RunStatus, StageStatus
+from orchestrator.store import RunStore
+from workers.fake_github import FakeGitHub
+from workers.gemini import build_model, close_model
+from workers.publish import Publisher
+from workers.repos import RepoCache
+from workers.settings import WorkerSettings
+from workers.stage import StageServices, execute_stage
+from workers.workspaces import StageJob
+
+from .conftest import CANARY_KEY, Stack, demo_scenario, stack_settings
+
+STAGES = ["triage", "search", "plan", "fix", "pr"]
+GITHUB_CANARY = "ghp_CanaryTokenThatMustNeverLeak0000000000"
+
+
+def git(repo: Path, *args: str) -> str:
+    done = subprocess.run(
+        ["git", "-C", str(repo), *args], capture_output=True, text=True, check=True
+    )
+    return done.stdout
+
+
+def containers(label: str) -> list[str]:
+    listed = subprocess.run(["docker", "ps", "-aq", "--filter", f"label={label}"],
+                            capture_output=True, text=True, check=True)  # fmt: skip
+    return listed.stdout.split()
+
+
+def test_the_fix_is_proven_in_the_sandbox_and_the_branch_holds_exactly_that_change(
+    stack: Stack, run_store: RunStore
+) -> None:
+    repo = stack.sample_repo()
+    run = stack.wait(stack.enqueue(SENTRY_EVENT.read_bytes(), repo))
+
+    assert run.status == RunStatus.DONE, run.reason
+    fix = run_store.output(run.id, "fix")
+    assert fix is not None
+    command = "python3 -m unittest discover -s tests -t ."
+    assert fix["tests_before"] == {
+        "command": command,
+        "exit_code": 1,
+        "passed": 2,
+        "failed": 2,
+        "timed_out": False,
+    }
+    assert fix["tests_after"] == {
+        "command": command,
+        "exit_code": 0,
+        "passed": 4,
+        "failed": 0,
+        "timed_out": False,
+    }
+    branch = f"baton/{run.id}"
+    pushed = git(repo, "diff", "--binary", "--src-prefix=a/", "--dst-prefix=b/", "main", branch)
+    diff = run_store.artifact(run.stages["fix"].artifacts["workspace.diff"]).decode()
+    assert pushed == diff
+    assert git(repo, "rev-list", "--count", f"main..{branch}").strip() == "1"
+    message = git(repo, "log", "-1", "--format=%B", branch)
+    assert message.startswith(
+        "Fix ZeroDivisionError in Cart.average_price_cents for an empty cart\n"
+    )
+    assert f"Verified by Baton in a sandbox with `{command}`:" in message
+    assert "- before the change: exit code 1, 2 passed, 2 failed" in message
+    assert "- after the change: exit code 0, 4 passed, 0 failed" in message
+    assert run_store.output(run.id, "pr")["branch"] == branch  # type: ignore[index]
+    assert containers(f"baton.run={run.id}") == []
+
+
+def test_a_fix_whose_tests_still_fail_is_not_published(stack: Stack) -> None:
+    scenario = demo_scenario()
+    steps = scenario["agents"]["fix"]["steps"]
+    steps[1]["call"]["args"]["new_text"] = "        return -1\n"  # a wrong fix
+    stack.fake.set_scenario(scenario)
+    repo = stack.sample_repo()
+    run = stack.wait(stack.enqueue(SENTRY_EVENT.read_bytes(), repo))
+
+    assert run.status == RunStatus.FAILED
+    assert run.reason is not None
+    assert run.reason.startswith("fix: the tests still fail after the change (`python3 -m unittest")
+    assert "exit code 1, 2 passed, 2 failed" in run.reason
+    assert run.stages["pr"].status == StageStatus.PENDING
+    assert git(repo, "branch", "--list", "baton/*") == ""
+
+
+def test_no_secret_reaches_a_container_a_model_request_an_artifact_or_the_audit_log(
+    redis_url: str, stack: Stack, tmp_path: Path
+) -> None:
+    settings = stack_settings(redis_url.rsplit("/", 1)[0] + "/6", stack.fake, tmp_path)
+    mine = Stack(settings, stack.fake, tmp_path)
+    seen: dict[str, list[str]] = {}
+    done = threading.Event()
+
+    def watch_containers() -> None:
+        while not done.is_set():
+            for cid in containers("baton.sandbox=1"):
+                if cid not in seen:
+                    inspected = subprocess.run(
+                        ["docker", "inspect", cid], capture_output=True, text=True
+                    )
+                    if inspected.returncode == 0:
+                        seen[cid] = json.loads(inspected.stdout)[0]["Config"]["Env"]
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch_containers, daemon=True)
+    env = {"BATON_GITHUB_TOKEN": GITHUB_CANARY}
+    with services.worker({**worker_env(settings), **env}, [f"baton.{s}" for s in STAGES],
+                         logfile=tmp_path / "worker.log"):  # fmt: skip
+        watcher.start()
+        run = mine.wait(mine.enqueue(SENTRY_EVENT.read_bytes(), mine.sample_repo()))
+        done.set()
+        watcher.join()
+    store = RunStore.from_url(settings.require_redis_url())
+    artifacts = [store.artifact(ref) for r in run.stages.values() for ref in r.artifacts.values()]
+    audit = json.dumps(store.audit_log(run.id))
+    store.redis.close()
+
+    assert run.status == RunStatus.DONE, run.reason
+    assert len(seen) >= 3, "the search, fix and pr sandboxes were not all seen"
+    for secret in (CANARY_KEY, GITHUB_CANARY):
+        assert all(secret not in "\n".join(env) for env in seen.values())
+        assert secret not in json.dumps(stack.requests())
+        assert all(secret.encode() not in data for data in artifacts)
+        assert secret not in audit
+        assert secret not in (tmp_path / "worker.log").read_text()
+
+
+def test_a_worker_killed_mid_stage_leaves_no_container_once_the_reaper_ran(
+    redis_url: str, stack: Stack, tmp_path: Path
+) -> None:
+    settings = stack_settings(redis_url.rsplit("/", 1)[0] + "/7", stack.fake, tmp_path)
+    mine = Stack(settings, stack.fake, tmp_path)
+    stack.fake.set_faults([{"agent": "fix", "latency_ms": 30_000}])
+    queues = [f"baton.{s}" for s in STAGES]
+    with services.worker(worker_env(settings), queues, logfile=tmp_path / "first.log") as first:
+        run_id = mine.enqueue(SENTRY_EVENT.read_bytes(), mine.sample_repo())
+        deadline = time.monotonic() + 60
+        while not containers(f"baton.run={run_id}"):
+            assert time.monotonic() < deadline, "the fix stage never started its sandbox"
+            time.sleep(0.1)
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait()
+        left = containers(f"baton.run={run_id}")
+        stack.fake.set_faults([])
+        with services.worker(worker_env(settings), ["baton.none"], logfile=tmp_path / "second.log"):
+            remaining = containers(f"baton.run={run_id}")
+
+    assert left, "the killed worker's sandbox should outlive it until the reaper runs"
+    assert remaining == []
+
+
+def test_running_the_pr_stage_twice_yields_one_branch_and_one_pull_request(
+    stack: Stack, run_store: RunStore, tmp_path: Path, monkeypatch: Any
+) -> None:
+    remote = "https://github.com/octo/widgets.git"
+    bare = stack.sample_repo()
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / ".gitconfig").write_text(f'[url "{bare}"]\n\tinsteadOf = {remote}\n')
+    monkeypatch.setenv("HOME", str(home))
+    run = stack.wait(stack.enqueue(SENTRY_EVENT.read_bytes(), bare))
+    assert run.status == RunStatus.DONE, run.reason
+    pipeline_run = run.model_copy(update={"repo": remote})
+    settings = WorkerSettings(**stack.settings.model_dump(exclude={"google_api_key"}),
+                              google_api_key=stack.settings.google_api_key)  # fmt: skip
+
+    with FakeGitHub.start(token="gh-token", default_branch="main") as github:
+        repos = RepoCache(tmp_path / "cache")
+        services_ = StageServices(
+            store=run_store, repos=repos, sandbox=settings.sandbox_config(),
+            publisher=Publisher(repos, token=SecretStr("gh-token"), github_api_url=github.url),
+        )  # fmt: skip
+        from orchestrator.pipeline import load_pipeline
+
+        pipeline = load_pipeline("fixer")
+        results = []
+        for attempt in (2, 3):
+            job = StageJob(pipeline_run, pipeline, pipeline.stage("pr"), attempt)
+            results.append(asyncio.run(_run_stage(job, services_, settings)))
+
+    assert results[0].output["branch"] == results[1].output["branch"] == f"baton/{run.id}"
+    assert results[0].output["commit"] == results[1].output["commit"]
+    assert git(bare, "for-each-ref", "--format=%(refname)", "refs/heads/baton/").split() == [
+        f"refs/heads/baton/{run.id}"
+    ]
+    assert len(github.posts()) == 1
+    assert len(github.pulls) == 1
+
+
+async def _run_stage(job: StageJob, services_: StageServices, settings: WorkerSettings) -> Any:
+    model = build_model(settings.model_section(), settings.retry)
+    try:
+        return await execute_stage(job, services_, model=model)
+    finally:
+        await close_model(model)

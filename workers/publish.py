@@ -1,0 +1,330 @@
+"""Publishing a finished fix from the worker host: a branch on `origin`, and a pull request.
+
+Code work happens in sandboxes that never see a credential; what leaves them is a diff (`git
+diff --binary` against the run's pinned commit). `Publisher.publish` applies it to a fresh
+working copy of that commit, commits it as one commit on the run's branch, pushes the branch
+to the original repository and, for a GitHub repository with a token configured, opens a pull
+request.
+
+Publishing is idempotent, so a redelivered or re-run `pr` stage is harmless: a branch that
+already holds a commit with the same tree, parent and message is left alone; one that holds
+anything else is replaced with `--force-with-lease` on the sha just read, so a re-run replaces
+its own earlier attempt but never a push that happened meanwhile; an existing pull request from
+the branch is returned instead of a second one.
+
+The token stays on this host. Git gets it as configuration in its environment, sent as a header
+to `https://github.com/` only (`workers.github.git_auth_config`); it is never in argv, a URL, a
+log line, an error message or the result.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import requests
+from github import GithubException
+from pydantic import BaseModel, ConfigDict, SecretStr
+
+from orchestrator.errors import RepoError
+from orchestrator.repo import (
+    GIT_TIMEOUT_S,
+    MAX_GIT_MESSAGE_CHARS,
+    NETWORK_TIMEOUT_S,
+    git_env,
+    redact,
+    repo_source,
+    run_git,
+)
+from workers.errors import PublishError
+from workers.github import (
+    GITHUB_API_URL,
+    GitHub,
+    PullRequest,
+    git_auth_config,
+    github_slug,
+    secret_forms,
+    uses_https,
+)
+from workers.repos import COMMITTER, RepoCache
+
+logger = logging.getLogger(__name__)
+
+NO_HOOKS = {"core.hooksPath": "/dev/null"}
+"""Git configuration that keeps hooks (the user's global ones included) from running."""
+
+
+class PublishResult(BaseModel):
+    """What `Publisher.publish` did."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    branch: str
+    """The branch on `origin` that holds the fix."""
+    commit: str
+    """The fix's commit: one commit on top of the pinned commit."""
+    pushed: bool
+    """False when the branch already held exactly this change (a re-run)."""
+    pull_request_url: str | None = None
+    """The pull request's web page; None without a token or for a repository not on GitHub."""
+    pull_request_number: int | None = None
+    created_pull_request: bool = False
+    """False when the pull request existed already (or there is none)."""
+
+
+class Publisher:
+    """Publishes fixes to the repositories of `repos`; `token` authenticates to GitHub."""
+
+    def __init__(
+        self,
+        repos: RepoCache,
+        *,
+        token: SecretStr | None = None,
+        github_api_url: str = GITHUB_API_URL,
+    ) -> None:
+        self.repos = repos
+        self.token = token
+        self.github_api_url = github_api_url
+
+    def publish(
+        self,
+        *,
+        repo: str,
+        commit: str,
+        diff: bytes,
+        branch: str,
+        title: str,
+        body: str,
+        workdir: Path,
+    ) -> PublishResult:
+        """Commit `diff` on top of `commit` as `branch` of `repo`, push it, open a pull request.
+
+        `title` is the commit's subject and the pull request's title, `body` the rest of the
+        message and the pull request's description. The working copy is made in
+        `workdir / "publish"` (replacing one a failed attempt left there); deleting it is up to
+        the caller. Raises `PublishError`.
+        """
+        source = self._source(repo, branch)
+        git = _Git(source, branch, workdir / "publish", self._git_config(source), self._secrets())
+        subject, message = _message(title, body, git)
+        if not diff.strip():
+            raise git.error("nothing to publish: the fix's diff is empty")
+        _check_branch_name(git)
+        self._checkout(git, commit)
+        tree = _apply(git, commit, diff)
+        remote = _remote_head(git)
+        if remote and _has_content(git, remote, tree=tree, parent=commit, message=message):
+            fix, pushed = remote, False
+        else:
+            fix = git.out("commit-tree", tree, "-p", commit, "-F", "-", stdin=message.encode())
+            _push(git, fix, expected=remote)
+            pushed = True
+        logger.info(
+            "published %s (%d-byte diff) as %s of %s: %s",
+            fix[:12],
+            len(diff),
+            branch,
+            redact(source),
+            "pushed" if pushed else "already there",
+        )
+        pull = self._pull_request(git, fix, subject, body.strip())
+        return PublishResult(
+            branch=branch,
+            commit=fix,
+            pushed=pushed,
+            pull_request_url=pull.url if pull else None,
+            pull_request_number=pull.number if pull else None,
+            created_pull_request=pull.created if pull else False,
+        )
+
+    # -- steps --------------------------------------------------------------------------------
+
+    def _source(self, repo: str, branch: str) -> str:
+        try:
+            return repo_source(repo)
+        except RepoError as exc:
+            raise PublishError(f"cannot publish {branch}: {exc}") from None
+
+    def _git_config(self, source: str) -> dict[str, str]:
+        """Configuration for every git command: no hooks, Baton's identity, GitHub auth."""
+        auth = git_auth_config(self.token) if self.token and uses_https(source) else {}
+        return {**NO_HOOKS, **COMMITTER, **auth}
+
+    def _secrets(self) -> list[str]:
+        return secret_forms(self.token) if self.token else []
+
+    def _checkout(self, git: _Git, commit: str) -> None:
+        shutil.rmtree(git.path, ignore_errors=True)  # left by an attempt that died half-way
+        try:
+            self.repos.checkout(git.source, commit, git.path)
+        except RepoError as exc:
+            raise git.error(f"cannot check out commit {commit}: {exc}") from None
+
+    def _pull_request(self, git: _Git, fix: str, title: str, body: str) -> PullRequest | None:
+        slug = github_slug(git.source)
+        if not (slug and self.token):
+            return None
+        github = GitHub(self.token, api_url=self.github_api_url)
+        try:
+            pull = github.open_pull_request(slug, branch=git.branch, title=title, body=body)
+        except GithubException as exc:
+            raise git.error(
+                f"the branch holds {fix[:12]}, but GitHub refused the pull request "
+                f"({exc.status}: {_github_said(exc)}); "
+                "check that the token may write pull requests of the repository"
+            ) from None
+        except requests.RequestException as exc:
+            raise git.error(
+                f"the branch holds {fix[:12]}, but GitHub at {self.github_api_url} is unreachable "
+                f"({type(exc).__name__}: {exc}); run the stage again"
+            ) from None
+        verb = "opened" if pull.created else "found"
+        logger.info("%s pull request #%d for %s of %s", verb, pull.number, git.branch, slug)
+        return pull
+
+
+@dataclass(frozen=True)
+class _Git:
+    """Git in the working copy of one publication; its errors name the branch and repository.
+
+    `config` reaches git through its environment (`GIT_CONFIG_COUNT`…), never through argv;
+    `secrets` are cut out of every message git writes before it is quoted.
+    """
+
+    source: str
+    branch: str
+    path: Path
+    config: Mapping[str, str] = field(repr=False)
+    secrets: Sequence[str] = field(repr=False)
+
+    def run(
+        self, *args: str, stdin: bytes = b"", network: bool = False
+    ) -> subprocess.CompletedProcess[bytes]:
+        """`git -C <copy> *args`; a failing command is returned, not raised."""
+        timeout_s = NETWORK_TIMEOUT_S if network else GIT_TIMEOUT_S
+        env = {**git_env(), **_config_env(self.config)}
+        try:
+            return subprocess.run(
+                ["git", "-C", str(self.path), *args],
+                input=stdin,
+                env=env,
+                capture_output=True,
+                check=False,
+                timeout=timeout_s,
+            )
+        except FileNotFoundError:
+            raise self.error("git is not installed (or not on PATH); install git") from None
+        except subprocess.TimeoutExpired:
+            raise self.error(f"git {args[0]} took over {timeout_s:g} s") from None
+
+    def out(self, *args: str, stdin: bytes = b"", network: bool = False) -> str:
+        """The stripped stdout of a command that must succeed."""
+        result = self.run(*args, stdin=stdin, network=network)
+        if result.returncode != 0:
+            raise self.error(f"git {args[0]} failed", result)
+        return result.stdout.decode(errors="replace").strip()
+
+    def error(
+        self, what: str, result: subprocess.CompletedProcess[bytes] | None = None
+    ) -> PublishError:
+        """A `PublishError` saying what failed, quoting git's words without any secret."""
+        said = f": {_said(result)}" if result else ""
+        text = f"cannot publish {self.branch} to {self.source}: {what}{said}"
+        for secret in self.secrets:
+            text = text.replace(secret, "***")
+        return PublishError(redact(text))
+
+
+def _message(title: str, body: str, git: _Git) -> tuple[str, str]:
+    """The subject (the title on one line) and the whole commit message."""
+    subject = " ".join(title.split())
+    if not subject:
+        raise git.error("the title is empty; give the commit and pull request a title")
+    body = body.strip()
+    return subject, f"{subject}\n\n{body}\n" if body else f"{subject}\n"
+
+
+def _check_branch_name(git: _Git) -> None:
+    if run_git(["check-ref-format", f"refs/heads/{git.branch}"]).returncode != 0:
+        raise git.error("that is not a valid branch name (see git check-ref-format)")
+
+
+def _apply(git: _Git, commit: str, diff: bytes) -> str:
+    """The tree of `commit` with `diff` applied (to the index only; binary patches too)."""
+    flags = ["--cached", "--whitespace=nowarn"]
+    result = git.run("apply", *flags, "-", stdin=diff if diff.endswith(b"\n") else diff + b"\n")
+    if result.returncode != 0:
+        raise git.error(f"the diff does not apply to commit {commit}", result)
+    tree = git.out("write-tree")
+    if tree == git.out("rev-parse", f"{commit}^{{tree}}"):
+        raise git.error(f"nothing to publish: the diff changes nothing in commit {commit}")
+    return tree
+
+
+def _remote_head(git: _Git) -> str:
+    """The commit `origin` holds on the branch, or "" when it has no such branch."""
+    ref = f"refs/heads/{git.branch}"
+    listed = git.out("ls-remote", "--refs", "origin", ref, network=True)
+    for line in listed.splitlines():
+        sha, _, name = line.partition("\t")
+        if name == ref:
+            return sha
+    return ""
+
+
+def _has_content(git: _Git, commit: str, *, tree: str, parent: str, message: str) -> bool:
+    """Whether `commit` (fetched from `origin` if need be) has this tree, parent and message."""
+    if git.run("cat-file", "-e", f"{commit}^{{commit}}").returncode != 0:
+        fetch = ["fetch", "--quiet", "--no-tags", "origin", f"refs/heads/{git.branch}"]
+        fetched = git.run(*fetch, network=True).returncode == 0
+        if not fetched or git.run("cat-file", "-e", f"{commit}^{{commit}}").returncode != 0:
+            return False  # the branch moved since ls-remote; the push's lease will catch it
+    raw = git.run("cat-file", "commit", commit).stdout.decode(errors="replace")
+    headers, _, held = raw.partition("\n\n")
+    fields = [tuple(line.split(" ", 1)) for line in headers.splitlines()]
+    parents = [value for key, value in fields if key == "parent"]
+    return ("tree", tree) in fields and parents == [parent] and held == message
+
+
+def _push(git: _Git, fix: str, *, expected: str) -> None:
+    """Push `fix` as the branch, only if `origin` still holds `expected` ("" = no branch)."""
+    ref = f"refs/heads/{git.branch}"
+    lease = f"--force-with-lease={ref}:{expected}"
+    result = git.run(
+        "push", "--quiet", "--no-verify", lease, "origin", f"{fix}:{ref}", network=True
+    )
+    if result.returncode == 0:
+        return
+    if "stale info" in _said(result):
+        raise git.error(
+            "the branch changed on the remote while publishing (someone else pushed to it); "
+            "nothing was pushed, look at the branch before running the stage again",
+            result,
+        )
+    raise git.error("git push failed; check that this host may push to the repository", result)
+
+
+def _said(result: subprocess.CompletedProcess[bytes]) -> str:
+    """What git said about a failure: the end of its stderr (or stdout)."""
+    text = (result.stderr or result.stdout).decode(errors="replace").strip()
+    return text[-MAX_GIT_MESSAGE_CHARS:] or f"exit code {result.returncode}"
+
+
+def _github_said(exc: GithubException) -> str:
+    """GitHub's message of an error response and the details it lists (422 has them)."""
+    data = exc.data if isinstance(exc.data, dict) else {"message": str(exc.data)}
+    details = [e.get("message", "") for e in data.get("errors", []) if isinstance(e, dict)]
+    return "; ".join(str(part) for part in [data.get("message"), *details] if part)
+
+
+def _config_env(config: Mapping[str, str]) -> dict[str, str]:
+    """`config` as git reads it from the environment (`GIT_CONFIG_COUNT`, `…_KEY_n`, …)."""
+    env = {"GIT_CONFIG_COUNT": str(len(config))}
+    for n, (key, value) in enumerate(config.items()):
+        env[f"GIT_CONFIG_KEY_{n}"] = key
+        env[f"GIT_CONFIG_VALUE_{n}"] = value
+    return env

@@ -1,0 +1,29 @@
+"""What a worker process reads from the environment: Baton's `Settings` plus the sandbox and the
+publishing credentials, which only workers need."""
+
+from __future__ import annotations
+
+from pydantic import AliasChoices, Field, SecretStr
+
+from orchestrator.settings import Settings
+from sandbox import SandboxConfig
+
+
+class WorkerSettings(Settings):
+    """`Settings` plus `BATON_SANDBOX__*`, `BATON_GITHUB_TOKEN` and `BATON_GITHUB_API_URL`."""
+
+    sandbox: SandboxConfig = SandboxConfig()
+    """Limits of every code stage's container (`BATON_SANDBOX__MEMORY_MB=2048`, …)."""
+    github_token: SecretStr | None = Field(
+        None, validation_alias=AliasChoices("BATON_GITHUB_TOKEN", "GITHUB_TOKEN")
+    )
+    """Opens pull requests on GitHub remotes; used on the worker host only, never in a sandbox,
+    a prompt, a log line or an artifact."""
+    github_api_url: str = "https://api.github.com"
+    """`BATON_GITHUB_API_URL`, for GitHub Enterprise."""
+
+    def sandbox_config(self) -> SandboxConfig:
+        """The sandbox limits, with `BATON_SANDBOX_IMAGE` as the image when it is set."""
+        if self.sandbox_image:
+            return self.sandbox.model_copy(update={"image": self.sandbox_image})
+        return self.sandbox

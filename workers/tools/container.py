@@ -1,0 +1,170 @@
+"""A `Workspace` inside a Docker sandbox: the code tools' view of a container's /workspace.
+
+Every command, search and git call runs in the container, as its unprivileged user, with no
+network; only file bytes and command output cross into the worker. Paths are checked on this
+side too, so a model's `../x` is refused before it reaches the container.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import PurePosixPath
+
+from sandbox import DockerSandbox, SandboxError
+from workers.tools.errors import ToolError
+from workers.tools.process import CommandResult
+from workers.tools.workspace import (
+    LIST_LIMIT,
+    MAX_MATCH_CHARS,
+    MAX_READ_BYTES,
+    SEARCH_LIMIT,
+    SEARCH_TIMEOUT_S,
+    checked_path,
+    glob_matches,
+    rg_argv,
+)
+
+GIT_TIMEOUT_S = 120.0
+MAX_DIFF_BYTES = 8_000_000
+"""A diff larger than this is refused rather than handed on cut."""
+PATCH_PATH = "/tmp/.baton-patch.diff"
+IDENTITY = ["-c", "user.name=Baton", "-c", "user.email=baton@localhost"]
+
+
+class ContainerWorkspace:
+    """The git working copy at `root` inside a running sandbox."""
+
+    def __init__(self, box: DockerSandbox, *, root: str = "/workspace") -> None:
+        self.box = box
+        self._root = root
+
+    @property
+    def root(self) -> str:
+        return self._root
+
+    def exists(self, path: str) -> bool:
+        return self._exec(["test", "-e", self._full(path)]).exit_code == 0
+
+    def read_text(self, path: str) -> str:
+        full = self._full(path)
+        if self._exec(["test", "-f", full]).exit_code != 0:
+            raise ToolError(f"no file {path!r}; list_files shows the files that exist")
+        try:
+            data = self.box.read_file(full, max_bytes=MAX_READ_BYTES)
+        except SandboxError as exc:
+            raise ToolError(f"cannot read {path}: {exc}") from None
+        try:
+            return data.decode()
+        except UnicodeDecodeError:
+            raise ToolError(f"{path} is not UTF-8 text (a binary file?)") from None
+
+    def write_text(self, path: str, text: str) -> None:
+        full = self._full(path)
+        parent = str(PurePosixPath(full).parent)
+        if self._exec(["mkdir", "-p", parent]).exit_code != 0:
+            raise ToolError(f"cannot create the directory of {path}")
+        self.box.write_file(full, text.encode())
+
+    def list_files(
+        self, path: str = ".", glob: str | None = None, limit: int = LIST_LIMIT
+    ) -> list[str]:
+        where = self._existing(path)
+        listed = self._git(
+            "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", where
+        )
+        names = sorted(
+            name for name in set(listed.split("\0")) if name and glob_matches(name, glob)
+        )
+        return names[:limit]
+
+    def search(
+        self, pattern: str, path: str = ".", glob: str | None = None, limit: int = SEARCH_LIMIT
+    ) -> list[str]:
+        if not pattern:
+            raise ToolError("the search pattern is empty")
+        where = self._existing(path)
+        result = self._exec(rg_argv("rg", pattern, where, glob), timeout_s=SEARCH_TIMEOUT_S)
+        if result.timed_out:
+            raise ToolError(f"the search took over {SEARCH_TIMEOUT_S:g} s; narrow it")
+        lines = [line for line in result.output.splitlines() if line]
+        if result.exit_code not in (0, 1) and not lines:  # 1: nothing matched
+            raise ToolError(f"search failed: {result.output.strip()[-500:]}")
+        if result.exit_code not in (0, 1):
+            lines = [line for line in lines if ":" in line and not line.startswith("rg: ")]
+        return [line.removeprefix("./")[:MAX_MATCH_CHARS] for line in lines[:limit]]
+
+    def run(
+        self, argv: Sequence[str], *, timeout_s: float, env: Mapping[str, str] | None = None
+    ) -> CommandResult:
+        if not argv:
+            raise ToolError("the command is empty")
+        return self._exec(argv, timeout_s=timeout_s, env=env)
+
+    def diff(self) -> str:
+        self._git("add", "--intent-to-add", "--all")
+        prefixes = ["--src-prefix=a/", "--dst-prefix=b/"]
+        result = self._exec(
+            ["git", "diff", "--binary", "--no-color", "--no-ext-diff", *prefixes, "HEAD"],
+            max_output_bytes=MAX_DIFF_BYTES,
+        )
+        if result.exit_code != 0:
+            raise ToolError(f"git diff failed: {result.output.strip()[-500:]}")
+        if result.truncated:
+            raise ToolError(f"the diff is over {MAX_DIFF_BYTES} bytes; make a smaller change")
+        return result.output
+
+    def apply_patch(self, patch: str) -> None:
+        if not patch.strip():
+            raise ToolError("the patch is empty")
+        self.box.write_file(PATCH_PATH, (patch if patch.endswith("\n") else patch + "\n").encode())
+        failures = []
+        for flags in (["--recount"], ["--recount", "--unidiff-zero"]):
+            check = self._exec(["git", "apply", *flags, "--check", PATCH_PATH])
+            if check.exit_code == 0:
+                self._git("apply", *flags, PATCH_PATH)
+                return
+            failures.append(check.output.strip()[-500:])
+        raise ToolError(f"the patch does not apply; nothing changed: {failures[0]}")
+
+    def commit_baseline(self) -> None:
+        """Make the files now in the workspace the `HEAD` that diffs are taken against."""
+        self._git("init", "-q")
+        self._git("add", "--all")
+        self._git(*IDENTITY, "commit", "-q", "--no-verify", "-m", "baseline")
+
+    # -- helpers ------------------------------------------------------------------------------
+
+    def _full(self, path: str) -> str:
+        return str(PurePosixPath(self._root) / checked_path(path))
+
+    def _existing(self, path: str) -> str:
+        relative = checked_path(path).as_posix()
+        if not self.exists(relative):
+            raise ToolError(f"no file or directory {path!r}; list_files shows what exists")
+        return relative
+
+    def _git(self, *args: str) -> str:
+        result = self._exec(["git", *args], timeout_s=GIT_TIMEOUT_S)
+        if result.exit_code != 0:
+            raise ToolError(f"git {args[0]} failed: {result.output.strip()[-500:]}")
+        return result.output
+
+    def _exec(
+        self,
+        argv: Sequence[str],
+        *,
+        timeout_s: float | None = None,
+        env: Mapping[str, str] | None = None,
+        max_output_bytes: int | None = None,
+    ) -> CommandResult:
+        result = self.box.exec(
+            list(argv), timeout_s=timeout_s, workdir=self._root, env=env,
+            max_output_bytes=max_output_bytes,
+        )  # fmt: skip
+        return CommandResult(
+            exit_code=-9 if result.exit_code is None else result.exit_code,
+            output=result.output,
+            timed_out=result.timed_out,
+            truncated=result.truncated,
+            oom_killed=result.oom_killed,
+        )
