@@ -141,12 +141,13 @@ def fake_gemini(scenario: str | None, host: str, port: int, record: str | None) 
 @main.command()
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
 @click.option("--timeout", default=300.0, show_default=True, help="Seconds to wait for the run.")
-def demo(as_json: bool, timeout: float) -> None:
+@click.option("--keep", is_flag=True, help="Keep the demo's directory (remote, logs) afterwards.")
+def demo(as_json: bool, timeout: float, keep: bool) -> None:
     """Run the fixer pipeline on the bundled Sentry event and sample repository."""
     from orchestrator.demo.runner import run_demo
 
     settings = Settings()
-    result = run_demo(settings, timeout_s=timeout, console=err if as_json else out)
+    result = run_demo(settings, timeout_s=timeout, console=err if as_json else out, keep=keep)
     if as_json:
         click.echo(json.dumps(result.summary, indent=2))
     else:

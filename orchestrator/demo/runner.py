@@ -72,9 +72,16 @@ def demo_summary(run: RunRecord, outputs: dict[str, Any]) -> dict[str, Any]:
     return {"run_id": run.id, "status": run.status.value, "reason": run.reason, "stages": stages}
 
 
-def run_demo(settings: Settings, *, timeout_s: float, console: Console) -> DemoResult:
+def run_demo(
+    settings: Settings, *, timeout_s: float, console: Console, keep: bool = False
+) -> DemoResult:
+    """Run the demo; with `keep`, its directory (the remote with the pushed branch, the logs,
+    the recorded model requests) stays for a look afterwards."""
     with ExitStack() as stack:
-        work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="baton-demo-")))
+        if keep:
+            work = Path(tempfile.mkdtemp(prefix="baton-demo-"))
+        else:
+            work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="baton-demo-")))
         overrides: dict[str, Any] = {"repo_cache_dir": work / "repo-cache"}
         if not settings.redis_url:
             console.print("starting a private redis-server (AOF on)")
@@ -88,7 +95,9 @@ def run_demo(settings: Settings, *, timeout_s: float, console: Console) -> DemoR
             )
             overrides["google_api_key"] = SecretStr(FAKE_API_KEY)
         settings = settings.model_copy(update=overrides)
-        repo = make_sample_repo(work / "shopcart")
+        repo = make_sample_repo(work / "shopcart.git")
+        if keep:
+            console.print(f"keeping {work}: the remote is {repo}")
         queues = [stage.queue for stage in load_pipeline(PIPELINE).stages]
         console.print(f"starting one worker for all stages ({', '.join(queues)})")
         stack.enter_context(
@@ -112,14 +121,17 @@ def run_demo(settings: Settings, *, timeout_s: float, console: Console) -> DemoR
 
 
 def _outcome(run: RunRecord, store: RunStore, outputs: dict[str, Any]) -> RenderableType | None:
-    """The published change: pull request title, branch, commit, text and diff."""
+    """The published change: the pull request text as pushed, and the diff."""
     pr = outputs.get("pr")
     diff_ref = run.stages["fix"].artifacts.get("workspace.diff")
     if not pr or diff_ref is None:
         return None
-    body = f"pushed to {run.repo}\n\n{pr['body']}"
+    message = git_for(run.repo, ["-C", run.repo, "log", "-1", "--format=%B", pr["branch"]], 60)
+    title, _, body = message.partition("\n")
     heading = Text.assemble(
-        (pr["title"], "bold"), f"\nbranch {pr['branch']} · commit {pr['commit'][:12]}\n\n", body
+        (title, "bold"),
+        f"\nbranch {pr['branch']} · commit {pr['commit'][:12]} · pushed to {run.repo}\n",
+        body.rstrip() + "\n",
     )
     diff = Syntax(store.artifact(diff_ref).decode(), "diff", background_color="default")
     return Panel(Group(heading, diff), title="pull request", title_align="left")
