@@ -12,7 +12,6 @@ from celery import Celery
 from orchestrator.queue import celery_config
 from orchestrator.settings import QueueConfig
 
-QUEUE = "bench.chain"
 URL = os.environ["BATON_REDIS_URL"]
 
 app = Celery("bench-chain")

@@ -129,7 +129,7 @@ async def run_sequential(
     fake_url: str, repo: Path, *, contents: str, budget: StageBudget | None
 ) -> None:
     model = build_model(ModelConfig(base_url=fake_url, api_key=SecretStr(API_KEY)), RetryConfig())
-    tools = build_tools(["read_file"], LocalWorkspace(repo), MemoryArtifacts(), branch="bench")
+    tools = build_tools(["read_file"], LocalWorkspace(repo), MemoryArtifacts())
     runner = Runner(
         agent=sequential_agent(model, tools, contents=contents, budget=budget),
         app_name="bench",

@@ -9,12 +9,11 @@ with the same worker settings: the time from one task's end to the next one's st
 from __future__ import annotations
 
 import itertools
-import os
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +31,10 @@ from orchestrator.settings import QueueConfig, Settings
 from workers.fake_gemini import FakeGemini
 
 PIPELINE = Path(__file__).parent / "pipelines" / "handoff.toml"
-RUNS = 20
+RUNS = 30
 STAGES = 5
+QUEUE = "bench.chain"
+"""The baseline chain's queue (`bench.chain_app` serves it)."""
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -41,120 +42,81 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def baton_gaps(settings: Settings, repo: Path, progress: Any, task: Any) -> list[float]:
-    gaps = []
-    for i in range(RUNS):
-        run_id = api.enqueue(
-            f"Overhead run {i}",
-            repo=str(repo),
-            pipeline=str(PIPELINE),
-            settings=settings,
-            force=True,
-        )
+def baton_gaps(settings: Settings, repo: Path, i: int) -> list[float]:
+    """Run the five-stage pipeline once; the gaps between its stages, in seconds."""
+    run_id = api.enqueue(
+        f"Overhead run {i}", repo=str(repo), pipeline=str(PIPELINE), settings=settings, force=True
+    )
+    run = api.get_run(run_id, settings=settings)
+    while not run.status.is_terminal:
+        time.sleep(0.02)
         run = api.get_run(run_id, settings=settings)
-        while not run.status.is_terminal:
-            time.sleep(0.02)
-            run = api.get_run(run_id, settings=settings)
-        if run.status.value != "done":
-            raise RuntimeError(f"overhead run {run_id} ended {run.status.value}: {run.reason}")
-        records = list(run.stages.values())
-        gaps += [b.started_at - a.finished_at for a, b in itertools.pairwise(records)]  # type: ignore[operator]
-        progress.advance(task)
-    return gaps
+    if run.status.value != "done":
+        raise RuntimeError(f"overhead run {run_id} ended {run.status.value}: {run.reason}")
+    records = list(run.stages.values())
+    return [b.started_at - a.finished_at for a, b in itertools.pairwise(records)]  # type: ignore[operator]
 
 
-def chain_gaps(redis_url: str, work: Path, progress: Any, task: Any) -> list[float]:
-    env = {**os.environ, "BATON_REDIS_URL": redis_url}
-    argv = [
-        sys.executable,
-        "-m",
-        "celery",
-        "-A",
-        "bench.chain_app",
-        "worker",
-        "-Q",
-        "bench.chain",
-        "-c",
-        "1",
-        "-P",
-        "prefork",
-        "--without-gossip",
-        "--without-mingle",
-        "--loglevel",
-        "INFO",
+def chain_gaps(app: Celery, client: redis.Redis, i: int) -> list[float]:
+    """Run a chain of five no-op tasks once; the gaps between them, in seconds."""
+    chain_id = f"c{i}"
+    links = [app.signature("bench.noop", args=(None, chain_id, 0), queue=QUEUE)]
+    links += [
+        app.signature("bench.noop", args=(chain_id, n), queue=QUEUE) for n in range(1, STAGES)
     ]
-    log = work / "chain-worker.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            argv, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=record.ROOT
-        )
-    app = Celery("bench-chain-client", set_as_current=False)
-    app.conf.update(celery_config(redis_url, QueueConfig()))
-    client = redis.Redis.from_url(redis_url, decode_responses=True)
-    gaps: list[float] = []
-    try:
-        services.wait_for_log(log, "ready.", proc)
-        for i in range(RUNS):
-            chain_id = f"c{i}"
-            links = [app.signature("bench.noop", args=(None, chain_id, 0), queue="bench.chain")]
-            links += [
-                app.signature("bench.noop", args=(chain_id, n), queue="bench.chain")
-                for n in range(1, STAGES)
-            ]
-            chain(*links).apply_async()
-            key = f"bench:chain:{chain_id}"
-            while not client.hexists(key, f"end:{STAGES - 1}"):
-                time.sleep(0.02)
-            times = {k: float(v) for k, v in client.hgetall(key).items()}
-            gaps += [times[f"start:{n + 1}"] - times[f"end:{n}"] for n in range(STAGES - 1)]
-            progress.advance(task)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-        client.close()
-        app.close()
-    return gaps
+    chain(*links).apply_async()
+    key = f"bench:chain:{chain_id}"
+    while not client.hexists(key, f"end:{STAGES - 1}"):
+        time.sleep(0.02)
+    times = {k: float(v) for k, v in client.hgetall(key).items()}
+    return [times[f"start:{n + 1}"] - times[f"end:{n}"] for n in range(STAGES - 1)]
 
 
 def run(progress: Any) -> dict[str, Any]:
+    """Baton runs and plain chains alternate, each on its own idle worker, so that both see the
+    same machine at the same time."""
     scenario = {"agents": {"*": [{"json": {"summary": "ok"}}]}, "latency_ms": 0}
-    task = progress.add_task("overhead", total=2 * RUNS)
-    with (
-        tempfile.TemporaryDirectory(prefix="baton-bench-") as tmp,
-        FakeGemini.start(scenario) as fake,
-    ):
-        work = Path(tmp)
+    task = progress.add_task("overhead: Baton and a plain chain, alternating", total=RUNS)
+    baton: list[float] = []
+    plain: list[float] = []
+    with ExitStack() as stack:
+        work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="baton-bench-")))
+        fake = stack.enter_context(FakeGemini.start(scenario))
         repo = work / "repo"
         repo.mkdir()
-        for args in (
-            ["init", "-q"],
-            [
-                "-c",
-                "user.name=b",
-                "-c",
-                "user.email=b@b",
-                "commit",
-                "-q",
-                "--allow-empty",
-                "-m",
-                "empty",
-            ],
-        ):
+        identity = ["-c", "user.name=b", "-c", "user.email=b@b"]
+        for args in (["init", "-q"], [*identity, "commit", "-q", "--allow-empty", "-m", "empty"]):
             subprocess.run(["git", "-C", str(repo), *args], check=True)
-        with services.redis_server(work / "redis") as redis_url:
-            settings = Settings(
-                redis_url=redis_url,
-                gemini_base_url=fake.url,
-                google_api_key=SecretStr("bench-key"),
-                repo_cache_dir=work / "cache",
+        redis_url = stack.enter_context(services.redis_server(work / "redis"))
+        settings = Settings(
+            redis_url=redis_url,
+            gemini_base_url=fake.url,
+            google_api_key=SecretStr("bench-key"),
+            repo_cache_dir=work / "cache",
+        )
+        queues = [s.queue for s in load_pipeline(str(PIPELINE)).stages]
+        stack.enter_context(
+            services.worker(worker_env(settings), queues, logfile=work / "baton.log")
+        )
+        stack.enter_context(
+            services.worker(
+                {"BATON_REDIS_URL": redis_url},
+                [QUEUE],
+                app="bench.chain_app",
+                logfile=work / "chain.log",
+                name="bench-chain",
             )
-            queues = [s.queue for s in load_pipeline(str(PIPELINE)).stages]
-            progress.update(task, description="overhead: plain Celery chain")
-            chain = chain_gaps(redis_url, work, progress, task)
-            progress.update(task, description="overhead: Baton")
-            with services.worker(worker_env(settings), queues, logfile=work / "worker.log"):
-                baton = baton_gaps(settings, repo, progress, task)
-    return summarize(baton, chain)
+        )
+        app = Celery("bench-chain-client", set_as_current=False)
+        app.conf.update(celery_config(redis_url, QueueConfig()))
+        client = redis.Redis.from_url(redis_url, decode_responses=True)
+        stack.callback(app.close)
+        stack.callback(client.close)
+        for i in range(RUNS):
+            plain += chain_gaps(app, client, i)
+            baton += baton_gaps(settings, repo, i)
+            progress.advance(task)
+    return summarize(baton, plain)
 
 
 def summarize(baton: list[float], chain: list[float]) -> dict[str, Any]:
@@ -165,7 +127,7 @@ def summarize(baton: list[float], chain: list[float]) -> dict[str, Any]:
             "n": len(values),
         }
 
-    figures = {"baton": stats(baton), "chain": stats(chain)}
+    figures: dict[str, Any] = {"baton": stats(baton), "chain": stats(chain)}
     figures["ratio_p50"] = round(figures["baton"]["p50_ms"] / figures["chain"]["p50_ms"], 2)
     figures["ratio_p95"] = round(figures["baton"]["p95_ms"] / figures["chain"]["p95_ms"], 2)
     return figures

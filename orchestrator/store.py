@@ -94,37 +94,22 @@ class RunStore:
 
         return self.redis.transaction(attempt, key, value_from_callable=True)
 
-    def update_stage(self, run_id: str, stage: str, **changes: Any) -> StageRecord:
-        def mutate(run: RunRecord, _pipe: Any) -> StageRecord:
-            record = run.stages.setdefault(stage, StageRecord())
-            for name, value in changes.items():
-                setattr(record, name, value)
-            return record
-
-        result: StageRecord = self.transact(run_id, mutate)
-        return result
-
     def recent(self, limit: int = 50) -> list[str]:
         return list(self.redis.zrevrange(keys.RUNS, 0, limit - 1))
 
-    def finish(self, run_id: str, status: RunStatus, reason: str | None = None) -> RunRecord:
-        """End a run: set its status, drop its `temp:` outputs and start its expiry clock."""
-
-        def mutate(run: RunRecord, pipe: Any) -> RunRecord:
-            run.status, run.reason, run.current_stage = status, reason, None
-            return run
-
-        run: RunRecord = self.transact(run_id, mutate)
-        temp = [k for k in self.redis.hkeys(keys.outputs(run_id)) if k.startswith("temp:")]
-        run_keys = list(self.redis.scan_iter(match=keys.run(run_id) + ":*", count=500))
+    def retire(self, run: RunRecord) -> None:
+        """After a run ended: drop its `temp:` outputs and start its expiry clock."""
+        temp = [k for k in self.redis.hkeys(keys.outputs(run.id)) if k.startswith("temp:")]
+        run_keys = list(self.redis.scan_iter(match=keys.run(run.id) + ":*", count=500))
         with self.redis.pipeline() as pipe:
             if temp:
-                pipe.hdel(keys.outputs(run_id), *temp)
-            for key in [keys.run(run_id), keys.idempotency(run.idempotency_key), *run_keys]:
+                pipe.hdel(keys.outputs(run.id), *temp)
+            for key in [keys.run(run.id), keys.idempotency(run.idempotency_key), *run_keys]:
                 pipe.expire(key, self.ttl_s)
             pipe.execute()
-        logger.info("run %s ended %s (%d temp outputs removed)", run_id, status.value, len(temp))
-        return run
+        logger.info(
+            "run %s ended %s (%d temp outputs removed)", run.id, run.status.value, len(temp)
+        )
 
     # -- outputs -----------------------------------------------------------------------------
 

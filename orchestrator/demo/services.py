@@ -113,11 +113,16 @@ def fake_gemini(scenario: Path, *, record: Path | None = None, port: int = 0) ->
 
 
 def worker_argv(
-    queues: Sequence[str], *, concurrency: int, name: str, loglevel: str = "INFO"
+    queues: Sequence[str],
+    *,
+    concurrency: int,
+    name: str,
+    loglevel: str = "INFO",
+    app: str = "workers.app",
 ) -> list[str]:
     """The command line of a Baton worker: Celery, prefork, task events on, these queues."""
     return [
-        sys.executable, "-m", "celery", "-A", "workers.app", "worker",
+        sys.executable, "-m", "celery", "-A", app, "worker",
         "-Q", ",".join(queues), "-c", str(concurrency), "-P", "prefork", "-E",
         "--loglevel", loglevel, "-n", f"{name}@%h",
     ]  # fmt: skip
@@ -131,9 +136,10 @@ def worker(
     concurrency: int = 1,
     logfile: Path,
     name: str = "baton-worker",
+    app: str = "workers.app",
 ) -> Iterator[subprocess.Popen[bytes]]:
     """A Celery worker subprocess serving `queues`; stopped with a warm shutdown."""
-    argv = worker_argv(queues, concurrency=concurrency, name=f"{name}-{free_port()}")
+    argv = worker_argv(queues, concurrency=concurrency, name=f"{name}-{free_port()}", app=app)
     argv += ["--without-gossip", "--without-mingle"]
     logfile.parent.mkdir(parents=True, exist_ok=True)
     with open(logfile, "ab") as log:
