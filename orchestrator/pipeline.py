@@ -19,7 +19,14 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from orchestrator.errors import PipelineError
 
@@ -108,6 +115,16 @@ class StageSpec(BaseModel):
     budget: StageBudget = StageBudget()
     stop_when: StopRule | None = None
     verify: VerifyRule | None = None
+    sandbox_network: str | None = Field(None, pattern=r"^\w[\w.-]*$")
+    """The Docker network this stage's sandbox joins (an egress proxy's, say); by default it
+    has no network at all. Never `host` or another container's."""
+
+    @field_validator("sandbox_network")
+    @classmethod
+    def _not_a_shared_namespace(cls, value: str | None) -> str | None:
+        if value in ("host", "none"):
+            raise ValueError(f"sandbox_network may not be {value!r}: name a Docker network")
+        return value
 
     @model_validator(mode="after")
     def _defaults(self) -> StageSpec:

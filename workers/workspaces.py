@@ -69,7 +69,11 @@ def open_workspace(
 ) -> Iterator[ContainerWorkspace]:
     """A sandbox for this execution: the pinned commit, plus the upstream stages' changes."""
     _reap_now_and_then()
-    uid, gid = (int(part) for part in config.user.split(":"))
+    if job.spec.sandbox_network:
+        config = type(config).model_validate(
+            {**config.model_dump(), "network": job.spec.sandbox_network}
+        )
+    uid, gid = config.uid_gid
     tree = repos.archive(job.run.repo, job.run.commit, uid=uid, gid=gid)
     labels = {
         "baton.run": job.run.id,

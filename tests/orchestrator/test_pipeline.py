@@ -115,3 +115,16 @@ def test_time_limits_must_stay_below_the_visibility_timeout() -> None:
         ConfigError, match=r"stage 'triage': time_limit_s 600 \+ rate_limit_max_wait_s 900"
     ):
         check_time_limits(pipeline, QueueConfig(visibility_timeout_s=1200), RetryConfig())
+
+
+@pytest.mark.parametrize("network", ["host", "container:abc", "none", "bad name"])
+def test_a_stage_cannot_opt_its_sandbox_into_the_hosts_network(network: str) -> None:
+    with pytest.raises(ValueError, match="sandbox_network"):
+        Pipeline.model_validate(_pipeline(tools=["read_file"], sandbox_network=network))
+
+
+def test_a_stage_may_opt_its_sandbox_into_a_named_network() -> None:
+    pipeline = Pipeline.model_validate(
+        _pipeline(tools=["read_file"], sandbox_network="egress-proxy")
+    )
+    assert pipeline.first.sandbox_network == "egress-proxy"
