@@ -211,3 +211,21 @@ async def _run_stage(job: StageJob, services_: StageServices, settings: WorkerSe
         return await execute_stage(job, services_, model=model)
     finally:
         await close_model(model)
+
+
+def test_a_docker_daemon_failure_is_retried_then_fails_the_run_with_the_reason(
+    redis_url: str, stack: Stack, tmp_path: Path
+) -> None:
+    settings = stack_settings(redis_url.rsplit("/", 1)[0] + "/8", stack.fake, tmp_path)
+    mine = Stack(settings, stack.fake, tmp_path)
+    broken = {"DOCKER_HOST": f"unix://{tmp_path}/no-docker.sock"}
+    queues = [f"baton.{s}" for s in STAGES]
+    with services.worker({**worker_env(settings), **broken}, queues, logfile=tmp_path / "w.log"):
+        run = mine.wait(mine.enqueue(SENTRY_EVENT.read_bytes(), mine.sample_repo()), timeout_s=120)
+
+    search = run.stages["search"]
+    assert run.status == RunStatus.FAILED
+    assert run.reason is not None and run.reason.startswith("search: the sandbox failed: ")
+    assert run.reason.endswith("(after 3 attempts)")
+    assert (search.attempts, search.rate_limit_retries) == (3, 0)
+    assert run.stages["triage"].status == StageStatus.DONE
