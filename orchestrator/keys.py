@@ -41,3 +41,13 @@ RUNS = f"{PREFIX}runs"
 def stage_field(stage: str) -> str:
     """Field of the run hash that holds one stage's record."""
     return f"stage:{stage}"
+
+
+def quota(model: str) -> str:
+    """Sorted set: the model calls of the last minute, fleet-wide (member `<id>:<tokens>`)."""
+    return f"{PREFIX}quota:{model}"
+
+
+def cooldown(model: str) -> str:
+    """String with an expiry: no worker calls `model` until it is gone (set by a 429)."""
+    return f"{PREFIX}cooldown:{model}"

@@ -46,12 +46,24 @@ class RetryConfig(_Section):
     """Upper bound of the random delay added to the server's `retryDelay` (never subtracted)."""
     rate_limit_fallback_s: float = 10.0
     """First backoff step when a 429 names no delay (doubled per retry, capped at 120 s)."""
+    inline_wait_max_s: float = 10.0
+    """A quota or cooldown wait up to this long is slept inside the stage; a longer one puts
+    the stage back on its queue with that countdown, freeing the worker."""
     transient_attempts: int = 4
     """Attempts per model call on 5xx, timeouts and dropped connections."""
     transient_initial_s: float = 0.5
     """First backoff step for transient errors."""
     transient_max_s: float = 20.0
     """Largest single backoff step for transient errors."""
+
+
+class QuotaConfig(_Section):
+    """A model's quota, shared by every worker of the fleet (None: no limit of that kind)."""
+
+    requests_per_minute: int | None = None
+    """Model calls per sliding minute."""
+    tokens_per_minute: int | None = None
+    """Prompt plus reply tokens per sliding minute (estimated before a call, corrected after)."""
 
 
 class QueueConfig(_Section):
@@ -91,6 +103,10 @@ class Settings(BaseSettings):
     """`BATON_REPO_CACHE_DIR`: one mirror clone per repository, shared by all stages."""
     retry: RetryConfig = RetryConfig()
     queue: QueueConfig = QueueConfig()
+    quotas: dict[str, QuotaConfig] = {}
+    """`BATON_QUOTAS='{"gemini-2.5-flash": {"requests_per_minute": 60}}'`: per model."""
+    default_quota: QuotaConfig = QuotaConfig()
+    """The quota of a model `quotas` does not name (`BATON_DEFAULT_QUOTA__REQUESTS_PER_MINUTE`)."""
 
     def model_section(self) -> ModelConfig:
         return ModelConfig(
