@@ -3,6 +3,6 @@
 Never imports `workers`: stages are sent to their queues by task name.
 """
 
-from orchestrator.api import enqueue, get_run, submit
+from orchestrator.api import cancel, enqueue, get_run, list_runs, resume, submit
 
-__all__ = ["enqueue", "get_run", "submit"]
+__all__ = ["cancel", "enqueue", "get_run", "list_runs", "resume", "submit"]

@@ -13,8 +13,9 @@ from typing import Any
 
 from orchestrator import repo as repos
 from orchestrator.conductor import Conductor
+from orchestrator.errors import RunNotFoundError
 from orchestrator.intake import parse_payload
-from orchestrator.models import IssueSource, RunRecord
+from orchestrator.models import IssueSource, RunRecord, RunStatus
 from orchestrator.pipeline import load_pipeline
 from orchestrator.queue import Dispatcher, check_time_limits
 from orchestrator.settings import Settings
@@ -83,9 +84,53 @@ def enqueue(
 
 def get_run(run_id: str, *, settings: Settings | None = None) -> RunRecord:
     """The run record. Raises `RunNotFoundError` for an unknown id."""
-    settings = settings or Settings()
-    store = RunStore.from_url(settings.require_redis_url())
-    try:
-        return store.get(run_id)
-    finally:
-        store.redis.close()
+    with connect(settings or Settings()) as conductor:
+        return conductor.store.get(run_id)
+
+
+def list_runs(
+    *,
+    status: RunStatus | str | None = None,
+    pipeline: str | None = None,
+    limit: int = 50,
+    settings: Settings | None = None,
+) -> list[RunRecord]:
+    """The newest runs first, optionally only those with a status or of a pipeline."""
+    wanted = RunStatus(status) if status else None
+    found = []
+    with connect(settings or Settings()) as conductor:
+        for run_id in conductor.store.recent(limit=10_000):
+            try:
+                run = conductor.store.get(run_id)
+            except RunNotFoundError:
+                continue  # expired
+            if (wanted is None or run.status == wanted) and pipeline in (None, run.pipeline):
+                found.append(run)
+                if len(found) >= limit:
+                    break
+    return found
+
+
+def cancel(run_id: str, *, settings: Settings | None = None) -> bool:
+    """Cancel a run: nothing more is enqueued, a running stage stops at its next safe point
+    and its sandbox is removed. False if the run had already ended.
+
+    Raises:
+        RunNotFoundError: no such run.
+    """
+    with connect(settings or Settings()) as conductor:
+        conductor.store.get(run_id)
+        return conductor.cancel(run_id, "cancelled by request")
+
+
+def resume(run_id: str, *, from_stage: str | None = None, settings: Settings | None = None) -> str:
+    """Run a failed or cancelled run again from the stage that did not finish (or
+    `from_stage`), keeping every output recorded before it. Returns that stage's name.
+
+    Raises:
+        RunNotFoundError: no such run.
+        RunStateError: the run has not ended, or it has nothing left to run.
+        PipelineError: the pipeline has no stage `from_stage`.
+    """
+    with connect(settings or Settings()) as conductor:
+        return conductor.resume(run_id, from_stage)

@@ -17,7 +17,7 @@ from orchestrator.errors import BatonError
 from orchestrator.models import IssueSource, RunStatus
 from orchestrator.pipeline import load_pipeline
 from orchestrator.queue import check_time_limits
-from orchestrator.report import follow, run_json, run_table
+from orchestrator.report import follow, run_json, run_table, runs_table
 from orchestrator.settings import Settings
 
 err = Console(stderr=True)
@@ -75,6 +75,55 @@ def status(run_id: str, as_json: bool) -> None:
         click.echo(json.dumps(run_json(run), indent=2))
     else:
         out.print(run_table(run))
+
+
+@main.command()
+@click.option("--status", type=click.Choice([s.value for s in RunStatus]), help="Only these.")
+@click.option("--pipeline", help="Only runs of this pipeline.")
+@click.option("--limit", default=20, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list.")
+def runs(status: str | None, pipeline: str | None, limit: int, as_json: bool) -> None:
+    """List runs, the newest first."""
+    found = api.list_runs(status=status, pipeline=pipeline, limit=limit)
+    if as_json:
+        click.echo(json.dumps([run_json(run) for run in found], indent=2))
+    else:
+        out.print(runs_table(found))
+
+
+@main.command()
+@click.argument("run_id")
+def cancel(run_id: str) -> None:
+    """Cancel a run: its running stage stops at its next safe point, its sandbox goes."""
+    if api.cancel(run_id):
+        click.echo(f"run {run_id} cancelled")
+    else:
+        err.print(f"run {run_id} had already ended ({api.get_run(run_id).status.value})")
+        sys.exit(EXIT_FAILED_RUN)
+
+
+@main.command()
+@click.argument("run_id")
+@click.option("--from", "from_stage", help="Run again from this stage (default: the one that "
+              "failed or was cancelled).")  # fmt: skip
+def resume(run_id: str, from_stage: str | None) -> None:
+    """Run a failed or cancelled run again, keeping every output recorded before that stage."""
+    stage = api.resume(run_id, from_stage=from_stage)
+    click.echo(f"run {run_id} resumed from {stage}")
+
+
+@main.command()
+def reconcile() -> None:
+    """Put stages of stuck runs back on their queues now (workers also do it periodically)."""
+    from orchestrator.reconciler import Reconciler
+
+    settings = Settings()
+    with api.connect(settings) as conductor:
+        repairs = Reconciler(conductor, settings.queue).sweep()
+    for repair in repairs:
+        click.echo(f"{repair.run_id}: {repair.stage} was stuck {repair.was}; sent again")
+    if not repairs:
+        click.echo("no stuck runs")
 
 
 @main.command()

@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from orchestrator import keys
+from orchestrator.errors import RunStateError
 from orchestrator.models import ArtifactRef, Issue, RunRecord, RunStatus, StageRecord, StageStatus
 from orchestrator.pipeline import Pipeline, load_pipeline
 from orchestrator.queue import Dispatcher
@@ -44,7 +45,8 @@ class StageStart:
     """What `begin` decided for a delivered stage task."""
 
     action: str
-    """`run` (execute it), `advance` (output already recorded) or `drop` (run has ended)."""
+    """`run` (execute it), `advance` (output already recorded), `drop` (the run has ended),
+    `busy` (another live execution holds the stage) or `exhausted` (lost too often)."""
     attempt: int = 0
     run: RunRecord | None = None
 
@@ -105,20 +107,34 @@ class Conductor:
             logger.info("issue already has run %s; not enqueued again", stored.id)
         return stored.id, created
 
-    def begin(self, run_id: str, stage: str, *, task_id: str) -> StageStart:
-        """Claim a delivered stage for execution, or say why not."""
+    def begin(
+        self, run_id: str, stage: str, *, owner: str, lease_s: float, max_interrupted: int
+    ) -> StageStart:
+        """Claim a delivered stage for execution, or say why not.
+
+        A stage held by another execution whose lease is still fresh is `busy`: this delivery
+        is a duplicate (a redelivery after the visibility timeout, say) and must not run.
+        """
 
         def mutate(run: RunRecord, pipe: Any) -> StageStart:
             record = run.stages.setdefault(stage, StageRecord())
+            now = time.time()
             if run.status.is_terminal:
                 return StageStart("drop", run=run)
             if record.status == StageStatus.DONE:
                 return StageStart("advance", run=run)
+            if record.status == StageStatus.RUNNING and record.owner != owner:
+                if record.lease_until is not None and record.lease_until > now:
+                    return StageStart("busy", run=run)
+                record.interrupted += 1
+            if record.interrupted >= max_interrupted:
+                return StageStart("exhausted", run=run)
             record.attempts += 1
             record.status = StageStatus.RUNNING
-            record.started_at, record.finished_at = time.time(), None
+            record.started_at, record.finished_at = now, None
             record.waiting_until = None
             record.error = None
+            record.owner, record.lease_until = owner, now + lease_s
             record.session_id = session_id(run_id, stage, record.attempts)
             run.status, run.current_stage = RunStatus.RUNNING, stage
             return StageStart("run", attempt=record.attempts, run=run)
@@ -126,15 +142,27 @@ class Conductor:
         start: StageStart = self.store.transact(run_id, mutate)
         assert start.run is not None
         self._audit(start.run, stage, start.attempt, "stage_begin", action=start.action,
-                    task_id=task_id)  # fmt: skip
+                    owner=owner)  # fmt: skip
         return start
+
+    def renew(self, run_id: str, stage: str, *, owner: str, lease_s: float) -> bool:
+        """Extend the owner's lease on a running stage. Returns True if the run was cancelled."""
+
+        def mutate(run: RunRecord, pipe: Any) -> bool:
+            record = run.stages.get(stage)
+            if record is not None and record.owner == owner and not run.status.is_terminal:
+                record.lease_until = time.time() + lease_s
+            return run.status == RunStatus.CANCELLED
+
+        cancelled: bool = self.store.transact(run_id, mutate)
+        return cancelled
 
     def complete(self, run_id: str, stage: str, result: StageResult) -> str | None:
         """Record a stage's output and advance the run, in one transaction. Returns the stage
         enqueued next, if any."""
         payload = json.dumps(result.output, ensure_ascii=False, separators=(",", ":"))
 
-        def mutate(run: RunRecord, pipe: Any) -> Next | None:
+        def mutate(run: RunRecord, pipe: Any) -> tuple[Next, RunRecord] | None:
             record = run.stages[stage]
             if record.status == StageStatus.DONE:
                 return None
@@ -148,11 +176,14 @@ class Conductor:
             record.output_chars = len(payload)
             record.compacted = result.compacted
             record.artifacts = dict(result.artifacts or {})
-            return _decide(run, pipeline, stage, result.output)
+            record.lease_until = None
+            return _decide(run, pipeline, stage, result.output), run
 
-        decision: Next | None = self.store.transact(run_id, mutate)
-        if decision is None:  # recorded before: a redelivery
+        recorded: tuple[Next, RunRecord] | None = self.store.transact(run_id, mutate)
+        if recorded is None:  # recorded before: a redelivery
             return self.advance(run_id, stage)
+        decision, run = recorded
+        self._audit(run, stage, run.stages[stage].attempts, "stage_done", chars=len(payload))
         return self._carry_out(run_id, decision)
 
     def advance(self, run_id: str, completed: str) -> str | None:
@@ -187,18 +218,92 @@ class Conductor:
         self._audit(run, stage, record.attempts, "stage_waiting", delay_s=delay_s, reason=reason)
         return record
 
-    def fail(self, run_id: str, stage: str, error: str) -> None:
-        """Fail a stage and end its run."""
+    def fail(self, run_id: str, stage: str, error: str, *, owner: str | None = None) -> None:
+        """Fail a stage and end its run. With `owner`, only if that execution still holds the
+        stage (a lost execution that wakes up late changes nothing)."""
 
-        def mutate(run: RunRecord, pipe: Any) -> RunRecord:
+        def mutate(run: RunRecord, pipe: Any) -> RunRecord | None:
             record = run.stages.setdefault(stage, StageRecord())
+            if run.status.is_terminal or (owner is not None and record.owner != owner):
+                return None
             record.status, record.finished_at, record.error = StageStatus.FAILED, time.time(), error
+            record.lease_until = None
             run.status, run.reason, run.current_stage = RunStatus.FAILED, f"{stage}: {error}", None
             return run
 
-        run: RunRecord = self.store.transact(run_id, mutate)
+        run: RunRecord | None = self.store.transact(run_id, mutate)
+        if run is None:
+            logger.info("not failing %s of run %s: no longer held by %s", stage, run_id, owner)
+            return
         self._audit(run, stage, run.stages[stage].attempts, "stage_failed", error=error)
         self.store.retire(run)
+
+    def cancel(self, run_id: str, reason: str = "cancelled") -> bool:
+        """End a run as cancelled. Queued and waiting stages will not run; a running stage is
+        stopped by its worker at its next safe point. False if the run had already ended."""
+
+        def mutate(run: RunRecord, pipe: Any) -> RunRecord | None:
+            if run.status.is_terminal:
+                return None
+            for record in run.stages.values():
+                if record.status in (StageStatus.QUEUED, StageStatus.WAITING):
+                    record.status, record.waiting_until = StageStatus.CANCELLED, None
+            run.status, run.reason, run.current_stage = RunStatus.CANCELLED, reason, None
+            return run
+
+        run: RunRecord | None = self.store.transact(run_id, mutate)
+        if run is None:
+            return False
+        self._audit(run, "-", 0, "run_cancelled", reason=reason)
+        self.store.retire(run)
+        return True
+
+    def stopped(self, run_id: str, stage: str, *, owner: str) -> None:
+        """The owner stopped a running stage because its run was cancelled."""
+
+        def mutate(run: RunRecord, pipe: Any) -> RunRecord:
+            record = run.stages[stage]
+            if record.owner == owner and record.status == StageStatus.RUNNING:
+                record.status, record.finished_at = StageStatus.CANCELLED, time.time()
+                record.error, record.lease_until = "stopped: the run was cancelled", None
+            return run
+
+        run: RunRecord = self.store.transact(run_id, mutate)
+        self._audit(run, stage, run.stages[stage].attempts, "stage_stopped", owner=owner)
+
+    def resume(self, run_id: str, from_stage: str | None = None) -> str:
+        """Run an ended run again from its failed or cancelled stage (or `from_stage`), keeping
+        every output recorded before it. Returns the stage enqueued.
+
+        Raises:
+            RunStateError: the run has not ended, or there is nothing to resume.
+        """
+        pipeline = load_pipeline(self.store.get(run_id).pipeline)
+        names = [stage.name for stage in pipeline.stages]
+        if from_stage is not None:
+            pipeline.stage(from_stage)
+
+        def mutate(run: RunRecord, pipe: Any) -> RunRecord:
+            if not run.status.is_terminal:
+                raise RunStateError(f"run {run_id} is still {run.status.value}; cancel it first")
+            target = from_stage or _resume_point(run, names)
+            for name in names[names.index(target) :]:
+                run.stages[name] = _fresh(run.stages.get(name))
+            run.stages[target].status, run.stages[target].queued_at = (
+                StageStatus.QUEUED,
+                time.time(),
+            )
+            run.status, run.reason, run.current_stage = RunStatus.QUEUED, None, target
+            return run
+
+        run: RunRecord = self.store.transact(run_id, mutate)
+        target = run.current_stage
+        assert target is not None
+        redo = [pipeline.stage(name).output_key for name in names[names.index(target) :]]
+        self.store.revive(run, drop_outputs=redo)
+        self._audit(run, target, 0, "run_resumed", from_stage=target)
+        self.dispatcher.send_stage(run_id, pipeline.stage(target))
+        return target
 
     def _carry_out(self, run_id: str, decision: Next) -> str | None:
         if decision.ended:
@@ -218,6 +323,20 @@ class Conductor:
             "data": data,
         }
         self.store.audit(run.id, [entry])
+
+
+def _resume_point(run: RunRecord, names: list[str]) -> str:
+    """The first stage a resumed run must run again: the one that failed or was stopped."""
+    for name in names:
+        if run.stages[name].status not in (StageStatus.DONE, StageStatus.SKIPPED):
+            return name
+    raise RunStateError(f"run {run.id} has nothing left to run; name a stage to resume from")
+
+
+def _fresh(record: StageRecord | None) -> StageRecord:
+    """A stage record ready to run again; its attempt count carries on (session ids stay
+    unique)."""
+    return StageRecord(attempts=record.attempts if record else 0)
 
 
 def _decide(run: RunRecord, pipeline: Pipeline, completed: str, output: dict[str, Any]) -> Next:

@@ -6,7 +6,8 @@
     │   └── PayloadTooLargeError
     ├── PipelineError        (ValueError)
     ├── RepoError            (RuntimeError)
-    └── RunNotFoundError     (KeyError)
+    ├── RunNotFoundError     (KeyError)
+    └── RunStateError        (ValueError)
 
 Every class passes all of its arguments to ``super().__init__`` so that it survives pickling
 (Celery moves exceptions between processes).
@@ -56,3 +57,8 @@ class RunNotFoundError(BatonError, KeyError):
 
     def __str__(self) -> str:
         return f"no run with id {self.run_id!r}"
+
+
+class RunStateError(BatonError, ValueError):
+    """Raised when a run is not in a state that allows the operation (resuming a run that is
+    still going, say)."""

@@ -37,6 +37,12 @@ def idempotency(key: str) -> str:
 RUNS = f"{PREFIX}runs"
 """Sorted set: run id scored by creation time."""
 
+ACTIVE = f"{PREFIX}active"
+"""Set: ids of the runs not yet ended; the reconciler looks only at these."""
+
+RECONCILER_LOCK = f"{PREFIX}lock:reconciler"
+"""String with an expiry: held by the one worker sweeping for stuck runs."""
+
 
 def stage_field(stage: str) -> str:
     """Field of the run hash that holds one stage's record."""

@@ -113,6 +113,7 @@ class StageStatus(StrEnum):
     DONE = "done"
     FAILED = "failed"
     SKIPPED = "skipped"
+    CANCELLED = "cancelled"
 
 
 class ArtifactRef(BaseModel):
@@ -152,6 +153,14 @@ class StageRecord(BaseModel):
     rate_limit_wait_s: float = 0.0
     """Total time this stage has been told to wait by 429s."""
     rate_limit_retries: int = 0
+    quota_wait_s: float = 0.0
+    """Time this stage slept waiting for the fleet's model quota or a 429 cooldown."""
+    interrupted: int = 0
+    """Executions that never finished (their worker was lost); capped."""
+    owner: str | None = None
+    """The execution holding the stage: `<host>:<pid>:<task id>`."""
+    lease_until: float | None = None
+    """The owner renews this while it works; a lapsed lease means the owner is gone."""
     compacted: str | None = None
     """How an over-budget output was brought within budget: `summarized` or `truncated`."""
     error: str | None = None

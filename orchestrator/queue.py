@@ -5,6 +5,7 @@ The orchestrator never imports `workers`; it only knows the task's name and the 
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from celery import Celery
@@ -38,7 +39,15 @@ def celery_config(redis_url: str, queue: QueueConfig) -> dict[str, Any]:
         "task_send_sent_event": True,
         "worker_send_task_events": True,
         "worker_prefetch_multiplier": 1,
-        "worker_cancel_long_running_tasks_on_connection_loss": True,
+        # A task that loses its broker connection finishes its stage; the redelivered message
+        # then only advances the run (Conductor.begin), so cancelling it would only waste work.
+        "worker_cancel_long_running_tasks_on_connection_loss": False,
+        "task_publish_retry_policy": {
+            "max_retries": 20,
+            "interval_start": 0.2,
+            "interval_step": 0.5,
+            "interval_max": 2,
+        },
         "worker_hijack_root_logger": False,
         "task_default_queue": "baton.default",
     }
@@ -86,6 +95,22 @@ class Dispatcher:
             time_limit=stage.budget.time_limit_s,
         )
         return task_id
+
+    def holds(self, task_id: str, *, delivered_within_s: float) -> bool:
+        """Whether the broker still has the task: waiting in a queue, or delivered to a worker
+        at most `delivered_within_s` ago and not yet acknowledged. (Celery's Redis transport
+        keeps delivered messages in `unacked`, scored in `unacked_index` by delivery time; one
+        delivered long ago to a stage that never began was taken by a worker that died.)"""
+        needle = f'"id": "{task_id}"'
+        with self.app.connection_for_write() as connection:
+            client = connection.default_channel.client
+            for queue in client.scan_iter(match="baton.*", _type="list"):
+                if any(needle in str(raw) for raw in client.lrange(queue, 0, -1)):
+                    return True
+            recent = client.zrangebyscore("unacked_index", time.time() - delivered_within_s, "+inf")
+            if recent:
+                return any(needle in str(raw) for raw in client.hmget("unacked", recent) if raw)
+        return False
 
     def close(self) -> None:
         if self._owned:

@@ -57,6 +57,32 @@ def run_json(run: RunRecord) -> dict[str, Any]:
     }
 
 
+def runs_table(runs: list[RunRecord], *, now: float | None = None) -> Table:
+    """One line per run: the newest first."""
+    now = time.time() if now is None else now
+    table = Table(title=f"{len(runs)} runs", title_justify="left")
+    for column in ("run", "status", "pipeline", "stage", "age", "issue", "reason"):
+        table.add_column(column, overflow="fold" if column in ("issue", "reason") else "ellipsis")
+    for run in runs:
+        table.add_row(
+            run.id,
+            run.status.value,
+            run.pipeline,
+            run.current_stage or "",
+            _age(now - run.created_at),
+            run.issue.title[:60],
+            (run.reason or "")[:80],
+        )
+    return table
+
+
+def _age(seconds: float) -> str:
+    for unit, size in (("d", 86_400), ("h", 3_600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f}{unit}"
+    return f"{seconds:.0f}s"
+
+
 def run_table(run: RunRecord, *, now: float | None = None) -> Table:
     now = time.time() if now is None else now
     title = f"run {run.id} · {run.pipeline} · {run.status.value}"

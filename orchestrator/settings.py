@@ -74,6 +74,15 @@ class QueueConfig(_Section):
     countdown must stay below it, or a second worker would pick the same stage up."""
     run_ttl_s: int = 7 * 24 * 3600
     """How long a finished run's keys are kept."""
+    lease_s: float = 30.0
+    """A running stage renews its lease every third of this; a lease this old means its
+    worker is gone, and the reconciler puts the stage back on its queue."""
+    reconcile_every_s: float = 30.0
+    """How often one worker of the fleet looks for stuck runs."""
+    stuck_after_s: float = 120.0
+    """A queued or waiting stage whose message is nowhere after this long is sent again."""
+    max_interrupted: int = 3
+    """Executions of one stage that may be lost before the run fails."""
 
 
 class Settings(BaseSettings):

@@ -14,6 +14,8 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import redis
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
 
 from orchestrator import keys
 from orchestrator.errors import RunNotFoundError
@@ -38,7 +40,9 @@ class RunStore:
 
     @classmethod
     def from_url(cls, url: str, *, ttl_s: int = 7 * 24 * 3600) -> RunStore:
-        return cls(redis.Redis.from_url(url, decode_responses=True), ttl_s=ttl_s)
+        """A store on `url` that rides out a Redis restart: commands are retried with backoff
+        for about 20 s before a connection error reaches the caller."""
+        return cls(connect(url), ttl_s=ttl_s)
 
     # -- runs --------------------------------------------------------------------------------
 
@@ -61,6 +65,7 @@ class RunStore:
                     pipe.set(idem_key, run.id)
                     pipe.hset(keys.run(run.id), mapping=_run_fields(run))
                     pipe.zadd(keys.RUNS, {run.id: run.created_at})
+                    pipe.sadd(keys.ACTIVE, run.id)
                     pipe.execute()
                 except redis.WatchError:
                     continue
@@ -97,19 +102,37 @@ class RunStore:
     def recent(self, limit: int = 50) -> list[str]:
         return list(self.redis.zrevrange(keys.RUNS, 0, limit - 1))
 
+    def active(self) -> list[str]:
+        """Ids of the runs that have not ended."""
+        return sorted(self.redis.smembers(keys.ACTIVE))
+
     def retire(self, run: RunRecord) -> None:
         """After a run ended: drop its `temp:` outputs and start its expiry clock."""
         temp = [k for k in self.redis.hkeys(keys.outputs(run.id)) if k.startswith("temp:")]
-        run_keys = list(self.redis.scan_iter(match=keys.run(run.id) + ":*", count=500))
         with self.redis.pipeline() as pipe:
             if temp:
                 pipe.hdel(keys.outputs(run.id), *temp)
-            for key in [keys.run(run.id), keys.idempotency(run.idempotency_key), *run_keys]:
+            for key in self._keys_of(run):
                 pipe.expire(key, self.ttl_s)
+            pipe.srem(keys.ACTIVE, run.id)
             pipe.execute()
-        logger.info(
-            "run %s ended %s (%d temp outputs removed)", run.id, run.status.value, len(temp)
-        )
+        logger.info("run %s ended %s; %d temp outputs removed", run.id, run.status.value, len(temp))
+
+    def revive(self, run: RunRecord, *, drop_outputs: Iterable[str] = ()) -> None:
+        """Before a resumed run goes on: no expiry, active again, the outputs it will make again
+        gone (so no later stage can read a stale one)."""
+        with self.redis.pipeline() as pipe:
+            for key in self._keys_of(run):
+                pipe.persist(key)
+            dropped = list(drop_outputs)
+            if dropped:
+                pipe.hdel(keys.outputs(run.id), *dropped)
+            pipe.sadd(keys.ACTIVE, run.id)
+            pipe.execute()
+
+    def _keys_of(self, run: RunRecord) -> list[str]:
+        extra = self.redis.scan_iter(match=keys.run(run.id) + ":*", count=500)
+        return [keys.run(run.id), keys.idempotency(run.idempotency_key), *extra]
 
     # -- outputs -----------------------------------------------------------------------------
 
@@ -166,6 +189,17 @@ class RunStore:
         return [
             dict(fields, id=entry_id) for entry_id, fields in self.redis.xrange(keys.audit(run_id))
         ]
+
+
+def connect(url: str) -> redis.Redis:
+    """A client that retries a command for about 20 s while Redis is away (a restart)."""
+    return redis.Redis.from_url(
+        url,
+        decode_responses=True,
+        retry=Retry(ExponentialBackoff(cap=2.0, base=0.1), retries=12),
+        retry_on_error=[redis.ConnectionError, redis.TimeoutError],
+        health_check_interval=30,
+    )
 
 
 def _audit_value(value: Any) -> str:

@@ -20,7 +20,7 @@ from sandbox.errors import (
     SandboxUnavailableError,
 )
 from sandbox.models import ExecResult
-from sandbox.reaper import reap
+from sandbox.reaper import reap, remove_labelled
 
 if TYPE_CHECKING:
     from sandbox.image import ensure_image
@@ -36,6 +36,7 @@ __all__ = [
     "SandboxUnavailableError",
     "ensure_image",
     "reap",
+    "remove_labelled",
 ]
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 
 import docker
 
@@ -50,3 +51,19 @@ def _why_reap(labels: dict[str, str], now: float) -> str | None:
     if label.owner_is_gone(labels.get(label.OWNER, "")):
         return "its owner is gone"
     return None
+
+
+def remove_labelled(
+    labels: Mapping[str, str], client: docker.DockerClient | None = None
+) -> list[str]:
+    """Remove at once every sandbox carrying all of `labels` (a cancelled stage's, say); the
+    ids removed."""
+    docker_client = connect() if client is None else client
+    wanted = [label.SANDBOX_FILTER, *(f"{key}={value}" for key, value in labels.items())]
+    try:
+        with translated("removing sandboxes"):
+            found = docker_client.api.containers(all=True, filters={"label": wanted})
+            return [c["Id"] for c in found if remove(docker_client, c["Id"])]
+    finally:
+        if client is None:
+            docker_client.close()

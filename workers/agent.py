@@ -69,6 +69,8 @@ class AgentSpec:
     tools: Sequence[Callable[..., Any]] = ()
     json_reply: bool = False
     """Ask the API for `application/json` (only for stages without tools)."""
+    checkpoint: Callable[[], None] | None = None
+    """Called before every model and tool call: the stage's safe points (it raises to stop)."""
 
 
 def build_agent(spec: AgentSpec, model: BaseLlm, usage: Usage) -> LlmAgent:
@@ -78,18 +80,24 @@ def build_agent(spec: AgentSpec, model: BaseLlm, usage: Usage) -> LlmAgent:
     def count_request(callback_context: Any, llm_request: LlmRequest) -> None:
         usage.requests += 1
 
+    def safe_point(*_: Any, **__: Any) -> None:
+        if spec.checkpoint is not None:
+            spec.checkpoint()
+
     config = (
         types.GenerateContentConfig(response_mime_type="application/json")
         if spec.json_reply
         else None
     )
+    trim = request_trimmer(spec.budget.max_request_tokens)
     return LlmAgent(
         name=spec.name,
         model=model,
         instruction=instruction,
         tools=list(spec.tools),
         generate_content_config=config,
-        before_model_callback=[request_trimmer(spec.budget.max_request_tokens), count_request],
+        before_model_callback=[safe_point, trim, count_request],
+        before_tool_callback=safe_point,
         after_tool_callback=tool_output_limiter(spec.budget.max_tool_output_chars),
     )
 

@@ -3,6 +3,7 @@
     BatonError (orchestrator.errors)
     ├── RateLimitedError         (RuntimeError)  retryable: the task goes back on its queue
     ├── InfrastructureError      (RuntimeError)  retryable a few times: Docker or the like failed
+    ├── StageCancelledError      (RuntimeError)  the run was cancelled; the stage stopped
     └── StageError               (RuntimeError)  the stage fails and the run ends
         ├── ModelRejectedError                   400/401/403: retrying will not help
         ├── ModelUnavailableError                5xx, timeouts, dropped connections, after backoff
@@ -35,6 +36,17 @@ class InfrastructureError(BatonError, RuntimeError):
     stage is tried again from the start, a bounded number of times."""
 
     def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class StageCancelledError(BatonError, RuntimeError):
+    """Raised at a stage's next safe point (a model or tool call) once its run is cancelled."""
+
+    def __init__(self, message: str = "the run was cancelled") -> None:
         super().__init__(message)
         self.message = message
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import tempfile
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ from workers import output as outputs
 from workers import proof
 from workers.agent import AgentSpec, StageSession, Usage, build_agent
 from workers.budget import json_chars
-from workers.errors import StageError, StageOutputError
+from workers.errors import StageCancelledError, StageError, StageOutputError
 from workers.publish import Publisher
 from workers.repos import RepoCache
 from workers.tools.code import build_tools
@@ -66,10 +67,24 @@ def seed_state(job: StageJob, store: RunStore) -> dict[str, Any]:
 
 
 async def execute_stage(
-    job: StageJob, services: StageServices, *, model: BaseLlm, streaming: bool = False
+    job: StageJob,
+    services: StageServices,
+    *,
+    model: BaseLlm,
+    streaming: bool = False,
+    cancelled: threading.Event | None = None,
 ) -> StageResult:
-    """Run the stage's agent once, validate (one repair turn), verify and size its output."""
+    """Run the stage's agent once, validate (one repair turn), verify and size its output.
+
+    With `cancelled`, every model and tool call first checks it and stops the stage
+    (`StageCancelledError`) once it is set.
+    """
     spec, usage, store = job.spec, Usage(), services.store
+
+    def checkpoint() -> None:
+        if cancelled is not None and cancelled.is_set():
+            raise StageCancelledError()
+
     schema = spec.schema_class()
     artifacts = StoreArtifacts(store, job.run.id, spec.name)
     facts: dict[str, Any] = {}
@@ -89,6 +104,7 @@ async def execute_stage(
                 budget=spec.budget,
                 tools=tools,
                 json_reply=not tools,
+                checkpoint=checkpoint,
             ),
             model,
             usage,

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import socket
+import threading
 from dataclasses import dataclass
 from functools import cache
 
@@ -19,8 +22,14 @@ from orchestrator.pipeline import load_pipeline
 from orchestrator.queue import STAGE_TASK, Dispatcher
 from orchestrator.store import RunStore
 from workers.app import app, settings
-from workers.errors import InfrastructureError, RateLimitedError, StageError
+from workers.errors import (
+    InfrastructureError,
+    RateLimitedError,
+    StageCancelledError,
+    StageError,
+)
 from workers.gemini import build_model, classify, close_model, rate_limit_countdown
+from workers.heartbeat import Heartbeat, Interruptible
 from workers.publish import Publisher
 from workers.repos import RepoCache
 from workers.settings import WorkerSettings
@@ -61,36 +70,81 @@ def runtime() -> Runtime:
 @app.task(name=STAGE_TASK, bind=True, max_retries=None, acks_late=True, reject_on_worker_lost=True)
 def run_stage(self: Task, run_id: str, stage: str) -> None:
     rt = runtime()
-    start = rt.conductor.begin(run_id, stage, task_id=self.request.id)
+    queue = rt.settings.queue
+    owner = f"{socket.gethostname()}:{os.getpid()}:{self.request.id}"
+    start = rt.conductor.begin(
+        run_id, stage, owner=owner, lease_s=queue.lease_s, max_interrupted=queue.max_interrupted
+    )
     if start.action != "run" or start.run is None:
-        _not_run(rt, start, run_id, stage)
+        _not_run(rt, start, run_id, stage, owner)
         return
     pipeline = load_pipeline(start.run.pipeline)
-    job = StageJob(start.run, pipeline, pipeline.stage(stage), start.attempt)
+    job = StageJob(start.run, pipeline, pipeline.stage(stage), start.attempt, owner)
+    execution = Interruptible()
+
+    def stop() -> None:
+        _stop_sandboxes(run_id, stage)
+        execution.cancel()
+
+    heartbeat = Heartbeat(
+        rt.conductor, run_id, stage, owner=owner, lease_s=queue.lease_s, on_cancel=stop
+    )
     try:
-        result = asyncio.run(_execute(job, rt))
-    except RateLimitedError as exc:
-        _retry_rate_limited(self, rt, job, exc)
-    except InfrastructureError as exc:
-        _retry_infrastructure(self, rt, job, exc)
-    except StageError as exc:
-        rt.conductor.fail(run_id, stage, str(exc))
-    except SoftTimeLimitExceeded:
-        limit = job.spec.budget.soft_time_limit_s
-        rt.conductor.fail(run_id, stage, f"stage exceeded its soft time limit of {limit}s")
-    except Exception as exc:
-        logger.exception("stage %s of run %s crashed", stage, run_id)
-        rt.conductor.fail(run_id, stage, f"internal error: {type(exc).__name__}: {exc}")
+        with heartbeat:
+            result = execution.run(_execute(job, rt, heartbeat.cancelled))
+    except (Exception, asyncio.CancelledError) as exc:
+        _settle(self, rt, job, exc, cancelled=heartbeat.cancelled.is_set())
     else:
         rt.conductor.complete(run_id, stage, result)
 
 
-def _not_run(rt: Runtime, start: StageStart, run_id: str, stage: str) -> None:
+def _settle(task: Task, rt: Runtime, job: StageJob, exc: BaseException, *, cancelled: bool) -> None:
+    """Record why a stage did not finish: cancelled, retried, or failed with a reason."""
+    run_id, stage, owner = job.run.id, job.spec.name, job.owner
+    if cancelled or isinstance(exc, StageCancelledError):
+        rt.conductor.stopped(run_id, stage, owner=owner)
+    elif isinstance(exc, RateLimitedError):
+        _retry_rate_limited(task, rt, job, exc)
+    elif isinstance(exc, InfrastructureError):
+        _retry_infrastructure(task, rt, job, exc)
+    elif isinstance(exc, StageError):
+        rt.conductor.fail(run_id, stage, str(exc), owner=owner)
+    elif isinstance(exc, SoftTimeLimitExceeded):
+        limit = job.spec.budget.soft_time_limit_s
+        rt.conductor.fail(
+            run_id, stage, f"stage exceeded its soft time limit of {limit}s", owner=owner
+        )
+    else:
+        logger.error("stage %s of run %s crashed", stage, run_id, exc_info=exc)
+        rt.conductor.fail(
+            run_id, stage, f"internal error: {type(exc).__name__}: {exc}", owner=owner
+        )
+
+
+def _not_run(rt: Runtime, start: StageStart, run_id: str, stage: str, owner: str) -> None:
     if start.action == "advance":
         logger.info("stage %s of run %s already recorded; only advancing", stage, run_id)
         rt.conductor.advance(run_id, stage)
+    elif start.action == "busy":
+        logger.info(
+            "stage %s of run %s is held by a live execution; dropping this delivery", stage, run_id
+        )
+    elif start.action == "exhausted":
+        lost = rt.settings.queue.max_interrupted
+        rt.conductor.fail(
+            run_id,
+            stage,
+            f"the stage was interrupted {lost} times (its worker was lost); giving up",
+        )
     else:
         logger.info("run %s has ended; dropping stage %s", run_id, stage)
+
+
+def _stop_sandboxes(run_id: str, stage: str) -> None:
+    try:
+        sandbox.remove_labelled({"baton.run": run_id, "baton.stage": stage})
+    except sandbox.SandboxError as exc:
+        logger.warning("could not remove the sandboxes of cancelled %s: %s", stage, exc)
 
 
 def _retry_rate_limited(task: Task, rt: Runtime, job: StageJob, exc: RateLimitedError) -> None:
@@ -103,6 +157,7 @@ def _retry_rate_limited(task: Task, rt: Runtime, job: StageJob, exc: RateLimited
             job.spec.name,
             f"{exc} — gave up after {record.rate_limit_retries} retries and "
             f"{record.rate_limit_wait_s:.0f}s of waiting",
+            owner=job.owner,
         )
         return
     rt.conductor.wait(job.run.id, job.spec.name, delay_s=countdown, reason=str(exc))
@@ -114,7 +169,8 @@ def _retry_rate_limited(task: Task, rt: Runtime, job: StageJob, exc: RateLimited
 
 def _retry_infrastructure(task: Task, rt: Runtime, job: StageJob, exc: InfrastructureError) -> None:
     if job.attempt >= INFRASTRUCTURE_ATTEMPTS:
-        rt.conductor.fail(job.run.id, job.spec.name, f"{exc} (after {job.attempt} attempts)")
+        reason = f"{exc} (after {job.attempt} attempts)"
+        rt.conductor.fail(job.run.id, job.spec.name, reason, owner=job.owner)
         return
     countdown = INFRASTRUCTURE_BACKOFF_S * job.attempt
     rt.conductor.wait(
@@ -126,10 +182,12 @@ def _retry_infrastructure(task: Task, rt: Runtime, job: StageJob, exc: Infrastru
     raise task.retry(countdown=countdown, exc=exc) from None
 
 
-async def _execute(job: StageJob, rt: Runtime) -> StageResult:
+async def _execute(job: StageJob, rt: Runtime, cancelled: threading.Event) -> StageResult:
     model = build_model(rt.settings.model_section(), rt.settings.retry)
     try:
-        return await execute_stage(job, rt.services, model=model, streaming=rt.settings.streaming)
+        return await execute_stage(
+            job, rt.services, model=model, streaming=rt.settings.streaming, cancelled=cancelled
+        )
     except sandbox.SandboxUnavailableError as exc:
         raise InfrastructureError(f"the sandbox failed: {exc}") from exc
     except sandbox.SandboxStartError as exc:

@@ -40,6 +40,8 @@ class StageJob:
     pipeline: Pipeline
     spec: StageSpec
     attempt: int
+    owner: str = ""
+    """The execution holding the stage (`<host>:<pid>:<task id>`)."""
 
     @property
     def labels(self) -> dict[str, str]:

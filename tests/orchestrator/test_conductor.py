@@ -9,7 +9,7 @@ import pytest
 import redis
 
 from orchestrator import keys
-from orchestrator.conductor import Conductor, StageResult
+from orchestrator.conductor import Conductor, StageResult, StageStart
 from orchestrator.models import Issue, IssueSource, RunStatus, StageStatus
 from orchestrator.queue import Dispatcher
 from orchestrator.settings import QueueConfig
@@ -23,6 +23,12 @@ def conductor(unit_redis_url: str, store: RunStore) -> Iterator[Conductor]:
     dispatcher = Dispatcher.connect(unit_redis_url, QueueConfig())
     yield Conductor(store, dispatcher)
     dispatcher.close()
+
+
+def begin(
+    conductor: Conductor, run_id: str, stage: str, owner: str = "host:1:t", lease_s: float = 30.0
+) -> StageStart:
+    return conductor.begin(run_id, stage, owner=owner, lease_s=lease_s, max_interrupted=3)
 
 
 def queued_task_ids(client: redis.Redis, queue: str) -> list[str]:
@@ -69,7 +75,7 @@ def test_complete_records_output_and_enqueues_the_next_stage(
     conductor: Conductor, redis_client: redis.Redis
 ) -> None:
     run_id, _ = conductor.submit(ISSUE, repo="/r", commit="abc", pipeline="fixer")
-    start = conductor.begin(run_id, "triage", task_id="t")
+    start = begin(conductor, run_id, "triage")
     assert (start.action, start.attempt) == ("run", 1)
 
     nxt = conductor.complete(run_id, "triage", result(TRIAGE_OK))
@@ -86,10 +92,10 @@ def test_redelivered_stage_only_advances_and_never_enqueues_twice(
     conductor: Conductor, redis_client: redis.Redis
 ) -> None:
     run_id, _ = conductor.submit(ISSUE, repo="/r", commit="abc", pipeline="fixer")
-    conductor.begin(run_id, "triage", task_id="t")
+    begin(conductor, run_id, "triage")
     conductor.complete(run_id, "triage", result(TRIAGE_OK))
 
-    redelivered = conductor.begin(run_id, "triage", task_id="t")
+    redelivered = begin(conductor, run_id, "triage")
     conductor.advance(run_id, "triage")
     conductor.complete(run_id, "triage", result({**TRIAGE_OK, "reason": "other"}))
 
@@ -101,7 +107,7 @@ def test_redelivered_stage_only_advances_and_never_enqueues_twice(
 
 def test_not_actionable_triage_ends_the_run_as_skipped(conductor: Conductor) -> None:
     run_id, _ = conductor.submit(ISSUE, repo="/r", commit="abc", pipeline="fixer")
-    conductor.begin(run_id, "triage", task_id="t")
+    begin(conductor, run_id, "triage")
     conductor.complete(
         run_id, "triage", result({**TRIAGE_OK, "actionable": False, "reason": "not our code"})
     )
@@ -133,7 +139,7 @@ def test_last_stage_done_ends_the_run_and_removes_temp_outputs(
         ),
         ("pr", {"branch": "b", "commit": "c", "title": "t", "body": "b"}),
     ]:
-        conductor.begin(run_id, stage, task_id=stage)
+        begin(conductor, run_id, stage)
         conductor.complete(run_id, stage, result(output))
 
     run = conductor.store.get(run_id)
@@ -150,21 +156,21 @@ def test_last_stage_done_ends_the_run_and_removes_temp_outputs(
 
 def test_wait_shows_until_when_and_begin_resumes(conductor: Conductor) -> None:
     run_id, _ = conductor.submit(ISSUE, repo="/r", commit="abc", pipeline="fixer")
-    conductor.begin(run_id, "triage", task_id="t")
+    begin(conductor, run_id, "triage")
     record = conductor.wait(run_id, "triage", delay_s=3.5, reason="429")
     run = conductor.store.get(run_id)
 
     assert run.status == RunStatus.WAITING
     assert record.status == StageStatus.WAITING and record.waiting_until is not None
     assert (record.rate_limit_retries, record.rate_limit_wait_s) == (1, 3.5)
-    again = conductor.begin(run_id, "triage", task_id="t")
+    again = begin(conductor, run_id, "triage")
     assert (again.action, again.attempt) == ("run", 2)
     assert conductor.store.get(run_id).stages["triage"].waiting_until is None
 
 
 def test_fail_ends_the_run_with_the_stage_and_reason(conductor: Conductor) -> None:
     run_id, _ = conductor.submit(ISSUE, repo="/r", commit="abc", pipeline="fixer")
-    conductor.begin(run_id, "triage", task_id="t")
+    begin(conductor, run_id, "triage")
     conductor.fail(run_id, "triage", "the model API refused the request")
 
     run = conductor.store.get(run_id)
@@ -172,12 +178,12 @@ def test_fail_ends_the_run_with_the_stage_and_reason(conductor: Conductor) -> No
         RunStatus.FAILED,
         "triage: the model API refused the request",
     )
-    assert conductor.begin(run_id, "triage", task_id="t").action == "drop"
+    assert begin(conductor, run_id, "triage").action == "drop"
 
 
 def test_every_transition_is_in_the_audit_log_with_branch_and_session(conductor: Conductor) -> None:
     run_id, _ = conductor.submit(ISSUE, repo="/r", commit="abc", pipeline="fixer")
-    conductor.begin(run_id, "triage", task_id="t")
+    begin(conductor, run_id, "triage")
     conductor.fail(run_id, "triage", "boom")
 
     log = conductor.store.audit_log(run_id)
@@ -185,3 +191,132 @@ def test_every_transition_is_in_the_audit_log_with_branch_and_session(conductor:
         ("stage_begin", "fixer.triage", f"{run_id}:triage:1"),
         ("stage_failed", "fixer.triage", f"{run_id}:triage:1"),
     ]
+
+
+def test_a_delivery_for_a_stage_a_live_execution_holds_is_busy(conductor: Conductor) -> None:
+    run_id, _ = conductor.submit(ISSUE, repo="/r", commit="abc", pipeline="fixer")
+    first = begin(conductor, run_id, "triage", owner="host:1:a")
+    duplicate = begin(conductor, run_id, "triage", owner="host:2:a")
+
+    assert (first.action, duplicate.action) == ("run", "busy")
+    record = conductor.store.get(run_id).stages["triage"]
+    assert (record.owner, record.attempts, record.interrupted) == ("host:1:a", 1, 0)
+
+
+def test_a_lapsed_lease_counts_as_an_interruption_and_the_stage_is_taken_over(
+    conductor: Conductor,
+) -> None:
+    run_id, _ = conductor.submit(ISSUE, repo="/r", commit="abc", pipeline="fixer")
+    begin(conductor, run_id, "triage", owner="host:1:a", lease_s=-1)
+    again = begin(conductor, run_id, "triage", owner="host:2:a")
+
+    assert (again.action, again.attempt) == ("run", 2)
+    record = conductor.store.get(run_id).stages["triage"]
+    assert (record.owner, record.interrupted) == ("host:2:a", 1)
+
+
+def test_a_stage_interrupted_too_often_is_exhausted(conductor: Conductor) -> None:
+    run_id, _ = conductor.submit(ISSUE, repo="/r", commit="abc", pipeline="fixer")
+    actions = [
+        begin(conductor, run_id, "triage", owner=f"host:{n}:a", lease_s=-1).action for n in range(5)
+    ]
+
+    assert actions == ["run", "run", "run", "exhausted", "exhausted"]
+
+
+def test_renewing_extends_only_the_owners_lease_and_reports_a_cancel(conductor: Conductor) -> None:
+    run_id, _ = conductor.submit(ISSUE, repo="/r", commit="abc", pipeline="fixer")
+    begin(conductor, run_id, "triage", owner="host:1:a", lease_s=5)
+    before = conductor.store.get(run_id).stages["triage"].lease_until
+
+    assert conductor.renew(run_id, "triage", owner="host:1:a", lease_s=100) is False
+    assert conductor.renew(run_id, "triage", owner="host:9:z", lease_s=1000) is False
+    after = conductor.store.get(run_id).stages["triage"].lease_until
+    conductor.cancel(run_id, "stop")
+    assert conductor.renew(run_id, "triage", owner="host:1:a", lease_s=100) is True
+    assert before is not None and after is not None and 90 < after - before < 100
+
+
+def test_cancel_ends_the_run_and_a_queued_stage_is_then_dropped(conductor: Conductor) -> None:
+    run_id, _ = conductor.submit(ISSUE, repo="/r", commit="abc", pipeline="fixer")
+
+    assert conductor.cancel(run_id, "no longer needed") is True
+    assert conductor.cancel(run_id, "again") is False
+    run = conductor.store.get(run_id)
+    assert (run.status, run.reason) == (RunStatus.CANCELLED, "no longer needed")
+    assert run.stages["triage"].status == StageStatus.CANCELLED
+    assert begin(conductor, run_id, "triage").action == "drop"
+    assert run_id not in conductor.store.active()
+
+
+def test_a_failure_from_an_execution_that_lost_the_stage_changes_nothing(
+    conductor: Conductor,
+) -> None:
+    run_id, _ = conductor.submit(ISSUE, repo="/r", commit="abc", pipeline="fixer")
+    begin(conductor, run_id, "triage", owner="host:1:a", lease_s=-1)
+    begin(conductor, run_id, "triage", owner="host:2:a")
+
+    conductor.fail(run_id, "triage", "late failure", owner="host:1:a")
+
+    run = conductor.store.get(run_id)
+    assert (run.status, run.stages["triage"].status) == (RunStatus.RUNNING, StageStatus.RUNNING)
+
+
+PLAN = {"approach": "a", "steps": ["s"], "files_to_change": ["a"], "test_command": "t"}
+SEARCH = {
+    "root_cause": "x",
+    "locations": [{"path": "a", "line_start": 1, "line_end": 2, "why": "y"}],
+}
+
+
+def test_resume_reruns_from_the_failed_stage_and_keeps_earlier_outputs(
+    conductor: Conductor, redis_client: redis.Redis
+) -> None:
+    run_id, _ = conductor.submit(ISSUE, repo="/r", commit="abc", pipeline="fixer")
+    for stage, output in [("triage", TRIAGE_OK), ("search", SEARCH), ("plan", PLAN)]:
+        begin(conductor, run_id, stage)
+        conductor.complete(run_id, stage, result(output))
+    begin(conductor, run_id, "fix")
+    conductor.fail(run_id, "fix", "tests still fail")
+    assert 0 < redis_client.ttl(keys.run(run_id))
+
+    resumed = conductor.resume(run_id)
+
+    run = conductor.store.get(run_id)
+    assert resumed == "fix"
+    assert (run.status, run.reason, run.current_stage) == (RunStatus.QUEUED, None, "fix")
+    assert [run.stages[s].status for s in ("triage", "search", "plan", "fix", "pr")] == [
+        StageStatus.DONE,
+        StageStatus.DONE,
+        StageStatus.DONE,
+        StageStatus.QUEUED,
+        StageStatus.PENDING,
+    ]
+    assert run.stages["fix"].attempts == 1 and run.stages["fix"].error is None
+    assert conductor.store.output(run_id, "plan") == PLAN
+    assert redis_client.ttl(keys.run(run_id)) == -1
+    assert run_id in conductor.store.active()
+    # No worker consumes here: the first message (from plan) is still queued beside resume's.
+    assert queued_task_ids(redis_client, "baton.fix") == [f"{run_id}.fix"] * 2
+
+
+def test_resume_from_a_named_stage_drops_its_output_and_those_after_it(
+    conductor: Conductor,
+) -> None:
+    run_id, _ = conductor.submit(ISSUE, repo="/r", commit="abc", pipeline="fixer")
+    for stage, output in [("triage", TRIAGE_OK), ("search", SEARCH)]:
+        begin(conductor, run_id, stage)
+        conductor.complete(run_id, stage, result(output))
+    conductor.cancel(run_id)
+
+    assert conductor.resume(run_id, "search") == "search"
+    assert conductor.store.output(run_id, "search") is None
+    assert conductor.store.output(run_id, "triage") == TRIAGE_OK
+
+
+def test_a_run_still_going_cannot_be_resumed(conductor: Conductor) -> None:
+    from orchestrator.errors import RunStateError
+
+    run_id, _ = conductor.submit(ISSUE, repo="/r", commit="abc", pipeline="fixer")
+    with pytest.raises(RunStateError, match="is still queued; cancel it first"):
+        conductor.resume(run_id)

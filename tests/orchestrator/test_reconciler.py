@@ -1,0 +1,95 @@
+"""The reconciler against a real Redis and real Celery messages on the stage queues."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from orchestrator.conductor import Conductor
+from orchestrator.models import Issue, IssueSource, StageStatus
+from orchestrator.queue import Dispatcher
+from orchestrator.reconciler import Reconciler, Repair
+from orchestrator.settings import QueueConfig
+from orchestrator.store import RunStore
+
+from .test_conductor import queued_task_ids
+
+ISSUE = Issue(source=IssueSource.TEXT, title="Checkout crashes on an empty cart")
+QUEUE = QueueConfig(stuck_after_s=60, reconcile_every_s=30)
+
+
+@pytest.fixture
+def conductor(unit_redis_url: str, store: RunStore) -> Iterator[Conductor]:
+    dispatcher = Dispatcher.connect(unit_redis_url, QUEUE)
+    yield Conductor(store, dispatcher)
+    dispatcher.close()
+
+
+def started(conductor: Conductor, *, lease_s: float) -> str:
+    run_id, _ = conductor.submit(ISSUE, repo="/r", commit="c", pipeline="fixer")
+    conductor.begin(run_id, "triage", owner="host:1:t", lease_s=lease_s, max_interrupted=3)
+    return run_id
+
+
+def test_a_running_stage_whose_lease_lapsed_is_queued_again(
+    conductor: Conductor, redis_client: redis.Redis
+) -> None:
+    run_id = started(conductor, lease_s=-1)
+    redis_client.delete("baton.triage")
+
+    repairs = Reconciler(conductor, QUEUE).sweep()
+
+    assert repairs == [Repair(run_id, "triage", "running")]
+    record = conductor.store.get(run_id).stages["triage"]
+    assert (record.status, record.interrupted, record.owner) == (StageStatus.QUEUED, 1, None)
+    assert queued_task_ids(redis_client, "baton.triage") == [f"{run_id}.triage"]
+
+
+def test_a_running_stage_with_a_live_lease_is_left_alone(conductor: Conductor) -> None:
+    run_id = started(conductor, lease_s=60)
+    assert Reconciler(conductor, QUEUE).sweep() == []
+    assert conductor.store.get(run_id).stages["triage"].status == StageStatus.RUNNING
+
+
+def test_a_queued_stage_is_sent_again_only_when_its_message_is_gone(
+    conductor: Conductor, redis_client: redis.Redis
+) -> None:
+    run_id, _ = conductor.submit(ISSUE, repo="/r", commit="c", pipeline="fixer")
+    later = time.time() + 120
+    reconciler = Reconciler(conductor, QUEUE)
+
+    assert reconciler.sweep(now=later) == []  # still in the queue
+    redis_client.delete("baton.triage")
+    assert reconciler.sweep(now=time.time()) == []  # gone, but not for long enough
+    assert reconciler.sweep(now=later) == [Repair(run_id, "triage", "queued")]
+    assert queued_task_ids(redis_client, "baton.triage") == [f"{run_id}.triage"]
+
+
+def test_a_waiting_stage_long_past_its_retry_time_is_sent_again(
+    conductor: Conductor, redis_client: redis.Redis
+) -> None:
+    run_id = started(conductor, lease_s=60)
+    conductor.wait(run_id, "triage", delay_s=5, reason="429")
+    redis_client.delete("baton.triage")
+
+    assert Reconciler(conductor, QUEUE).sweep(now=time.time() + 30) == []
+    assert Reconciler(conductor, QUEUE).sweep(now=time.time() + 120) == [
+        Repair(run_id, "triage", "waiting")
+    ]
+
+
+def test_an_ended_run_leaves_the_active_set(conductor: Conductor) -> None:
+    run_id = started(conductor, lease_s=60)
+    conductor.store.redis.hset(f"baton:run:{run_id}", "status", "done")
+
+    assert Reconciler(conductor, QUEUE).sweep() == []
+    assert run_id not in conductor.store.active()
+
+
+def test_only_one_process_sweeps_per_interval(conductor: Conductor) -> None:
+    first = Reconciler(conductor, QUEUE).sweep_if_due(holder="a")
+    second = Reconciler(conductor, QUEUE).sweep_if_due(holder="b")
+    assert (first, second) == ([], None)

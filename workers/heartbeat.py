@@ -1,0 +1,91 @@
+"""A running stage's heartbeat: renews its lease and notices when its run is cancelled."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable, Coroutine
+from types import TracebackType
+from typing import Any, TypeVar
+
+from orchestrator.conductor import Conductor
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class Heartbeat:
+    """Renews the owner's lease every third of `lease_s` from a thread, for a `with` block.
+
+    When the run is found cancelled, `cancelled` is set and `on_cancel` runs once (it stops
+    whatever the stage is blocked in, such as its sandbox).
+    """
+
+    def __init__(
+        self,
+        conductor: Conductor,
+        run_id: str,
+        stage: str,
+        *,
+        owner: str,
+        lease_s: float,
+        on_cancel: Callable[[], None],
+    ) -> None:
+        self._conductor = conductor
+        self._run_id, self._stage, self._owner = run_id, stage, owner
+        self._lease_s = lease_s
+        self._on_cancel = on_cancel
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.cancelled = threading.Event()
+
+    def __enter__(self) -> Heartbeat:
+        self._thread = threading.Thread(target=self._beat, name="baton-heartbeat", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self._lease_s)
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self._lease_s / 3):
+            try:
+                cancelled = self._conductor.renew(
+                    self._run_id, self._stage, owner=self._owner, lease_s=self._lease_s
+                )
+            except Exception:
+                logger.warning("could not renew the lease of %s", self._owner, exc_info=True)
+                continue
+            if cancelled and not self.cancelled.is_set():
+                logger.info("run %s was cancelled; stopping %s", self._run_id, self._stage)
+                self.cancelled.set()
+                self._on_cancel()
+
+
+class Interruptible:
+    """Runs a coroutine to completion in a new event loop, cancellable from another thread
+    (the heartbeat's): a cancelled stage stops at whatever it awaits, a model call included."""
+
+    def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._task: asyncio.Task[Any] | None = None
+
+    def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        async def main() -> T:
+            self._loop, self._task = asyncio.get_running_loop(), asyncio.current_task()
+            return await coroutine
+
+        return asyncio.run(main())
+
+    def cancel(self) -> None:
+        if self._loop is not None and self._task is not None:
+            self._loop.call_soon_threadsafe(self._task.cancel)
