@@ -37,6 +37,8 @@ def stage_json(record: StageRecord) -> dict[str, Any]:
         "waiting_until": record.waiting_until,
         "rate_limit_retries": record.rate_limit_retries,
         "rate_limit_wait_s": record.rate_limit_wait_s,
+        "quota_wait_s": record.quota_wait_s,
+        "interrupted": record.interrupted,
         "compacted": record.compacted,
         "error": record.error,
         "artifacts": {name: ref.uri for name, ref in record.artifacts.items()},
@@ -141,6 +143,10 @@ def _note(record: StageRecord, now: float) -> str:
     notes = []
     if record.rate_limit_retries:
         notes.append(f"waited {record.rate_limit_wait_s:.1f}s on {record.rate_limit_retries} x 429")
+    if record.quota_wait_s:
+        notes.append(f"waited {record.quota_wait_s:.1f}s for quota")
+    if record.interrupted:
+        notes.append(f"lost {record.interrupted}x")
     if record.compacted:
         notes.append(f"output {record.compacted}")
     return "; ".join(notes)
