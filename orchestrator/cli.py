@@ -10,6 +10,7 @@ from typing import BinaryIO
 
 import click
 from rich.console import Console
+from rich.markup import escape
 
 from orchestrator import api
 from orchestrator.demo import services
@@ -34,7 +35,12 @@ class BatonGroup(click.Group):
         try:
             return super().invoke(ctx)
         except BatonError as exc:
-            err.print(f"[red]error:[/] {type(exc).__name__}: {exc}", highlight=False)
+            # The message may quote the payload: never read it as markup, never wrap it.
+            err.print(
+                f"[red]error:[/] {type(exc).__name__}: {escape(str(exc))}",
+                highlight=False,
+                soft_wrap=True,
+            )
             sys.exit(EXIT_BAD_INPUT)
 
 

@@ -70,6 +70,8 @@ class StageResult:
     output_tokens: int
     compacted: str | None = None
     artifacts: dict[str, ArtifactRef] | None = None
+    quota_wait_s: float = 0.0
+    """Time the execution slept inside the stage for the fleet's quota or a 429 cooldown."""
 
 
 class Conductor:
@@ -169,6 +171,7 @@ class Conductor:
             pipeline = load_pipeline(run.pipeline)
             pipe.hset(keys.outputs(run_id), pipeline.stage(stage).output_key, payload)
             record.status, record.finished_at = StageStatus.DONE, time.time()
+            record.waiting_until, record.error = None, None
             record.requests = result.requests
             record.prompt_tokens_total = result.prompt_tokens_total
             record.prompt_tokens_max = result.prompt_tokens_max
@@ -176,6 +179,7 @@ class Conductor:
             record.output_chars = len(payload)
             record.compacted = result.compacted
             record.artifacts = dict(result.artifacts or {})
+            record.quota_wait_s = round(record.quota_wait_s + result.quota_wait_s, 3)
             record.lease_until = None
             return _decide(run, pipeline, stage, result.output), run
 
@@ -217,6 +221,20 @@ class Conductor:
         record = run.stages[stage]
         self._audit(run, stage, record.attempts, "stage_waiting", delay_s=delay_s, reason=reason)
         return record
+
+    def waiting(self, run_id: str, stage: str, seconds: float, reason: str) -> None:
+        """A running stage is about to sleep inside its execution (quota, cooldown): show it
+        until when, while the stage stays running. Never fails the stage."""
+
+        def mutate(run: RunRecord, pipe: Any) -> None:
+            record = run.stages[stage]
+            if record.status == StageStatus.RUNNING:
+                record.waiting_until, record.error = time.time() + seconds, f"waiting: {reason}"
+
+        try:
+            self.store.transact(run_id, mutate)
+        except Exception:
+            logger.warning("could not show the wait of %s of run %s", stage, run_id, exc_info=True)
 
     def fail(self, run_id: str, stage: str, error: str, *, owner: str | None = None) -> None:
         """Fail a stage and end its run. With `owner`, only if that execution still holds the

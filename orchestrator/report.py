@@ -138,6 +138,8 @@ def _duration(record: StageRecord, now: float) -> str:
 def _note(record: StageRecord, now: float) -> str:
     if record.status == StageStatus.WAITING and record.waiting_until:
         return f"retry at {_clock(record.waiting_until)}"
+    if record.status == StageStatus.RUNNING and record.waiting_until and record.waiting_until > now:
+        return f"{record.error or 'waiting'} until {_clock(record.waiting_until)}"
     if record.status == StageStatus.FAILED and record.error:
         return record.error[:120]
     notes = []

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, SecretStr
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, PositiveInt, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from orchestrator.errors import ConfigError
@@ -60,9 +60,9 @@ class RetryConfig(_Section):
 class QuotaConfig(_Section):
     """A model's quota, shared by every worker of the fleet (None: no limit of that kind)."""
 
-    requests_per_minute: int | None = None
+    requests_per_minute: PositiveInt | None = None
     """Model calls per sliding minute."""
-    tokens_per_minute: int | None = None
+    tokens_per_minute: PositiveInt | None = None
     """Prompt plus reply tokens per sliding minute (estimated before a call, corrected after)."""
 
 

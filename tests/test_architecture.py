@@ -58,6 +58,8 @@ ERRORS = [
     orchestrator_errors.RepoError("x"),
     orchestrator_errors.RunNotFoundError("r1"),
     worker_errors.RateLimitedError("429", 3.0),
+    worker_errors.QuotaWaitError("quota", 12.0),
+    worker_errors.StageCancelledError("cancelled"),
     worker_errors.StageError("x"),
     worker_errors.ModelRejectedError("x"),
     worker_errors.ModelUnavailableError("x"),

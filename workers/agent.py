@@ -29,6 +29,7 @@ from google.genai import types
 from orchestrator.pipeline import StageBudget, render
 from workers.budget import request_trimmer, tool_output_limiter
 from workers.errors import ModelCallLimitError
+from workers.guard import ToolGuard
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +75,9 @@ class AgentSpec:
 
 
 def build_agent(spec: AgentSpec, model: BaseLlm, usage: Usage) -> LlmAgent:
+    """The stage's agent, held to its own tools by a fresh `ToolGuard`: build one per
+    execution, so that its one repair turn for a bad tool call is never shared."""
+
     def instruction(ctx: ReadonlyContext) -> str:
         return render(spec.instruction, dict(ctx.state)).strip() + "\n\n" + spec.contract
 
@@ -90,6 +94,7 @@ def build_agent(spec: AgentSpec, model: BaseLlm, usage: Usage) -> LlmAgent:
         else None
     )
     trim = request_trimmer(spec.budget.max_request_tokens)
+    guard = ToolGuard(spec.tools, stage=spec.name)
     return LlmAgent(
         name=spec.name,
         model=model,
@@ -97,7 +102,8 @@ def build_agent(spec: AgentSpec, model: BaseLlm, usage: Usage) -> LlmAgent:
         tools=list(spec.tools),
         generate_content_config=config,
         before_model_callback=[safe_point, trim, count_request],
-        before_tool_callback=safe_point,
+        after_model_callback=guard.after_model,
+        before_tool_callback=[safe_point, guard.before_tool],
         after_tool_callback=tool_output_limiter(spec.budget.max_tool_output_chars),
     )
 

@@ -2,6 +2,7 @@
 
     BatonError (orchestrator.errors)
     ├── RateLimitedError         (RuntimeError)  retryable: the task goes back on its queue
+    │   └── QuotaWaitError                       the fleet's quota would keep a call waiting long
     ├── InfrastructureError      (RuntimeError)  retryable a few times: Docker or the like failed
     ├── StageCancelledError      (RuntimeError)  the run was cancelled; the stage stopped
     └── StageError               (RuntimeError)  the stage fails and the run ends
@@ -29,6 +30,12 @@ class RateLimitedError(BatonError, RuntimeError):
 
     def __str__(self) -> str:
         return self.message
+
+
+class QuotaWaitError(RateLimitedError):
+    """Raised when the fleet's quota or a 429 cooldown would keep a model call waiting longer
+    than a stage may sleep; `delay_s` is that wait, and the stage goes back on its queue with
+    that countdown (a `RateLimitedError`, so the Celery task already does this)."""
 
 
 class InfrastructureError(BatonError, RuntimeError):

@@ -3,8 +3,13 @@
 google-genai's and ADK's own retries are switched off: they ignore the server's `retryDelay`.
 Instead:
 
-* 429 → `RateLimitedError(delay_s)`; the Celery task puts the stage back on its queue with a
-  countdown of that delay (shared/notes/adk-genai.md §5).
+* Before every attempt, the fleet's `Governor` (optional) waits for the model's quota and any
+  cooldown; after a reply it learns the real token count.
+* 429 → the whole fleet cools down for the server's delay (`Governor.cooldown`). A stage that
+  has made progress (a call already answered) waits a short delay out inside the call and
+  sends it again, a few times at most; otherwise → `RateLimitedError(delay_s)`, and the Celery
+  task puts the stage back on its queue with a countdown of that delay
+  (shared/notes/adk-genai.md §5).
 * 5xx, timeouts and dropped connections → retried here with tenacity (exponential backoff with
   jitter, bounded), but only before the first chunk of a reply arrived.
 * 400/401/403/404 → `ModelRejectedError`, at once.
@@ -12,6 +17,7 @@ Instead:
 
 from __future__ import annotations
 
+import asyncio
 import email.utils
 import logging
 import random
@@ -25,28 +31,69 @@ from google.adk.models.llm_request import LlmRequest
 from google.adk.models.llm_response import LlmResponse
 from google.genai import errors as genai_errors
 from google.genai import types
+from pydantic import Field, PrivateAttr, SkipValidation
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
 
 from orchestrator.models import StageRecord
 from orchestrator.settings import ModelConfig, RetryConfig
+from workers.budget import request_tokens
 from workers.errors import ModelRejectedError, ModelUnavailableError, RateLimitedError
+from workers.governor import JITTER_S, REASONS, Governor, Permit, WaitCallback
 
 logger = logging.getLogger(__name__)
 
 _TRANSIENT_HTTP = (httpx.TimeoutException, httpx.TransportError, TimeoutError)
 RATE_LIMIT_BACKOFF_CAP_S = 120.0
+COOLDOWN_FALLBACK_S = 5.0
+"""The fleet's cooldown after a 429 that names no delay."""
+MAX_INLINE_429S = 3
+"""429s one stage waits out inside its model calls before it goes back on its queue."""
 
 
 class BatonGemini(Gemini):
-    """`Gemini` whose transient failures are retried with bounded, jittered backoff."""
+    """`Gemini` whose transient failures are retried with bounded, jittered backoff, and whose
+    calls wait for the fleet's quota. One instance serves one stage execution."""
 
     transient_attempts: int = 4
     transient_initial_s: float = 0.5
     transient_max_s: float = 20.0
+    governor: SkipValidation[Governor | None] = Field(default=None, exclude=True)
+    """The fleet's quota and cooldown; None: calls go out at once, 429s cool only this stage."""
+    inline_wait_max_s: float = 10.0
+    """The longest wait slept inside a call; a longer one puts the stage back on its queue."""
+    max_inline_429s: int = MAX_INLINE_429S
+    on_wait: SkipValidation[WaitCallback | None] = Field(default=None, exclude=True)
+    """Told the seconds about to be slept and why, so that the stage can show it."""
+    _waited_s: float = PrivateAttr(0.0)
+    _answered: int = PrivateAttr(0)
+    _inline_429s: int = PrivateAttr(0)
+
+    @property
+    def waited_s(self) -> float:
+        """Time this model's calls have slept for quota, cooldowns and 429s so far."""
+        return round(self._waited_s, 3)
 
     async def generate_content_async(
         self, llm_request: LlmRequest, stream: bool = False
     ) -> AsyncGenerator[LlmResponse, None]:
+        while True:
+            yielded = False
+            try:
+                async for response in self._call_with_retries(llm_request, stream):
+                    yielded = True
+                    yield response
+            except genai_errors.APIError as exc:
+                if exc.code != 429 or yielded or not await self._wait_out_429(exc):
+                    raise
+            else:
+                self._answered += 1
+                return
+
+    async def _call_with_retries(
+        self, llm_request: LlmRequest, stream: bool
+    ) -> AsyncGenerator[LlmResponse, None]:
+        """One model call: permitted by the governor before every attempt, transient failures
+        retried, the real token count reported after the reply."""
         started = False
 
         def retryable(exc: BaseException) -> bool:
@@ -65,9 +112,65 @@ class BatonGemini(Gemini):
         )
         async for attempt in retrying:
             with attempt:
+                permit = await self._acquire(llm_request)
+                final: LlmResponse | None = None
                 async for response in super().generate_content_async(llm_request, stream):
                     started = True
+                    if response.usage_metadata is not None and not response.partial:
+                        final = response
                     yield response
+                if self.governor is not None and permit is not None and final is not None:
+                    self.governor.reconcile(permit, _tokens(final))
+
+    async def _acquire(self, llm_request: LlmRequest) -> Permit | None:
+        """Wait for the fleet's quota and any cooldown (None without a governor)."""
+        if self.governor is None:
+            return None
+        # The HTTP client is built first, so that the permit is taken as close as possible to
+        # the request going out (the provider's window counts from its arrival).
+        _ = self.api_client
+        permit = await self.governor.acquire(
+            self.model,
+            request_tokens(llm_request),
+            max_sleep_s=self.inline_wait_max_s,
+            on_wait=self.on_wait,
+        )
+        self._waited_s += permit.slept_s
+        return permit
+
+    async def _wait_out_429(self, exc: genai_errors.APIError) -> bool:
+        """Cool the fleet down; True when this stage waits inside the call and sends it again
+        (the next permit sleeps out the cooldown), False when the 429 should go to Celery."""
+        delay_s = retry_delay_s(exc)
+        cooldown_s = COOLDOWN_FALLBACK_S if delay_s is None else delay_s
+        if self.governor is not None:
+            self.governor.cooldown(self.model, cooldown_s)
+        inline = (
+            self._answered > 0
+            and cooldown_s <= self.inline_wait_max_s
+            and self._inline_429s < self.max_inline_429s
+        )
+        if not inline:
+            return False
+        self._inline_429s += 1
+        logger.info(
+            "model %s answered 429 mid-stage; waiting %.1fs inside the stage (%d of %d)",
+            self.model, cooldown_s, self._inline_429s, self.max_inline_429s,
+        )  # fmt: skip
+        if self.governor is None:
+            wait_s = cooldown_s + random.uniform(*JITTER_S)
+            if self.on_wait is not None:
+                self.on_wait(wait_s, REASONS["cooldown"])
+            await asyncio.sleep(wait_s)
+            self._waited_s += wait_s
+        return True
+
+
+def _tokens(response: LlmResponse) -> int:
+    usage = response.usage_metadata
+    if usage is None:
+        return 0
+    return (usage.prompt_token_count or 0) + (usage.candidates_token_count or 0)
 
 
 def _log_retry(state: Any) -> None:
@@ -79,8 +182,15 @@ def _log_retry(state: Any) -> None:
     )
 
 
-def build_model(cfg: ModelConfig, retry: RetryConfig) -> BatonGemini:
-    """A Gemini model on the real google-genai client, with the client's own retries off."""
+def build_model(
+    cfg: ModelConfig,
+    retry: RetryConfig,
+    *,
+    governor: Governor | None = None,
+    on_wait: WaitCallback | None = None,
+) -> BatonGemini:
+    """A Gemini model on the real google-genai client, with the client's own retries off;
+    its calls wait for `governor`'s quota when one is given."""
     if cfg.api_key is None:
         raise ModelRejectedError(
             "no Gemini API key: set GOOGLE_API_KEY (or BATON_GEMINI_BASE_URL to a fake server)"
@@ -95,6 +205,9 @@ def build_model(cfg: ModelConfig, retry: RetryConfig) -> BatonGemini:
         transient_attempts=retry.transient_attempts,
         transient_initial_s=retry.transient_initial_s,
         transient_max_s=retry.transient_max_s,
+        governor=governor,
+        inline_wait_max_s=retry.inline_wait_max_s,
+        on_wait=on_wait,
     )
 
 

@@ -10,7 +10,7 @@ import logging
 import os
 import socket
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 
 from celery import Task
@@ -29,6 +29,7 @@ from workers.errors import (
     StageError,
 )
 from workers.gemini import build_model, classify, close_model, rate_limit_countdown
+from workers.governor import Governor
 from workers.heartbeat import Heartbeat, Interruptible
 from workers.publish import Publisher
 from workers.repos import RepoCache
@@ -50,6 +51,7 @@ class Runtime:
     store: RunStore
     conductor: Conductor
     services: StageServices
+    governor: Governor
 
 
 @cache
@@ -64,7 +66,8 @@ def runtime() -> Runtime:
             repos, token=settings.github_token, github_api_url=settings.github_api_url
         ),
     )
-    return Runtime(settings, store, Conductor(store, Dispatcher(app)), services)
+    governor = Governor(store.redis, settings.quotas, settings.default_quota)
+    return Runtime(settings, store, Conductor(store, Dispatcher(app)), services, governor)
 
 
 @app.task(name=STAGE_TASK, bind=True, max_retries=None, acks_late=True, reject_on_worker_lost=True)
@@ -183,11 +186,17 @@ def _retry_infrastructure(task: Task, rt: Runtime, job: StageJob, exc: Infrastru
 
 
 async def _execute(job: StageJob, rt: Runtime, cancelled: threading.Event) -> StageResult:
-    model = build_model(rt.settings.model_section(), rt.settings.retry)
+    model = build_model(
+        rt.settings.model_section(),
+        rt.settings.retry,
+        governor=rt.governor,
+        on_wait=lambda seconds, why: rt.conductor.waiting(job.run.id, job.spec.name, seconds, why),
+    )
     try:
-        return await execute_stage(
+        result = await execute_stage(
             job, rt.services, model=model, streaming=rt.settings.streaming, cancelled=cancelled
         )
+        return replace(result, quota_wait_s=round(model.waited_s, 3))
     except sandbox.SandboxUnavailableError as exc:
         raise InfrastructureError(f"the sandbox failed: {exc}") from exc
     except sandbox.SandboxStartError as exc:

@@ -17,18 +17,31 @@ from orchestrator.errors import IntakeError
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 _SURROGATE = re.compile(r"[\ud800-\udfff]")
 _URL = re.compile(r"https?://[^\s/]+\S*", re.IGNORECASE)
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,39}")
+MAX_KEY_CHARS = 40
+"""A longer key from the payload is shortened where an error message names it."""
 
 
 def clean(text: str) -> str:
-    """`text` without control characters (newline and tab stay); lone surrogates, which JSON
-    can smuggle in as `\\ud800`, become U+FFFD."""
-    return _SURROGATE.sub("\ufffd", _CONTROL.sub("", text))
+    """`text` without control characters (newline and tab stay). Surrogates, which JSON can
+    smuggle in as `\\ud800` and a `str` payload can hold as they are, become the character a
+    pair of them encodes, or U+FFFD when alone: either way the result encodes as UTF-8."""
+    text = _CONTROL.sub("", text)
+    if _SURROGATE.search(text):
+        text = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    return text
 
 
 def at(path: str, key: str | int) -> str:
-    """The dotted path of `key` below `path`: `at("exception", "values")`, `at("values", 0)`."""
+    """The dotted path of `key` below `path`: `at("exception", "values")`, `at("values", 0)`.
+
+    A key from the payload that is not a plain name (a tag's, say) is shown cleaned, quoted
+    and shortened, `tags['build id']`, so that an error message stays one printable line."""
     if isinstance(key, int):
         return f"{path}[{key}]"
+    if not _NAME.fullmatch(key):
+        shown = clean(key[:MAX_KEY_CHARS]) + ("…" if len(key) > MAX_KEY_CHARS else "")
+        return f"{path}[{shown!r}]"
     return f"{path}.{key}" if path else key
 
 

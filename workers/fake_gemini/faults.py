@@ -9,7 +9,7 @@ from workers.fake_gemini.scenario import FaultRule
 
 
 class FaultBook:
-    """Fault rules, the number of requests per agent and the number of uses per rule.
+    """Fault rules, the number of requests per agent and in all, and the number of uses per rule.
 
     Not thread-safe: the server touches it only from its event loop.
     """
@@ -18,14 +18,17 @@ class FaultBook:
         self._rules = list(rules)
         self._uses = [0] * len(self._rules)
         self._requests: Counter[str] = Counter()
+        self._all_requests = 0
 
     def next_request(self, agent: str) -> tuple[int, FaultRule | None]:
-        """Count one more request of `agent`; return its 1-based number and the rule it meets."""
+        """Count one more request of `agent`; return its 1-based number among the agent's
+        requests and the rule it meets."""
         self._requests[agent] += 1
+        self._all_requests += 1
         number = self._requests[agent]
         for index, rule in enumerate(self._rules):
             used_up = rule.times is not None and self._uses[index] >= rule.times
-            if not used_up and rule.selects(agent, number):
+            if not used_up and rule.selects(agent, number, self._all_requests):
                 self._uses[index] += 1
                 return number, rule
         return number, None
@@ -38,4 +41,5 @@ class FaultBook:
     def reset(self) -> None:
         """Start counting requests and rule uses from zero again."""
         self._requests.clear()
+        self._all_requests = 0
         self._uses = [0] * len(self._rules)

@@ -69,7 +69,7 @@ class FakeGemini:
         return entries
 
     def reset(self) -> None:
-        """Forget recorded entries and restart the per-agent request counters."""
+        """Forget recorded entries, restart the request counters and empty the quota windows."""
         self._admin("POST", "/_fake/reset")
 
     def set_faults(self, rules: Iterable[FaultRule | Mapping[str, Any]]) -> None:
@@ -78,7 +78,7 @@ class FakeGemini:
         self._admin("PUT", "/_fake/faults", json=validated)
 
     def set_scenario(self, scenario: Scenario | Mapping[str, Any]) -> None:
-        """Replace the scenario, its fault rules included."""
+        """Replace the scenario, its fault rules and quota included."""
         validated = Scenario.model_validate(scenario)
         self._admin("PUT", "/_fake/scenario", json=validated.model_dump(mode="json", by_alias=True))
 

@@ -12,6 +12,7 @@ A scenario is JSON::
         "*": [{"text": "ok"}]
      },
      "faults": [{"agent": "search", "requests": [1], "status": 429, "retry_delay_s": 3}],
+     "quota": {"requests_per_minute": 60, "tokens_per_minute": 100000, "window_s": 60},
      "latency_ms": 0}
 
 Agents. The agent of a request is the name ADK puts in the system instruction, else the
@@ -23,10 +24,20 @@ in its `contents`, so a retried or redelivered request replays the same step; pa
 the script the last step repeats. In a `text` or `json` step, `{{fn:NAME.FIELD}}` is replaced by
 FIELD of the newest response of function NAME in the request (e.g. the commit a tool made).
 
+Quota. With `quota`, each model has a sliding window (`window_s`, default 60) over the
+requests it answered with 200, counted from when they arrived: a request that would take the
+window past `requests_per_minute`, or whose prompt tokens would take it past
+`tokens_per_minute` (prompt plus reply tokens of the answered ones), is refused with a 429
+whose `RetryInfo.retryDelay` is the time until the window has room, rounded up to 0.1 s. Either
+limit may be left out. The quota is checked before the fault rules: a request it refuses is
+recorded with status 429 and never reaches them (their counters do not see it).
+
 Faults. Rules are checked in order for every model request and the first that matches applies.
 Selectors: `agent` (default `"*"`, any agent), `requests` (1-based numbers of that agent's
 requests since the last reset), `every` (every Nth request of that agent), `times` (apply at
-most this many times in all). Effects:
+most this many times in all). `scope` says what `requests` and `every` count: `"agent"` (the
+default) the requests of the request's own agent, `"all"` the requests of every agent together,
+so `{"every": 2, "scope": "all", "status": 429}` refuses half of all calls. Effects:
 
 * `status`: answer with an error status from `wire.ERRORS`. For 429, `retry_delay_s` puts a
   `RetryInfo` in the body (default 1 s, `null` for none). `retry_after_s` adds a `Retry-After`
@@ -38,7 +49,7 @@ most this many times in all). Effects:
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -46,6 +57,7 @@ from pydantic import (
     Field,
     NonNegativeFloat,
     NonNegativeInt,
+    PositiveFloat,
     PositiveInt,
     model_validator,
 )
@@ -132,6 +144,8 @@ class FaultRule(_Model):
     """1-based numbers of the agent's requests since the last reset."""
     every: PositiveInt | None = None
     """Apply to every Nth request of the agent."""
+    scope: Literal["agent", "all"] = "agent"
+    """What `requests` and `every` count: the agent's requests, or all requests together."""
     times: PositiveInt | None = None
     """Apply at most this many times in all."""
     status: int | None = None
@@ -155,13 +169,26 @@ class FaultRule(_Model):
             raise ValueError("a rule needs an effect: status, drop or latency_ms")
         return self
 
-    def selects(self, agent: str, request_number: int) -> bool:
-        """Whether the agent's `request_number`-th request matches (ignoring `times`)."""
+    def selects(self, agent: str, agent_number: int, overall_number: int) -> bool:
+        """Whether a request matches (ignoring `times`): the agent's `agent_number`-th request,
+        and the `overall_number`-th of all."""
         if self.agent not in (ANY_AGENT, agent):
             return False
-        if self.requests is not None and request_number not in self.requests:
+        number = overall_number if self.scope == "all" else agent_number
+        if self.requests is not None and number not in self.requests:
             return False
-        return self.every is None or request_number % self.every == 0
+        return self.every is None or number % self.every == 0
+
+
+class Quota(_Model):
+    """A model's quota over what it answered (see the module docstring); None: no limit."""
+
+    requests_per_minute: PositiveInt | None = None
+    """Requests answered per window."""
+    tokens_per_minute: PositiveInt | None = None
+    """Prompt plus reply tokens of the requests answered per window."""
+    window_s: PositiveFloat = 60.0
+    """Length of the sliding window."""
 
 
 class Scenario(_Model):
@@ -171,6 +198,8 @@ class Scenario(_Model):
     """Script per agent name; `"*"` serves agents without one."""
     faults: list[FaultRule] = Field(default_factory=list)
     """Fault rules, first match wins."""
+    quota: Quota | None = None
+    """Each model's quota; None: no limit."""
     latency_ms: NonNegativeInt = 0
     """Delay before every reply unless a matching rule sets its own."""
 

@@ -12,9 +12,10 @@ Admin endpoints, for tests and the demo:
 
     GET  /_fake/health     {"status": "ok"}
     GET  /_fake/requests   the recorded entries (see `ledger`), oldest first
-    POST /_fake/reset      forget recorded entries and restart the request counters
+    POST /_fake/reset      forget recorded entries, restart the request counters, empty the
+                           quota windows
     PUT  /_fake/faults     replace the fault rules (body: a list of rules)
-    PUT  /_fake/scenario   replace the scenario, its fault rules included
+    PUT  /_fake/scenario   replace the scenario, its fault rules and quota included
 
 Request headers are never recorded or echoed; the API key arrives in `x-goog-api-key`.
 """
@@ -42,6 +43,7 @@ from workers.budget import TRIM_NOTE
 from workers.fake_gemini import tokens, wire
 from workers.fake_gemini.faults import FaultBook
 from workers.fake_gemini.ledger import Ledger
+from workers.fake_gemini.quota import Answered, QuotaBook
 from workers.fake_gemini.scenario import FaultRule, Scenario
 
 logger = logging.getLogger(__name__)
@@ -84,6 +86,7 @@ class FakeServer:
     def __init__(self, scenario: Scenario, ledger: Ledger) -> None:
         self._scenario = scenario
         self._faults = FaultBook(scenario.faults)
+        self._quota = QuotaBook(scenario.quota)
         self._ledger = ledger
 
     async def model_call(self, request: Request) -> Response:
@@ -101,12 +104,16 @@ class FakeServer:
         received_s = time.time()
         agent = agent_name(body, request.headers)
         step = model_turns(body)
-        number, rule = self._faults.next_request(agent)
         stream = method == "streamGenerateContent"
         prompt = tokens.prompt_tokens(body)
-        await asyncio.sleep(self._latency_ms(rule) / 1000)
-
-        answer = self._answer(rule, agent, model, (step, body), stream, prompt)
+        admitted = self._quota.admit(model, received_s, prompt)
+        if isinstance(admitted, Answered):
+            number, rule = self._faults.next_request(agent)
+            await asyncio.sleep(self._latency_ms(rule) / 1000)
+            answer = self._answer(rule, agent, model, (step, body), stream, prompt)
+            self._quota.settle(model, admitted, answer.status, prompt + answer.candidates_tokens)
+        else:
+            number, answer = 0, _Answer(_over_quota(admitted), status=429)
         self._ledger.append(
             {
                 "ts": received_s,
@@ -175,6 +182,7 @@ class FakeServer:
     async def reset(self, request: Request) -> Response:
         self._ledger.clear()
         self._faults.reset()
+        self._quota.reset()
         return JSONResponse({"status": "ok"})
 
     async def set_faults(self, request: Request) -> Response:
@@ -192,6 +200,7 @@ class FakeServer:
             return Response(exc.json(include_url=False), 422, media_type="application/json")
         self._scenario = scenario
         self._faults.replace(scenario.faults)
+        self._quota.replace(scenario.quota)
         return JSONResponse({"status": "ok", "agents": sorted(scenario.agents)})
 
 
@@ -292,6 +301,12 @@ def _fault(status: int, rule: FaultRule) -> Response:
         headers["retry-after"] = str(math.ceil(rule.retry_after_s))
     body = wire.error(status, retry_delay_s=retry_delay_s)
     return Response(body, status, headers=headers, media_type="application/json")
+
+
+def _over_quota(retry_delay_s: float) -> Response:
+    message = "Resource has been exhausted (e.g. check quota): the model's quota is used up."
+    body = wire.error(429, message, retry_delay_s=retry_delay_s)
+    return Response(body, 429, media_type="application/json")
 
 
 def _error(status: int, message: str) -> Response:

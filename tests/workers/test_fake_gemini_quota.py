@@ -1,0 +1,145 @@
+"""The fake Gemini server's quota, driven by the real google-genai client, and `scope: all`."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from google import genai
+from google.genai import errors, types
+
+from workers.fake_gemini import FakeGemini
+from workers.gemini import retry_delay_s
+
+MODEL = "gemini-2.5-flash"
+OK: dict[str, Any] = {"agents": {"*": [{"text": "ok"}]}}
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeGemini]:
+    with FakeGemini.start(OK) as server:
+        yield server
+
+
+def client_for(fake: FakeGemini) -> genai.Client:
+    options = types.HttpOptions(
+        base_url=fake.url, api_version="v1beta", retry_options=types.HttpRetryOptions(attempts=1)
+    )
+    return genai.Client(api_key="fake-key", http_options=options)
+
+
+def ask(client: genai.Client, agent: str = "default", model: str = MODEL) -> float | None:
+    """Send one request; None when answered, the 429's retry delay (or -1.0) when refused."""
+    try:
+        headers = types.HttpOptions(headers={"x-baton-agent": agent})
+        config = types.GenerateContentConfig(http_options=headers)
+        client.models.generate_content(model=model, contents="hi", config=config)
+    except errors.APIError as exc:
+        if exc.code != 429:
+            return -1.0
+        return retry_delay_s(exc)
+    return None
+
+
+def statuses(fake: FakeGemini) -> list[int]:
+    return [entry["status"] for entry in fake.requests()]
+
+
+def with_quota(**quota: Any) -> dict[str, Any]:
+    return {**OK, "quota": quota}
+
+
+def test_requests_over_the_quota_get_a_429_with_the_time_until_the_window_has_room(
+    fake: FakeGemini,
+) -> None:
+    fake.set_scenario(with_quota(requests_per_minute=2, window_s=2))
+    client = client_for(fake)
+
+    answers = [ask(client), ask(client), ask(client)]
+    delay = answers[2]
+    assert delay is not None
+    time.sleep(delay)
+    answers.append(ask(client))
+
+    assert answers[:2] == [None, None]
+    first, refused = fake.requests()[0]["ts"], fake.requests()[2]["ts"]
+    assert first + 2.0 - refused <= delay < first + 2.0 - refused + 0.1
+    assert round(delay * 10) == pytest.approx(delay * 10)
+    assert answers[3] is None
+    assert statuses(fake) == [200, 200, 429, 200]
+
+
+def test_each_model_has_its_own_window(fake: FakeGemini) -> None:
+    fake.set_scenario(with_quota(requests_per_minute=1))
+    client = client_for(fake)
+
+    answers = [ask(client), ask(client, model="gemini-2.5-pro"), ask(client)]
+
+    assert answers[:2] == [None, None]
+    assert answers[2] is not None
+    assert statuses(fake) == [200, 200, 429]
+
+
+def test_tokens_over_the_quota_count_the_prompt_and_reply_of_what_was_answered(
+    fake: FakeGemini,
+) -> None:
+    fake.set_scenario(with_quota(tokens_per_minute=1_000_000))
+    client = client_for(fake)
+    ask(client)
+    answered = fake.requests()[0]
+    used, prompt = (
+        answered["prompt_tokens"] + answered["candidates_tokens"],
+        answered["prompt_tokens"],
+    )
+
+    fake.set_scenario(with_quota(tokens_per_minute=used + prompt - 1))
+    refused = ask(client)
+    fake.set_scenario(with_quota(tokens_per_minute=used + prompt))
+    fits = ask(client)
+
+    assert refused is not None and 59.0 < refused <= 60.0
+    assert fits is None
+    assert statuses(fake) == [200, 429, 200]
+
+
+def test_the_quota_comes_before_the_faults_and_a_failed_request_gives_its_place_back(
+    fake: FakeGemini,
+) -> None:
+    scenario = with_quota(requests_per_minute=1, window_s=1)
+    fake.set_scenario({**scenario, "faults": [{"requests": [2], "status": 503}]})
+    client = client_for(fake)
+
+    ask(client)
+    ask(client)
+    time.sleep(1.1)
+    ask(client)
+    ask(client)
+
+    assert statuses(fake) == [200, 429, 503, 200]
+
+
+def test_a_scenario_without_a_quota_answers_everything(fake: FakeGemini) -> None:
+    client = client_for(fake)
+
+    answers = [ask(client) for _ in range(20)]
+
+    assert answers == [None] * 20
+
+
+@pytest.mark.parametrize(
+    ("scope", "expected"),
+    [("all", [200, 503, 200, 503]), ("agent", [200, 200, 503, 503])],
+)
+def test_scope_says_whether_every_counts_all_requests_or_the_agents_own(
+    fake: FakeGemini, scope: str, expected: list[int]
+) -> None:
+    fake.set_faults([{"every": 2, "scope": scope, "status": 503}])
+    client = client_for(fake)
+
+    for agent in ["triage", "plan", "triage", "plan"]:
+        ask(client, agent)
+
+    assert [e["agent"] for e in fake.requests()] == ["triage", "plan", "triage", "plan"]
+    assert statuses(fake) == expected
