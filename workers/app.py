@@ -37,6 +37,7 @@ def create_app(settings: WorkerSettings) -> Celery:
 
 @worker_ready.connect
 def _start_housekeeping(**_: Any) -> None:
+    _touch_health_file()
     _reap()
     thread = threading.Thread(target=_housekeeping, name="baton-housekeeping", daemon=True)
     thread.start()
@@ -59,7 +60,14 @@ def _housekeeping() -> None:
             logger.warning("reconciling stuck runs failed; trying again later", exc_info=True)
         if _stop_housekeeping.wait(settings.queue.reconcile_every_s):
             return
+        _touch_health_file()
         _reap()
+
+
+def _touch_health_file() -> None:
+    if settings.health_file is not None:
+        settings.health_file.parent.mkdir(parents=True, exist_ok=True)
+        settings.health_file.touch()
 
 
 def _reap() -> None:

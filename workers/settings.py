@@ -3,6 +3,8 @@ publishing credentials, which only workers need."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pydantic import AliasChoices, Field, SecretStr
 
 from orchestrator.settings import Settings
@@ -21,6 +23,9 @@ class WorkerSettings(Settings):
     a prompt, a log line or an artifact."""
     github_api_url: str = "https://api.github.com"
     """`BATON_GITHUB_API_URL`, for GitHub Enterprise."""
+    health_file: Path | None = None
+    """`BATON_HEALTH_FILE`: touched when the worker is ready and at every housekeeping round
+    (`BATON_QUEUE__RECONCILE_EVERY_S`), for liveness and readiness probes."""
 
     def sandbox_config(self) -> SandboxConfig:
         """The sandbox limits, with `BATON_SANDBOX_IMAGE` as the image when it is set."""
