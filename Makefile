@@ -1,10 +1,14 @@
 # `make demo` and `make test` do all set-up themselves on a fresh Debian machine.
-.PHONY: setup demo test bench lint clean
+.PHONY: setup demo test bench lint clean images
 
 BIN := .venv/bin
 
 setup:
 	@bash scripts/setup.sh
+
+# The service images for compose.yaml (baton-base, baton:<version>), built without a registry.
+images: setup
+	bash scripts/with-docker.sh $(BIN)/python -m images.build
 
 demo: setup
 	bash scripts/with-docker.sh $(BIN)/baton demo
@@ -16,8 +20,8 @@ bench: setup
 	bash scripts/with-docker.sh $(BIN)/python -m bench
 
 lint: setup
-	$(BIN)/ruff check orchestrator workers sandbox tests bench
-	$(BIN)/ruff format --check orchestrator workers sandbox tests bench
+	$(BIN)/ruff check orchestrator workers sandbox images tests bench
+	$(BIN)/ruff format --check orchestrator workers sandbox images tests bench
 	$(BIN)/mypy
 
 clean:

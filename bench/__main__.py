@@ -11,13 +11,14 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from bench import governor, isolation, overhead, sandbox
+from bench import governor, isolation, overhead, sandbox, throughput
 
 BENCHMARKS = {
     "isolation": isolation,
     "overhead": overhead,
     "sandbox": sandbox,
     "governor": governor,
+    "throughput": throughput,
 }
 
 

@@ -6,10 +6,12 @@ import json
 import logging
 import os
 import sys
+import time
 from typing import BinaryIO
 
 import click
 from rich.console import Console
+from rich.live import Live
 from rich.markup import escape
 
 from orchestrator import api
@@ -119,6 +121,27 @@ def resume(run_id: str, from_stage: str | None) -> None:
 
 
 @main.command()
+@click.option("--interval", default=2.0, show_default=True, help="Seconds between refreshes.")
+@click.option("--once", is_flag=True, help="Show it once and exit.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object and exit.")
+def top(interval: float, once: bool, as_json: bool) -> None:
+    """The fleet live: queue lengths, workers and the stages they run, runs by state."""
+    from orchestrator.fleet import fleet_view, snapshot
+
+    with api.connect(Settings()) as conductor:
+        if as_json:
+            click.echo(json.dumps(snapshot(conductor).as_json(), indent=2))
+            return
+        if once:
+            out.print(fleet_view(snapshot(conductor)))
+            return
+        with Live(fleet_view(snapshot(conductor)), console=out, refresh_per_second=2) as live:
+            while True:
+                time.sleep(interval)
+                live.update(fleet_view(snapshot(conductor)))
+
+
+@main.command()
 def reconcile() -> None:
     """Put stages of stuck runs back on their queues now (workers also do it periodically)."""
     from orchestrator.reconciler import Reconciler
@@ -164,6 +187,29 @@ def worker(stages: str, pipeline: str, concurrency: int, loglevel: str) -> None:
         loglevel=loglevel,
     )
     os.execv(sys.executable, argv)
+
+
+@main.command()
+@click.option("--port", default=5555, show_default=True, envvar="BATON_FLOWER_PORT")
+@click.option("--address", default="0.0.0.0", show_default=True, help="Address to listen on.")
+@click.option("--no-auth", is_flag=True, help="Serve Flower without a login (trusted networks).")
+def flower(port: int, address: str, no_auth: bool) -> None:
+    """Start Flower on Baton's broker (BATON_REDIS_URL) to watch workers and stage tasks.
+
+    Its login is BATON_FLOWER_USER / BATON_FLOWER_PASSWORD (HTTP basic auth); without them it
+    refuses to start unless --no-auth is given. /metrics and /healthcheck never ask for the
+    login: keep Flower's port on an internal network. Read-only: stop runs with `baton cancel`.
+    """
+    from orchestrator.flower import FlowerCredentials, flower_argv, flower_config, flower_env
+
+    config = flower_config(
+        Settings().require_redis_url(),
+        FlowerCredentials(),
+        port=port,
+        address=address,
+        auth=not no_auth,
+    )
+    os.execve(sys.executable, flower_argv(config), {**os.environ, **flower_env(config)})
 
 
 @main.command("fake-gemini")

@@ -91,6 +91,7 @@ class Dispatcher:
             args=[run_id, stage.name],
             queue=stage.queue,
             task_id=task_id,
+            shadow=f"baton.{stage.name}",  # the name Flower and logs show, per stage
             soft_time_limit=stage.budget.soft_time_limit_s,
             time_limit=stage.budget.time_limit_s,
         )

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import time
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -59,6 +61,56 @@ def run_json(run: RunRecord) -> dict[str, Any]:
     }
 
 
+@dataclass(frozen=True)
+class Activity:
+    """What a running stage is doing now, read from its audit entries."""
+
+    model_calls: int
+    prompt_tokens: int
+    doing: str
+    """`calling read_file`, `thinking`, … — the newest event of its session."""
+
+
+def live_activity(run: RunRecord, tail: list[dict[str, str]]) -> dict[str, Activity]:
+    """The activity of each running stage of `run`, from the newest audit entries."""
+    found = {}
+    for name, record in run.stages.items():
+        if record.status != StageStatus.RUNNING or not record.session_id:
+            continue
+        mine = [e for e in tail if e.get("session") == record.session_id]
+        calls = tokens = 0
+        doing = "starting"
+        for entry in mine:
+            kind = entry.get("kind", "")
+            usage = _usage(entry)
+            if usage is not None:
+                calls, tokens = calls + 1, tokens + usage
+            doing = {
+                "tool_call": f"calling {_tool_name(entry)}",
+                "tool_result": "thinking",
+                "user_message": "thinking",
+                "model_reply": "replying",
+            }.get(kind, doing)
+        found[name] = Activity(calls, tokens, doing)
+    return found
+
+
+def _usage(entry: dict[str, str]) -> int | None:
+    try:
+        usage = json.loads(entry.get("data") or "{}").get("usage")
+    except (ValueError, AttributeError):
+        return None
+    return int(usage.get("prompt_token_count") or 0) if isinstance(usage, dict) else None
+
+
+def _tool_name(entry: dict[str, str]) -> str:
+    try:
+        parts = json.loads(entry.get("data") or "{}")["content"]["parts"]
+        return ", ".join(p["function_call"]["name"] for p in parts if "function_call" in p)
+    except (ValueError, KeyError, TypeError):
+        return "a tool"
+
+
 def runs_table(runs: list[RunRecord], *, now: float | None = None) -> Table:
     """One line per run: the newest first."""
     now = time.time() if now is None else now
@@ -85,7 +137,9 @@ def _age(seconds: float) -> str:
     return f"{seconds:.0f}s"
 
 
-def run_table(run: RunRecord, *, now: float | None = None) -> Table:
+def run_table(
+    run: RunRecord, *, now: float | None = None, activity: dict[str, Activity] | None = None
+) -> Table:
     now = time.time() if now is None else now
     title = f"run {run.id} · {run.pipeline} · {run.status.value}"
     waits = [
@@ -109,16 +163,20 @@ def run_table(run: RunRecord, *, now: float | None = None) -> Table:
     ]:
         table.add_column(column, justify=justify)  # type: ignore[arg-type]
     for name, record in run.stages.items():
+        live = (activity or {}).get(name)
+        calls = live.model_calls if live else record.requests
+        tokens = live.prompt_tokens if live else record.prompt_tokens_total
+        note = _note(record, now)
         table.add_row(
             name,
             f"[{_STYLE[record.status]}]{record.status.value}[/]",
             str(record.attempts),
-            str(record.requests),
-            f"{record.prompt_tokens_total:,}",
+            str(calls),
+            f"{tokens:,}",
             f"{record.prompt_tokens_max:,}",
             f"{record.output_chars:,}",
             _duration(record, now),
-            _note(record, now),
+            note or (live.doing if live else ""),
         )
     return table
 
@@ -163,14 +221,22 @@ def follow(
     console: Console,
     transient: bool = False,
 ) -> RunRecord:
-    """Redraw the run's table until it reaches a terminal state (or the timeout)."""
+    """Redraw the run's table — with what each running stage is doing — until the run reaches
+    a terminal state (or the timeout)."""
     deadline = time.monotonic() + timeout_s if timeout_s else None
-    run = api.get_run(run_id, settings=settings)
-    with Live(run_table(run), console=console, refresh_per_second=4, transient=transient) as live:
-        while not run.status.is_terminal:
-            if deadline and time.monotonic() > deadline:
-                break
-            time.sleep(interval_s)
-            run = api.get_run(run_id, settings=settings)
-            live.update(run_table(run))
+    with api.connect(settings) as conductor:
+        store = conductor.store
+
+        def view() -> tuple[RunRecord, Table]:
+            run = store.get(run_id)
+            return run, run_table(run, activity=live_activity(run, store.audit_tail(run_id)))
+
+        run, table = view()
+        with Live(table, console=console, refresh_per_second=4, transient=transient) as live:
+            while not run.status.is_terminal:
+                if deadline and time.monotonic() > deadline:
+                    break
+                time.sleep(interval_s)
+                run, table = view()
+                live.update(table)
     return run

@@ -185,6 +185,11 @@ class RunStore:
             pipe.execute()
         return count
 
+    def audit_tail(self, run_id: str, count: int = 200) -> list[dict[str, str]]:
+        """The newest `count` audit entries, oldest first."""
+        entries = self.redis.xrevrange(keys.audit(run_id), count=count)
+        return [dict(fields, id=entry_id) for entry_id, fields in reversed(entries)]
+
     def audit_log(self, run_id: str) -> list[dict[str, str]]:
         return [
             dict(fields, id=entry_id) for entry_id, fields in self.redis.xrange(keys.audit(run_id))

@@ -23,6 +23,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import docker
@@ -64,7 +65,7 @@ PER_PACKAGE = re.compile(r"I: (Retrieving|Validating) \S+ \S+$|I: \w+ [^ ]+\.\.\
 
 Progress = Callable[[str], None]
 
-__all__ = ["IMAGE_TAG", "ensure_image"]
+__all__ = ["IMAGE_TAG", "RootfsImage", "build_lock", "build_rootfs_image", "ensure_image"]
 
 
 def ensure_image(
@@ -82,10 +83,10 @@ def ensure_image(
     try:
         if not force and _exists(docker_client, tag):
             return False
-        with _build_lock(say):
+        with build_lock(say):
             if not force and _exists(docker_client, tag):
                 return False
-            _build(docker_client, tag, mirror, say)
+            build_rootfs_image(docker_client, tag, SANDBOX, mirror=mirror, say=say)
             return True
     finally:
         if client is None:
@@ -102,12 +103,13 @@ def _exists(client: docker.DockerClient, tag: str) -> bool:
 
 
 @contextmanager
-def _build_lock(say: Progress) -> Iterator[None]:
-    with open(LOCK_PATH, "a") as lock:
+def build_lock(say: Progress, path: Path = LOCK_PATH) -> Iterator[None]:
+    """One image build at a time on this host per lock file; a second builder waits."""
+    with open(path, "a") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            say(f"another process is building the image; waiting for it ({LOCK_PATH})")
+            say(f"another process is building an image; waiting for it ({path})")
             fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             yield
@@ -115,37 +117,55 @@ def _build_lock(say: Progress) -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def _build(client: docker.DockerClient, tag: str, mirror: str, say: Progress) -> None:
-    if os.geteuid() != 0:
+@dataclass(frozen=True)
+class RootfsImage:
+    """An image made from a debootstrapped Debian root file system, without a registry."""
+
+    packages: tuple[str, ...]
+    """Installed on top of Debian's minbase."""
+    changes: tuple[str, ...]
+    """Dockerfile instructions `docker import` applies (USER, WORKDIR, ENV, CMD)."""
+    customize: Callable[[Path], None] = lambda rootfs: None
+    """Last touches to the root file system before it is imported."""
+
+
+SANDBOX = RootfsImage(PACKAGES, tuple(CHANGES), lambda rootfs: _add_user(rootfs))
+
+
+def build_rootfs_image(
+    client: docker.DockerClient, tag: str, image: RootfsImage, *, mirror: str, say: Progress
+) -> None:
+    """Debootstrap, slim, customize and import `image` as `tag`, with progress lines.
+
+    Raises:
+        SandboxStartError: not root, no debootstrap, debootstrap or the import failed.
+    """
+    if os.geteuid() != 0 or shutil.which("debootstrap") is None:
         raise SandboxStartError(
-            f"the sandbox image {tag} is missing and building it needs root (debootstrap): run "
-            "`sudo .venv/bin/python -m sandbox.image` once, or `docker build -t "
-            f"{tag} sandbox/` where Docker Hub is reachable"
-        )
-    if shutil.which("debootstrap") is None:
-        raise SandboxStartError(
-            f"the sandbox image {tag} is missing and building it needs debootstrap: "
-            "`apt-get install debootstrap`, then `sudo .venv/bin/python -m sandbox.image`"
+            f"the image {tag} is missing and building it needs root and debootstrap "
+            "(`apt-get install debootstrap`): run `make setup`, then the build as root"
         )
     started = time.monotonic()
     rootfs = Path(tempfile.mkdtemp(prefix="baton-rootfs-"))
     try:
-        _debootstrap(rootfs, mirror, say)
+        _debootstrap(rootfs, image.packages, mirror, say)
         _slim(rootfs)
-        _add_user(rootfs)
+        image.customize(rootfs)
         say(f"importing the root file system as {tag}")
-        _import(client, rootfs, tag)
+        _import(client, rootfs, tag, image.changes)
     finally:
         shutil.rmtree(rootfs, ignore_errors=True)
     size_mb = client.api.inspect_image(tag)["Size"] / 1e6
     say(f"built {tag} ({size_mb:.0f} MB) in {time.monotonic() - started:.0f} s")
 
 
-def _debootstrap(rootfs: Path, mirror: str, say: Progress) -> None:
+def _debootstrap(rootfs: Path, packages: tuple[str, ...], mirror: str, say: Progress) -> None:
+    # debootstrap fakes start-stop-daemon while it installs, so no package starts a service
+    # on the host.
     argv = [
         "debootstrap",
         "--variant=minbase",
-        f"--include={','.join(PACKAGES)}",
+        f"--include={','.join(packages)}",
         SUITE,
         str(rootfs),
         mirror,
@@ -196,7 +216,7 @@ def _add_user(rootfs: Path) -> None:
     workspace.chmod(0o755)
 
 
-def _import(client: docker.DockerClient, rootfs: Path, tag: str) -> None:
+def _import(client: docker.DockerClient, rootfs: Path, tag: str, changes: tuple[str, ...]) -> None:
     """Stream `tar` of the root file system into the daemon: it is never held in memory."""
     repository, colon, version = tag.rpartition(":")
     if not colon or "/" in version:  # no tag, or the colon was a registry's port
@@ -214,7 +234,7 @@ def _import(client: docker.DockerClient, rootfs: Path, tag: str) -> None:
     try:
         with translated(f"importing the image {tag}"):
             answer = client.api.import_image_from_data(
-                chunks(), repository=repository, tag=version, changes=CHANGES
+                chunks(), repository=repository, tag=version, changes=list(changes)
             )
     finally:
         pipe.close()

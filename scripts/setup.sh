@@ -10,6 +10,9 @@ command -v git >/dev/null || need+=(git)
 command -v rg >/dev/null || need+=(ripgrep)
 command -v dockerd >/dev/null || need+=(docker.io)
 command -v debootstrap >/dev/null || need+=(debootstrap)
+command -v chromium >/dev/null || need+=(chromium)
+command -v chromedriver >/dev/null || need+=(chromium-driver)
+command -v docker-compose >/dev/null || need+=(docker-compose)
 if [ ${#need[@]} -gt 0 ]; then
   echo "setup: installing ${need[*]} with apt-get"
   export DEBIAN_FRONTEND=noninteractive

@@ -3,7 +3,8 @@
 This module is an entry point: it reads `Settings` once, here. When the worker is ready, its
 main process removes sandboxes a crashed worker left behind and starts the fleet's
 housekeeping thread: now and then (one worker at a time, under a Redis lock) it reconciles
-stuck runs and reaps orphaned sandboxes.
+stuck runs and reaps orphaned sandboxes. With `BATON_METRICS_PORT`, the main process also serves
+the Prometheus metrics of all its pool processes (`workers.metrics`).
 """
 
 from __future__ import annotations
@@ -15,24 +16,44 @@ import threading
 from typing import Any
 
 from celery import Celery
-from celery.signals import worker_ready, worker_shutdown
+from celery.signals import celeryd_init, worker_process_shutdown, worker_ready, worker_shutdown
 
 import sandbox
 from orchestrator.conductor import Conductor
 from orchestrator.queue import Dispatcher, celery_config
 from orchestrator.reconciler import Reconciler
 from orchestrator.store import RunStore
+from workers import metrics
 from workers.settings import WorkerSettings
 
 logger = logging.getLogger(__name__)
 
 _stop_housekeeping = threading.Event()
+_reap_failed = False
 
 
 def create_app(settings: WorkerSettings) -> Celery:
     app = Celery("baton", include=["workers.tasks"])
     app.conf.update(celery_config(settings.require_redis_url(), settings.queue))
     return app
+
+
+@celeryd_init.connect
+def _prepare_metrics(**_: Any) -> None:
+    """Before the pool forks, so that every pool process writes its metrics to files."""
+    if settings.metrics_port is not None:
+        metrics.prepare(settings.metrics_dir)
+
+
+@worker_ready.connect
+def _serve_metrics(**_: Any) -> None:
+    if settings.metrics_port is not None:
+        metrics.serve(settings.metrics_port)
+
+
+@worker_process_shutdown.connect
+def _process_exited(pid: int, **_: Any) -> None:
+    metrics.process_exited(pid)
 
 
 @worker_ready.connect
@@ -46,6 +67,7 @@ def _start_housekeeping(**_: Any) -> None:
 @worker_shutdown.connect
 def _stop(**_: Any) -> None:
     _stop_housekeeping.set()
+    metrics.close()
 
 
 def _housekeeping() -> None:
@@ -71,11 +93,17 @@ def _touch_health_file() -> None:
 
 
 def _reap() -> None:
-    """Containers a crashed worker left behind go as soon as a worker on this host starts."""
+    """Containers a crashed worker left behind go as soon as a worker on this host starts.
+
+    A worker of tool-less stages may have no Docker daemon at all: that is said once, at
+    WARNING, and afterwards only at DEBUG."""
+    global _reap_failed
     try:
         removed = sandbox.reap()
     except sandbox.SandboxError as exc:
-        logger.warning("could not look for leftover sandboxes: %s", exc)
+        logger.log(logging.DEBUG if _reap_failed else logging.WARNING,
+                   "could not look for leftover sandboxes: %s", exc)  # fmt: skip
+        _reap_failed = True
         return
     if removed:
         logger.info("removed %d leftover sandboxes", len(removed))

@@ -36,6 +36,7 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait
 
 from orchestrator.models import StageRecord
 from orchestrator.settings import ModelConfig, RetryConfig
+from workers import metrics
 from workers.budget import request_tokens
 from workers.errors import ModelRejectedError, ModelUnavailableError, RateLimitedError
 from workers.governor import JITTER_S, REASONS, Governor, Permit, WaitCallback
@@ -64,6 +65,8 @@ class BatonGemini(Gemini):
     max_inline_429s: int = MAX_INLINE_429S
     on_wait: SkipValidation[WaitCallback | None] = Field(default=None, exclude=True)
     """Told the seconds about to be slept and why, so that the stage can show it."""
+    stage: str = ""
+    """The stage this model serves, for the metrics."""
     _waited_s: float = PrivateAttr(0.0)
     _answered: int = PrivateAttr(0)
     _inline_429s: int = PrivateAttr(0)
@@ -83,6 +86,8 @@ class BatonGemini(Gemini):
                     yielded = True
                     yield response
             except genai_errors.APIError as exc:
+                if exc.code == 429:
+                    metrics.rate_limited(self.model)
                 if exc.code != 429 or yielded or not await self._wait_out_429(exc):
                     raise
             else:
@@ -113,12 +118,20 @@ class BatonGemini(Gemini):
         async for attempt in retrying:
             with attempt:
                 permit = await self._acquire(llm_request)
+                metrics.model_call(self.model, self.stage)
                 final: LlmResponse | None = None
                 async for response in super().generate_content_async(llm_request, stream):
                     started = True
                     if response.usage_metadata is not None and not response.partial:
                         final = response
                     yield response
+                if final is not None and final.usage_metadata is not None:
+                    usage = final.usage_metadata
+                    metrics.tokens_used(
+                        self.model, self.stage,
+                        prompt=usage.prompt_token_count or 0,
+                        output=usage.candidates_token_count or 0,
+                    )  # fmt: skip
                 if self.governor is not None and permit is not None and final is not None:
                     self.governor.reconcile(permit, _tokens(final))
 
@@ -136,6 +149,7 @@ class BatonGemini(Gemini):
             on_wait=self.on_wait,
         )
         self._waited_s += permit.slept_s
+        metrics.quota_wait(self.model, permit.slept_s)
         return permit
 
     async def _wait_out_429(self, exc: genai_errors.APIError) -> bool:
@@ -163,6 +177,7 @@ class BatonGemini(Gemini):
                 self.on_wait(wait_s, REASONS["cooldown"])
             await asyncio.sleep(wait_s)
             self._waited_s += wait_s
+            metrics.quota_wait(self.model, wait_s)
         return True
 
 
@@ -188,6 +203,7 @@ def build_model(
     *,
     governor: Governor | None = None,
     on_wait: WaitCallback | None = None,
+    stage: str = "",
 ) -> BatonGemini:
     """A Gemini model on the real google-genai client, with the client's own retries off;
     its calls wait for `governor`'s quota when one is given."""
@@ -208,6 +224,7 @@ def build_model(
         governor=governor,
         inline_wait_max_s=retry.inline_wait_max_s,
         on_wait=on_wait,
+        stage=stage,
     )
 
 

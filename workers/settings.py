@@ -26,6 +26,12 @@ class WorkerSettings(Settings):
     health_file: Path | None = None
     """`BATON_HEALTH_FILE`: touched when the worker is ready and at every housekeeping round
     (`BATON_QUEUE__RECONCILE_EVERY_S`), for liveness and readiness probes."""
+    metrics_port: int | None = Field(None, ge=0, le=65535)
+    """`BATON_METRICS_PORT`: the worker's main process serves Prometheus `/metrics` on this
+    port (9808 by convention), summed over its pool processes; unset, no metrics are served."""
+    metrics_dir: Path | None = None
+    """`BATON_METRICS_DIR`: where pool processes write their samples, emptied when the worker
+    starts; one directory per worker. Unset: a fresh temporary directory, removed at exit."""
 
     def sandbox_config(self) -> SandboxConfig:
         """The sandbox limits, with `BATON_SANDBOX_IMAGE` as the image when it is set."""

@@ -21,6 +21,7 @@ from orchestrator.conductor import Conductor, StageResult, StageStart
 from orchestrator.pipeline import load_pipeline
 from orchestrator.queue import STAGE_TASK, Dispatcher
 from orchestrator.store import RunStore
+from workers import metrics
 from workers.app import app, settings
 from workers.errors import (
     InfrastructureError,
@@ -92,21 +93,26 @@ def run_stage(self: Task, run_id: str, stage: str) -> None:
     heartbeat = Heartbeat(
         rt.conductor, run_id, stage, owner=owner, lease_s=queue.lease_s, on_cancel=stop
     )
-    try:
-        with heartbeat:
-            result = execution.run(_execute(job, rt, heartbeat.cancelled))
-    except (Exception, asyncio.CancelledError) as exc:
-        _settle(self, rt, job, exc, cancelled=heartbeat.cancelled.is_set())
-    else:
-        rt.conductor.complete(run_id, stage, result)
+    with metrics.stage_timer(stage, pipeline.name) as timer:
+        try:
+            with heartbeat:
+                result = execution.run(_execute(job, rt, heartbeat.cancelled))
+        except (Exception, asyncio.CancelledError) as exc:
+            timer.settled(_settle(self, rt, job, exc, cancelled=heartbeat.cancelled.is_set()), exc)
+        else:
+            rt.conductor.complete(run_id, stage, result)
 
 
-def _settle(task: Task, rt: Runtime, job: StageJob, exc: BaseException, *, cancelled: bool) -> None:
-    """Record why a stage did not finish: cancelled, retried, or failed with a reason."""
+def _settle(
+    task: Task, rt: Runtime, job: StageJob, exc: BaseException, *, cancelled: bool
+) -> metrics.Outcome:
+    """Record why a stage did not finish: cancelled, retried (raises `Retry`), or failed with a
+    reason. Returns which."""
     run_id, stage, owner = job.run.id, job.spec.name, job.owner
     if cancelled or isinstance(exc, StageCancelledError):
         rt.conductor.stopped(run_id, stage, owner=owner)
-    elif isinstance(exc, RateLimitedError):
+        return "cancelled"
+    if isinstance(exc, RateLimitedError):
         _retry_rate_limited(task, rt, job, exc)
     elif isinstance(exc, InfrastructureError):
         _retry_infrastructure(task, rt, job, exc)
@@ -122,6 +128,7 @@ def _settle(task: Task, rt: Runtime, job: StageJob, exc: BaseException, *, cance
         rt.conductor.fail(
             run_id, stage, f"internal error: {type(exc).__name__}: {exc}", owner=owner
         )
+    return "failed"
 
 
 def _not_run(rt: Runtime, start: StageStart, run_id: str, stage: str, owner: str) -> None:
@@ -139,6 +146,7 @@ def _not_run(rt: Runtime, start: StageStart, run_id: str, stage: str, owner: str
             stage,
             f"the stage was interrupted {lost} times (its worker was lost); giving up",
         )
+        metrics.stage_failed(stage, "lost")
     else:
         logger.info("run %s has ended; dropping stage %s", run_id, stage)
 
@@ -191,6 +199,7 @@ async def _execute(job: StageJob, rt: Runtime, cancelled: threading.Event) -> St
         rt.settings.retry,
         governor=rt.governor,
         on_wait=lambda seconds, why: rt.conductor.waiting(job.run.id, job.spec.name, seconds, why),
+        stage=job.spec.name,
     )
     try:
         result = await execute_stage(

@@ -16,6 +16,7 @@ from orchestrator.conductor import branch_label, session_id
 from orchestrator.models import ArtifactRef, RunRecord
 from orchestrator.pipeline import Pipeline, StageSpec
 from orchestrator.store import RunStore
+from workers import metrics
 from workers.errors import StageError
 from workers.repos import RepoCache
 from workers.tools.container import ContainerWorkspace
@@ -82,7 +83,9 @@ def open_workspace(
         "baton.stage": job.spec.name,
         "baton.attempt": str(job.attempt),
     }
-    with sandbox.DockerSandbox.start(config, labels=labels) as box:
+    with metrics.sandbox_lifetime(
+        job.spec.name, sandbox.DockerSandbox.start(config, labels=labels)
+    ) as box:
         box.put_archive(config.workspace, tree)
         workspace = ContainerWorkspace(box, root=config.workspace)
         workspace.commit_baseline()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -193,3 +194,30 @@ def test_demo_json_reports_every_stage_the_proof_and_the_branch(tmp_path: Path) 
     assert stages["fix"]["tests_after"] == {"exit_code": 0, "passed": 4, "failed": 0}
     assert stages["pr"]["branch"] == f"baton/{summary['run_id']}"
     assert sandboxes_of(summary["run_id"]) == []
+
+
+def test_top_shows_the_queues_the_workers_and_the_runs(stack: Stack) -> None:
+    env = {"BATON_REDIS_URL": stack.settings.require_redis_url()}
+    run = stack.wait(stack.enqueue(SENTRY_EVENT.read_bytes(), stack.sample_repo()))
+
+    fleet = json.loads(baton("top", "--json", env=env).stdout)
+
+    assert run.status.value == "done"
+    assert len(fleet["workers"]) >= 1
+    assert all(name.startswith("celery@") or "@" in name for name in fleet["workers"])
+    assert fleet["runs"].get("done", 0) >= 1
+    assert set(fleet["queues"]) <= {f"baton.{s}" for s in ("triage", "search", "plan", "fix", "pr")}
+
+
+def test_watch_shows_what_a_running_stage_is_doing(stack: Stack) -> None:
+    stack.fake.set_faults([{"agent": "search", "requests": [3], "latency_ms": 4_000}])
+    # Live redraws only on an interactive console; these make rich treat the pipe as one.
+    env = {"BATON_REDIS_URL": stack.settings.require_redis_url(), "COLUMNS": "160",
+           "TTY_COMPATIBLE": "1", "TTY_INTERACTIVE": "1"}  # fmt: skip
+    run_id = stack.enqueue(SENTRY_EVENT.read_bytes(), stack.sample_repo())
+
+    watched = baton("watch", run_id, "--interval", "0.2", env=env)
+
+    # While its third model call is held 4 s, search has made two calls and used two tools.
+    assert watched.returncode == 0
+    assert re.search(rb"search\s.*running.*\s2\s.*thinking", watched.stdout) is not None

@@ -1,0 +1,160 @@
+"""Throughput: does adding worker processes add runs per minute?
+
+40 runs of a five-stage pipeline (one model call per stage, no tools) against a fake model that
+answers in 300 ms, so the work is I/O bound. Three shapes of fleet:
+
+* **shared**: 1, 2 and 4 worker processes, each serving every stage's queue;
+* **split, busy stage scaled**: one process per stage queue, except the busy stage, which gets
+  1, 2 and 4 (`docker compose up --scale fix=4`). The busy stage is `h3`, whose model answers
+  in 2.4 s, the time of eight 300 ms calls, as a fix stage spends on its tool turns;
+* **split, every queue scaled**: 1, 2 and 4 processes per stage queue (5, 10 and 20 processes).
+  No target: one process per queue already runs five runs at once, and 20 processes find the
+  limit of the machine's cores rather than of the fleet.
+
+Workers are started and idle before the runs are enqueued; the clock runs from the first
+enqueue to the last run ending. The target is that 4 processes (of the whole fleet, or of the
+busy stage) finish at least 3.2× as many runs per minute as 1.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import tempfile
+import time
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+from pydantic import SecretStr
+
+from bench import record
+from orchestrator import api
+from orchestrator.demo import services
+from orchestrator.demo.runner import worker_env
+from orchestrator.pipeline import load_pipeline
+from orchestrator.settings import Settings
+from workers.fake_gemini import FakeGemini
+
+PIPELINE = Path(__file__).parent / "pipelines" / "handoff.toml"
+RUNS = 40
+LATENCY_MS = 300
+BUSY_STAGE, BUSY_LATENCY_MS = "h3", 8 * LATENCY_MS
+SCALES = (1, 2, 4)
+TARGET = 3.2
+SHAPES = {
+    "shared": "shared: every process serves every queue",
+    "busy": f"split: one per queue, {BUSY_STAGE} (busy) scaled",
+    "split": "split: every queue scaled",
+}
+TARGETED = ("shared", "busy")
+
+
+def groups(shape: str, scale: int) -> list[list[str]]:
+    """The queues each worker process serves in one configuration."""
+    queues = [s.queue for s in load_pipeline(str(PIPELINE)).stages]
+    if shape == "shared":
+        return [queues] * scale
+    if shape == "busy":
+        return [[q] for q in queues for _ in range(scale if q == f"baton.{BUSY_STAGE}" else 1)]
+    return [[q] for q in queues for _ in range(scale)]
+
+
+def scenario(shape: str) -> dict[str, Any]:
+    faults = [{"agent": BUSY_STAGE, "latency_ms": BUSY_LATENCY_MS}] if shape == "busy" else []
+    return {
+        "agents": {"*": [{"json": {"summary": "ok"}}]},
+        "latency_ms": LATENCY_MS,
+        "faults": faults,
+    }
+
+
+def drain(settings: Settings, repo: Path, label: str) -> float:
+    """Enqueue RUNS runs at once; seconds until the last one ends."""
+    started = time.monotonic()
+    run_ids = [
+        api.enqueue(
+            f"{label} run {i}",
+            repo=str(repo),
+            pipeline=str(PIPELINE),
+            settings=settings,
+            force=True,
+        )
+        for i in range(RUNS)
+    ]
+    pending = set(run_ids)
+    while pending:
+        time.sleep(0.1)
+        for run_id in list(pending):
+            run = api.get_run(run_id, settings=settings)
+            if run.status.is_terminal:
+                if run.status.value != "done":
+                    raise RuntimeError(
+                        f"{label}: run {run_id} ended {run.status.value}: {run.reason}"
+                    )
+                pending.discard(run_id)
+    return time.monotonic() - started
+
+
+def run(progress: Any) -> dict[str, Any]:
+    task = progress.add_task("throughput", total=len(SHAPES) * len(SCALES))
+    results: dict[str, dict[str, float]] = {shape: {} for shape in SHAPES}
+    with ExitStack() as outer:
+        work = Path(outer.enter_context(tempfile.TemporaryDirectory(prefix="baton-bench-")))
+        fake = outer.enter_context(FakeGemini.start(scenario("shared")))
+        repo = work / "repo"
+        repo.mkdir()
+        identity = ["-c", "user.name=b", "-c", "user.email=b@b"]
+        for args in (["init", "-q"], [*identity, "commit", "-q", "--allow-empty", "-m", "empty"]):
+            subprocess.run(["git", "-C", str(repo), *args], check=True)
+        for shape in SHAPES:
+            fake.set_scenario(scenario(shape))
+            for scale in SCALES:
+                label = f"{shape}-{scale}"
+                progress.update(task, description=f"throughput: {SHAPES[shape]}, {scale}")
+                with ExitStack() as stack:
+                    url = stack.enter_context(services.redis_server(work / f"redis-{label}"))
+                    settings = Settings(
+                        redis_url=url,
+                        gemini_base_url=fake.url,
+                        google_api_key=SecretStr("bench"),
+                        repo_cache_dir=work / "cache",
+                    )
+                    for n, served in enumerate(groups(shape, scale)):
+                        log = work / f"{label}-{n}.log"
+                        stack.enter_context(
+                            services.worker(worker_env(settings), served, logfile=log)
+                        )
+                    seconds = drain(settings, repo, label)
+                results[shape][str(scale)] = round(RUNS / seconds * 60, 1)
+                progress.advance(task)
+    return summarize(results)
+
+
+def summarize(results: dict[str, dict[str, float]]) -> dict[str, Any]:
+    top, base = str(SCALES[-1]), str(SCALES[0])
+    speedup = {shape: round(r[top] / r[base], 2) for shape, r in results.items()}
+    return {
+        "runs": RUNS,
+        "latency_ms": LATENCY_MS,
+        "busy_stage": {"name": BUSY_STAGE, "latency_ms": BUSY_LATENCY_MS},
+        "runs_per_minute": results,
+        "speedup": speedup,
+        "target": TARGET,
+        "met": all(speedup[shape] >= TARGET for shape in TARGETED),
+    }
+
+
+def write(figures: dict[str, Any]) -> None:
+    rpm, speedup = figures["runs_per_minute"], figures["speedup"]
+    top, base = SCALES[-1], SCALES[0]
+
+    def cells(shape: str) -> list[str]:
+        return [*(f"{rpm[shape][str(s)]:.1f}" for s in SCALES), f"{speedup[shape]:.2f}×"]
+
+    header = ["fleet", *(f"{s}: runs/min" for s in SCALES), f"{top} vs {base}", "target"]
+    rows = [
+        [SHAPES[shape], *cells(shape), f"≥ {TARGET}×" if shape in TARGETED else "none"]
+        for shape in SHAPES
+    ]
+    row = [cell for shape in SHAPES for cell in cells(shape)]
+    record.save("throughput", figures, row, record.table(header, rows))

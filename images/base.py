@@ -1,0 +1,88 @@
+"""`baton-base`: the image Baton's services start from, built without a registry.
+
+Like the sandbox image (`sandbox/image.py`), it is Debian bookworm's minbase made with
+debootstrap, slimmed and brought in with `docker import`; it adds what Baton's services need:
+python3 and python3-venv (Baton itself goes into a venv, `images/Dockerfile`), git and ripgrep
+(the stages' host-side repository work), ca-certificates (Gemini, GitHub) and redis-server.
+Redis lives in the same base, rather than in an image of its own, because it costs a few MB
+there and the stack then needs one debootstrap, not two; `compose.yaml` runs it as the
+`redis` user the package creates.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from pathlib import Path
+
+import docker
+import docker.errors
+
+from images.errors import ImageBuildError
+from sandbox.errors import SandboxError
+from sandbox.image import DEFAULT_MIRROR, RootfsImage, build_rootfs_image
+from sandbox.image import build_lock as sandbox_build_lock
+
+BASE_TAG = "baton-base:1"
+"""Bump the version when `BASE` changes: an existing tag is never rebuilt."""
+
+
+def _add_redis_data_dir(rootfs: Path) -> None:
+    """`/data`, owned by the `redis` user the package made: where the official redis image
+    keeps its data too, so `compose.yaml` runs Redis from either image alike."""
+    for line in (rootfs / "etc" / "passwd").read_text().splitlines():
+        name, _, uid, gid, *_ = line.split(":")
+        if name == "redis":
+            data = rootfs / "data"
+            data.mkdir(mode=0o750, exist_ok=True)
+            os.chown(data, int(uid), int(gid))
+            return
+    raise ImageBuildError("redis-server's package made no `redis` user in the base image")
+
+
+BASE = RootfsImage(
+    packages=("python3", "python3-venv", "git", "ripgrep", "ca-certificates", "redis-server"),
+    changes=(
+        "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        "ENV LANG=C.UTF-8",
+        'CMD ["/bin/sh"]',
+    ),
+    customize=_add_redis_data_dir,
+)
+LOCK_PATH = Path(tempfile.gettempdir()) / "baton-images.lock"
+
+Progress = Callable[[str], None]
+
+
+def ensure_base(
+    client: docker.DockerClient,
+    say: Progress,
+    *,
+    tag: str = BASE_TAG,
+    mirror: str = DEFAULT_MIRROR,
+    force: bool = False,
+) -> bool:
+    """Build `tag` unless it exists (or `force`); True when it was built. The caller holds
+    `build_lock()`."""
+    if not force and image_id(client, tag) is not None:
+        return False
+    try:
+        build_rootfs_image(client, tag, BASE, mirror=mirror, say=say)
+    except SandboxError as exc:
+        raise ImageBuildError(f"building {tag}: {exc}") from exc
+    return True
+
+
+def image_id(client: docker.DockerClient, tag: str) -> str | None:
+    """The id of the image `tag`, or None when there is none."""
+    try:
+        return str(client.api.inspect_image(tag)["Id"])
+    except docker.errors.ImageNotFound:
+        return None
+
+
+def build_lock(say: Progress) -> AbstractContextManager[None]:
+    """One build of Baton's images at a time on this host; a second builder waits."""
+    return sandbox_build_lock(say, LOCK_PATH)

@@ -1,0 +1,259 @@
+"""`make images`: the base image when it is missing, then `baton:<version>` when the source
+changed, all without a registry.
+
+    .venv/bin/python -m images.build [--force] [--mirror URL]
+
+Python packages reach the image as wheels made on the host. `build/wheels` caches a wheel of
+every dependency; the package index is asked only when a dependency is not in it yet. Baton's
+own wheel is made from a clean copy of its source (so no stale file of an old build gets in).
+The Docker build context holds just the Dockerfile and those wheels. The image is labelled with
+a hash of Baton's source, the Dockerfile and the base image, and is rebuilt only when that hash
+changes (or with `--force`); the dependency layer is rebuilt only when a dependency changes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+from collections import deque
+from pathlib import Path
+
+import docker
+import docker.errors
+
+from images.base import BASE_TAG, Progress, build_lock, ensure_base, image_id
+from images.errors import ImageBuildError
+from sandbox.image import DEFAULT_MIRROR
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCKERFILE = ROOT / "images" / "Dockerfile"
+WHEEL_CACHE = ROOT / "build" / "wheels"
+CONTEXT = ROOT / "build" / "images" / "context"
+WHEEL_VENV = ROOT / "build" / "images" / "python"
+HOST_PYTHON = "/usr/bin/python3"
+"""Debian bookworm's python3: the interpreter the base image runs, so the wheels are chosen
+for it (environment markers such as `python_full_version < "3.11.3"` depend on it)."""
+SOURCES = ("pyproject.toml", "README.md", "orchestrator", "workers", "sandbox")
+"""What Baton's wheel is made of (pyproject.toml names README.md as its long description)."""
+IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
+SOURCE_LABEL = "org.baton.source-hash"
+DISTRIBUTION = "baton"
+VERSION_SCRIPT = "import platform; print(platform.python_version())"
+
+__all__ = ["BASE_TAG", "SOURCE_LABEL", "ensure_images", "image_tag"]
+
+
+def image_tag() -> str:
+    """`baton:<version>`, the version being the one in pyproject.toml."""
+    with open(ROOT / "pyproject.toml", "rb") as file:
+        return f"{DISTRIBUTION}:{tomllib.load(file)['project']['version']}"
+
+
+def ensure_images(
+    *,
+    client: docker.DockerClient | None = None,
+    progress: Progress | None = None,
+    mirror: str = DEFAULT_MIRROR,
+    force: bool = False,
+) -> str:
+    """Build what is missing or out of date; the tag of Baton's image. Builders on one host
+    take turns (a lock), so concurrent callers build once."""
+    say = progress or (lambda line: None)
+    docker_client = docker.from_env() if client is None else client
+    tag = image_tag()
+    try:
+        with build_lock(say):
+            ensure_base(docker_client, say, mirror=mirror)
+            with tempfile.TemporaryDirectory(prefix="baton-image-src-") as scratch:
+                source = _copy_sources(Path(scratch) / "src")
+                digest = _digest(source, base_id=image_id(docker_client, BASE_TAG) or "")
+                current = _label(docker_client, tag)
+                if current == digest and not force:
+                    say(f"{tag} is up to date with the source (--force rebuilds it)")
+                    return tag
+                _prepare_context(source, _wheel_python(docker_client), say)
+            _docker_build(docker_client, tag, digest, say)
+    finally:
+        if client is None:
+            docker_client.close()
+    return tag
+
+
+def _copy_sources(dest: Path) -> Path:
+    dest.mkdir(parents=True)
+    for name in SOURCES:
+        path = ROOT / name
+        if path.is_dir():
+            shutil.copytree(path, dest / name, ignore=IGNORED)
+        else:
+            shutil.copy2(path, dest / name)
+    return dest
+
+
+def _digest(source: Path, *, base_id: str) -> str:
+    """A hash of every file of the source copy (path and bytes), the Dockerfile and the base
+    image's id."""
+    sha = hashlib.sha256(base_id.encode())
+    sha.update(DOCKERFILE.read_bytes())
+    for path in sorted(p for p in source.rglob("*") if p.is_file()):
+        sha.update(str(path.relative_to(source)).encode() + b"\0")
+        sha.update(path.read_bytes())
+    return sha.hexdigest()[:16]
+
+
+def _label(client: docker.DockerClient, tag: str) -> str | None:
+    try:
+        labels = client.api.inspect_image(tag)["Config"].get("Labels") or {}
+    except docker.errors.ImageNotFound:
+        return None
+    return labels.get(SOURCE_LABEL)
+
+
+def _wheel_python(client: docker.DockerClient) -> Path:
+    """A venv of the host's Debian python3 (build/images/python), checked to be the same
+    version as the base image's: pip resolves the image's dependencies with it."""
+    try:
+        in_image = client.containers.run(
+            BASE_TAG, ["python3", "-c", VERSION_SCRIPT], remove=True, network_mode="none"
+        )
+    except docker.errors.DockerException as exc:
+        raise ImageBuildError(f"could not ask {BASE_TAG} for its python version: {exc}") from exc
+    try:
+        on_host = subprocess.run(
+            [HOST_PYTHON, "-c", VERSION_SCRIPT], capture_output=True, check=True
+        ).stdout
+    except (OSError, subprocess.CalledProcessError):
+        on_host = b"none"
+    if on_host.strip() != in_image.strip():
+        raise ImageBuildError(
+            f"the wheels must be made by the python the image runs ({in_image.decode().strip()}"
+            f"), but {HOST_PYTHON} is {on_host.decode().strip()}: build on Debian 12, or "
+            "use images/Dockerfile.registry"
+        )
+    python = WHEEL_VENV / "bin" / "python"
+    if not python.exists():
+        made = subprocess.run([HOST_PYTHON, "-m", "venv", str(WHEEL_VENV)], check=False)
+        if made.returncode != 0:
+            raise ImageBuildError(
+                f"`{HOST_PYTHON} -m venv` failed: apt-get install python3-venv, then try again"
+            )
+    return python
+
+
+def _prepare_context(source: Path, python: Path, say: Progress) -> None:
+    """build/images/context: the Dockerfile, wheels/deps (every dependency, from the cache)
+    and wheels/app (Baton's wheel)."""
+    shutil.rmtree(CONTEXT, ignore_errors=True)
+    wheels = CONTEXT / "wheels"
+    (wheels / "app").mkdir(parents=True)
+    shutil.copy2(DOCKERFILE, CONTEXT / "Dockerfile")
+    say("making Baton's wheel; the dependencies' wheels come from build/wheels")
+    offline = [str(python), "-m", "pip", "wheel", "--no-index", "--find-links",
+               str(WHEEL_CACHE), "--wheel-dir", str(wheels / "deps"), str(source)]  # fmt: skip
+    cached = any(WHEEL_CACHE.glob("*.whl"))
+    if not cached or _pip(offline, say, show=False, quiet=True) != 0:
+        say("fetching dependency wheels from the package index into build/wheels")
+        with open(source / "pyproject.toml", "rb") as file:
+            build_requires = tomllib.load(file)["build-system"]["requires"]
+        fetch = [str(python), "-m", "pip", "wheel", "--progress-bar", "off", "--wheel-dir",
+                 str(WHEEL_CACHE), str(source), *build_requires]  # fmt: skip
+        if _pip(fetch, say, show=True) != 0 or _pip(offline, say, show=False) != 0:
+            raise ImageBuildError(
+                "pip could not make the wheels (see above); is the package index reachable?"
+            )
+    for wheel in (wheels / "deps").glob(f"{DISTRIBUTION}-*.whl"):
+        wheel.rename(wheels / "app" / wheel.name)
+    # Baton's own wheel is new each time; it never belongs in the dependency cache.
+    for stale in WHEEL_CACHE.glob(f"{DISTRIBUTION}-*.whl"):
+        stale.unlink()
+    count = len(list((wheels / "deps").glob("*.whl")))
+    say(f"context ready: Baton's wheel and {count} dependency wheels")
+
+
+def _pip(argv: list[str], say: Progress, *, show: bool, quiet: bool = False) -> int:
+    """Run pip; its lines go to `say` when `show`, its last lines when it fails (unless
+    `quiet`: the caller has another way)."""
+    tail: deque[str] = deque(maxlen=20)
+    with subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace"
+    ) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            tail.append(line.rstrip())
+            if show:
+                say(line.rstrip())
+    if proc.returncode != 0 and not (show or quiet):
+        for line in tail:
+            say(f"pip: {line}")
+    return proc.returncode
+
+
+def _docker_build(client: docker.DockerClient, tag: str, digest: str, say: Progress) -> None:
+    """The classic builder, never pulling: FROM names the local base image."""
+    started = time.monotonic()
+    previous = image_id(client, tag)
+    say(f"building {tag} from images/Dockerfile")
+    try:
+        for chunk in client.api.build(
+            path=str(CONTEXT),
+            tag=tag,
+            pull=False,
+            rm=True,
+            forcerm=True,
+            decode=True,
+            buildargs={"BASE_IMAGE": BASE_TAG},
+            labels={SOURCE_LABEL: digest},
+        ):
+            if "error" in chunk:
+                raise ImageBuildError(f"docker build of {tag} failed: {chunk['error'].strip()}")
+            for line in chunk.get("stream", "").splitlines():
+                if line.strip():
+                    say(line.rstrip())
+    except docker.errors.DockerException as exc:
+        raise ImageBuildError(f"docker build of {tag} failed: {exc}") from exc
+    new = image_id(client, tag)
+    if previous and previous != new:
+        _remove_quietly(client, previous)
+    size_mb = client.api.inspect_image(tag)["Size"] / 1e6
+    say(f"built {tag} ({size_mb:.0f} MB) in {time.monotonic() - started:.0f} s")
+
+
+def _remove_quietly(client: docker.DockerClient, image: str) -> None:
+    """The image the new build replaced, unless a container still uses it."""
+    try:
+        client.api.remove_image(image)
+    except docker.errors.APIError:
+        pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m images.build",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--mirror", default=DEFAULT_MIRROR, help=f"default: {DEFAULT_MIRROR}")
+    parser.add_argument("--force", action="store_true", help="rebuild Baton's image anyway")
+    args = parser.parse_args(argv)
+    started = time.monotonic()
+
+    def say(line: str) -> None:
+        print(f"[{time.monotonic() - started:6.1f}s] {line}", file=sys.stderr, flush=True)
+
+    try:
+        tag = ensure_images(progress=say, mirror=args.mirror, force=args.force)
+    except (ImageBuildError, docker.errors.DockerException) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    say(f"images ready: {BASE_TAG}, {tag}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

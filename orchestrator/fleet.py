@@ -1,0 +1,104 @@
+"""`baton top`: the fleet at a glance — queues, workers and what they run, runs by state."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from rich.console import Group
+from rich.table import Table
+
+from orchestrator.conductor import Conductor
+from orchestrator.errors import RunNotFoundError
+
+RECENT_RUNS = 200
+"""How many of the newest runs the run counts look at."""
+
+
+@dataclass(frozen=True)
+class QueueView:
+    name: str
+    waiting: int
+    """Messages in the queue's list."""
+    delivered: int
+    """Delivered to a worker, not yet acknowledged (running, or an ETA retry it holds)."""
+
+
+@dataclass(frozen=True)
+class WorkerView:
+    name: str
+    running: list[str]
+    """`<run id>.<stage>` of each stage it runs now."""
+
+
+@dataclass(frozen=True)
+class Fleet:
+    queues: list[QueueView]
+    workers: list[WorkerView]
+    runs: dict[str, int] = field(default_factory=dict)
+    """Runs by status, among the newest `RECENT_RUNS` and every active one."""
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "queues": {
+                q.name: {"waiting": q.waiting, "delivered": q.delivered} for q in self.queues
+            },
+            "workers": {w.name: w.running for w in self.workers},
+            "runs": self.runs,
+        }
+
+
+def snapshot(conductor: Conductor, *, timeout_s: float = 1.0) -> Fleet:
+    """Read the fleet now: queue lengths from Redis, workers by a Celery broadcast."""
+    app = conductor.dispatcher.app
+    with app.connection_for_write() as connection:
+        client = connection.default_channel.client
+        delivered: Counter[str] = Counter()
+        for raw in client.hvals("unacked"):
+            _, _, routing_key = json.loads(raw)
+            delivered[routing_key] += 1
+        names = {
+            q.decode() if isinstance(q, bytes) else q
+            for q in client.scan_iter(match="baton.*", _type="list")
+        }
+        queues = [
+            QueueView(name, int(client.llen(name)), delivered[name])
+            for name in sorted(names | set(delivered))
+        ]
+    replies = app.control.inspect(timeout=timeout_s).active() or {}
+    workers = [
+        WorkerView(name, [task.get("id", "?") for task in tasks])
+        for name, tasks in sorted(replies.items())
+    ]
+    return Fleet(queues, workers, _run_counts(conductor))
+
+
+def _run_counts(conductor: Conductor) -> dict[str, int]:
+    store = conductor.store
+    counts: Counter[str] = Counter()
+    for run_id in set(store.recent(limit=RECENT_RUNS)) | set(store.active()):
+        try:
+            counts[store.get(run_id).status.value] += 1
+        except RunNotFoundError:
+            continue
+    return dict(sorted(counts.items()))
+
+
+def fleet_view(fleet: Fleet) -> Group:
+    queues = Table(title="queues", title_justify="left")
+    for column in ("queue", "waiting", "delivered"):
+        queues.add_column(column, justify="left" if column == "queue" else "right")
+    for q in fleet.queues:
+        queues.add_row(q.name, str(q.waiting), str(q.delivered))
+    workers = Table(title=f"{len(fleet.workers)} workers", title_justify="left")
+    workers.add_column("worker")
+    workers.add_column("running")
+    for w in fleet.workers:
+        workers.add_row(w.name, ", ".join(w.running) or "idle")
+    runs = Table(title="runs", title_justify="left")
+    for status in fleet.runs:
+        runs.add_column(status, justify="right")
+    runs.add_row(*(str(n) for n in fleet.runs.values()))
+    return Group(queues, workers, runs)

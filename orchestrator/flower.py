@@ -1,0 +1,108 @@
+"""`baton flower`: Flower watching Baton's broker, set up so a person can follow a run.
+
+Every Flower option Baton sets lives here. Flower is started with the broker URL alone (the
+equivalent of `celery --broker=URL flower`, never `-A workers.app`), so it does not import
+Baton's workers and their dependencies (shared/notes/celery-flower.md §4). It builds its view
+from Celery events: Baton's workers send them (`-E`) and so does the sending side
+(`task_send_sent_event`), but a task sent before Flower started stays invisible.
+
+Secrets stay off the command line, where `ps` would show them: the broker URL (it may hold a
+Redis password) and the basic-auth credentials reach Flower through its environment
+(`CELERY_BROKER_URL`, which is all `celery --broker=` does, and `FLOWER_BASIC_AUTH`).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from pydantic import BaseModel, ConfigDict, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from orchestrator.errors import ConfigError
+
+MAX_TASKS = 10_000
+"""Tasks Flower keeps in memory (its own default, 100,000, grows without need: five per run)."""
+PURGE_OFFLINE_WORKERS_S = 300
+"""Seconds after which an offline worker leaves Flower's views and metrics (names churn as
+workers restart, each with the pid in its name)."""
+TASKS_COLUMNS = ("uuid", "args", "state", "received", "runtime", "worker")
+"""Columns of the Tasks page, chosen to fit a 1400-pixel window. Flower's default hides `args`;
+Baton's are `[run_id, stage]`, and its task ids (`uuid`) are `<run_id>.<stage>` (a narrow
+window shows only the id's first eight characters, the run's date; the args still name run and
+stage). Left out: `name`, which is `baton.run_stage` for every stage, and `retries` (the
+"Retried" filter still lists stages waiting out a 429). Times stay absolute, without
+`natural_time`: "a minute ago" for all five stages of a run would hide their order."""
+
+
+class FlowerCredentials(BaseSettings):
+    """`BATON_FLOWER_USER` and `BATON_FLOWER_PASSWORD`: the one login of Flower's basic auth."""
+
+    model_config = SettingsConfigDict(env_prefix="BATON_FLOWER_", extra="ignore", frozen=True)
+
+    user: str | None = None
+    """`BATON_FLOWER_USER`."""
+    password: SecretStr | None = None
+    """`BATON_FLOWER_PASSWORD`; never logged, never on a command line."""
+
+
+class FlowerConfig(BaseModel):
+    """How to start Flower; `credentials` None serves it without a login."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    redis_url: str
+    """Baton's broker, `BATON_REDIS_URL`."""
+    port: int
+    address: str
+    credentials: FlowerCredentials | None
+    """Basic-auth login; required unless the user asked for none (`--no-auth`)."""
+
+
+def flower_config(
+    redis_url: str, credentials: FlowerCredentials, *, port: int, address: str, auth: bool
+) -> FlowerConfig:
+    """Checks the login before anything starts.
+
+    Raises:
+        ConfigError: when auth is on and the user or password is missing, or unusable.
+    """
+    if not auth:
+        return FlowerConfig(redis_url=redis_url, port=port, address=address, credentials=None)
+    password = credentials.password.get_secret_value() if credentials.password else ""
+    if not credentials.user or not password:
+        raise ConfigError(
+            "BATON_FLOWER_USER and BATON_FLOWER_PASSWORD must both be set for Flower's login; "
+            "set them, or pass --no-auth to serve Flower to anyone who can reach it"
+        )
+    if ":" in credentials.user or "," in credentials.user + password:
+        # Flower splits its list of logins on commas, and a login on the first colon.
+        raise ConfigError(
+            "BATON_FLOWER_USER must not contain ':' or ',' and BATON_FLOWER_PASSWORD must "
+            "not contain ','; choose others"
+        )
+    return FlowerConfig(redis_url=redis_url, port=port, address=address, credentials=credentials)
+
+
+def flower_argv(config: FlowerConfig) -> list[str]:
+    """The command line: no secret in it (see `flower_env`)."""
+    return [
+        sys.executable, "-m", "celery", "flower",
+        f"--port={config.port}",
+        f"--address={config.address}",
+        f"--max_tasks={MAX_TASKS}",
+        f"--purge_offline_workers={PURGE_OFFLINE_WORKERS_S}",
+        f"--tasks_columns={','.join(TASKS_COLUMNS)}",
+        # Revoking or terminating a stage in Flower would bypass `baton cancel`: the run would
+        # stay queued and the reconciler would send the stage again. Control is Baton's.
+        "--read_only=true",
+    ]  # fmt: skip
+
+
+def flower_env(config: FlowerConfig) -> dict[str, str]:
+    """Variables to add to Flower's environment: the broker and the login."""
+    env = {"CELERY_BROKER_URL": config.redis_url}
+    if config.credentials is not None:
+        assert config.credentials.user and config.credentials.password  # flower_config checked
+        login = f"{config.credentials.user}:{config.credentials.password.get_secret_value()}"
+        env["FLOWER_BASIC_AUTH"] = login
+    return env

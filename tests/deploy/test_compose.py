@@ -1,0 +1,298 @@
+"""compose.yaml for real: the images `make images` builds, `docker-compose up` with the fake
+Gemini profile, the demo's Sentry event enqueued from the host through the published Redis
+port, each stage run by its own worker service, the fix pushed, and nothing left after
+`down -v`."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import docker
+import httpx
+import pytest
+import redis
+import yaml
+
+from images.base import BASE_TAG
+from images.build import ROOT, ensure_images, image_tag
+from orchestrator import api
+from orchestrator.demo import SENTRY_EVENT
+from orchestrator.demo.runner import make_sample_repo
+from orchestrator.models import RunRecord, RunStatus, StageStatus
+from orchestrator.settings import FAKE_API_KEY, Settings
+from sandbox.image import ensure_image as ensure_sandbox_image
+
+COMPOSE_FILES = (ROOT / "compose.yaml", Path(__file__).with_name("compose.test.yaml"))
+STAGES = ("triage", "search", "plan", "fix", "pr")
+WORKER_UID = 1000
+"""The image's user, who must own a repository the code stages push to."""
+RUN_TIMEOUT_S = 480.0
+COMPOSE_TIMEOUT_S = 300.0
+
+
+@pytest.fixture(scope="session")
+def baton_image() -> str:
+    """Baton's image, built (or found up to date) by the builder `make images` runs."""
+    if shutil.which("docker-compose") is None:
+        pytest.fail("docker-compose is not installed: run `make setup`")
+    ensure_sandbox_image()  # the code stages start their sandboxes on this host's daemon
+
+    def say(line: str) -> None:
+        print(f"images: {line}", file=sys.stderr)
+
+    return ensure_images(progress=say)
+
+
+@dataclass
+class Stack:
+    """One docker-compose project of compose.yaml plus the test's override file."""
+
+    project: str
+    env_file: Path
+    redis_password: str
+    flower_login: tuple[str, str]
+
+    def compose(self, *args: str, check: bool = True) -> str:
+        argv = ["docker-compose", "-p", self.project, "--env-file", str(self.env_file)]
+        for path in COMPOSE_FILES:
+            argv += ["-f", str(path)]
+        result = subprocess.run(
+            [*argv, "--profile", "fake", *args],
+            capture_output=True,
+            text=True,
+            timeout=COMPOSE_TIMEOUT_S,
+            check=False,
+        )
+        if check and result.returncode != 0:
+            raise AssertionError(
+                f"docker-compose {' '.join(args)} exited {result.returncode}:\n{result.stderr}"
+            )
+        return result.stdout
+
+    def host_port(self, service: str, port: int) -> int:
+        address = self.compose("port", service, str(port)).strip()
+        return int(address.rsplit(":", 1)[1])
+
+    def redis_url(self, *, password: bool = True) -> str:
+        port = self.host_port("redis", 6379)
+        login = f":{self.redis_password}@" if password else ""
+        return f"redis://{login}127.0.0.1:{port}/0"
+
+    def down(self) -> None:
+        self.compose("down", "--volumes", "--remove-orphans", "--timeout", "30")
+
+
+@pytest.fixture
+def stack(baton_image: str, tmp_path: Path) -> Iterator[Stack]:
+    """A project with a unique name, a random Redis password and the fake Gemini server; taken
+    down with its volumes at the end whatever happened."""
+    repos = tmp_path / "repos"
+    repos.mkdir()
+    password = secrets.token_hex(16)
+    login = ("baton", secrets.token_hex(8))
+    env = {
+        "BATON_IMAGE": baton_image,
+        "BATON_REDIS_IMAGE": BASE_TAG,
+        "BATON_REDIS_PASSWORD": password,
+        "BATON_DOCKER_GID": str(os.stat("/var/run/docker.sock").st_gid),
+        "BATON_FLOWER_USER": login[0],
+        "BATON_FLOWER_PASSWORD": login[1],
+        "BATON_FLOWER_PORT": "0",  # any free port of the host
+        "GOOGLE_API_KEY": FAKE_API_KEY,
+        "BATON_GEMINI_BASE_URL": "http://fake-gemini:8080",
+        "BATON_TEST_REPOS": str(repos),
+    }
+    env_file = tmp_path / "compose.env"
+    env_file.write_text("".join(f"{key}={value}\n" for key, value in env.items()))
+    made = Stack(f"batontest{secrets.token_hex(4)}", env_file, password, login)
+    try:
+        yield made
+    finally:
+        made.down()
+
+
+def test_compose_defaults_to_the_image_tags_make_images_builds(tmp_path: Path) -> None:
+    env_file = tmp_path / "compose.env"
+    env_file.write_text(
+        "BATON_REDIS_PASSWORD=x\nBATON_DOCKER_GID=0\nBATON_FLOWER_USER=u\n"
+        "BATON_FLOWER_PASSWORD=p\nBATON_TEST_REPOS=/nowhere\n"
+    )
+    stack = Stack("batonconfig", env_file, "x", ("u", "p"))
+    config = yaml.safe_load(stack.compose("config"))
+    images = {name: service["image"] for name, service in config["services"].items()}
+    assert images == {
+        "redis": BASE_TAG,
+        **dict.fromkeys([*STAGES, "flower", "fake-gemini"], image_tag()),
+    }
+
+
+@pytest.mark.timeout(2400)
+def test_compose_stack_fixes_the_demo_issue_end_to_end_and_leaves_nothing_behind(
+    stack: Stack, baton_image: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client = docker.from_env()
+    services = _services(stack, client, baton_image)
+    stack.compose("up", "-d", *services)
+    run_id = ""
+    try:
+        settings = Settings(redis_url=stack.redis_url())
+        _check_redis(stack)
+        repo = _sample_repo(tmp_path, monkeypatch)
+        run_id = api.enqueue(
+            SENTRY_EVENT.read_bytes(), repo=str(repo), pipeline="fixer", settings=settings
+        )
+        run = _wait_for(run_id, settings)
+        assert run.status == RunStatus.DONE, (run.status, run.reason)
+        assert {name: run.stages[name].status for name in STAGES} == dict.fromkeys(
+            STAGES, StageStatus.DONE
+        )
+        _check_each_stage_ran_in_its_own_service(stack, client, run)
+        pushed = _git(repo, "rev-parse", f"baton/{run_id}^")
+        assert pushed == run.commit  # one commit on top of the pinned one
+        _check_workers_healthy(stack, client)
+        _check_metrics(stack)
+        if "flower" in services:
+            _check_flower(stack)
+        stack.compose("up", "-d", "--no-deps", "--scale", "fix=2", "fix")
+        assert len(_containers(client, stack.project, "fix")) == 2
+    except BaseException:
+        print(stack.compose("logs", "--no-color", "--tail", "60", check=False))
+        raise
+    finally:
+        stack.down()
+    ours = {"label": f"com.docker.compose.project={stack.project}"}
+    assert client.containers.list(all=True, filters=ours) == []
+    assert client.volumes.list(filters=ours) == []
+    assert client.networks.list(filters=ours) == []
+    sandboxes = client.containers.list(
+        all=True, filters={"label": ["baton.sandbox=1", f"baton.run={run_id}"]}
+    )
+    assert sandboxes == []
+
+
+def _services(stack: Stack, client: docker.DockerClient, image: str) -> list[str]:
+    """Every service; Flower's only once the image has `baton flower`."""
+    names = stack.compose("config", "--services").split()
+    try:
+        client.containers.run(image, ["flower", "--help"], remove=True, network_mode="none")
+    except docker.errors.ContainerError:
+        print("this image has no `baton flower` yet: the stack runs without Flower")
+        names.remove("flower")
+    return names
+
+
+def _check_redis(stack: Stack) -> None:
+    """Durable, never evicting, and closed without the password."""
+    client = redis.Redis.from_url(stack.redis_url(), decode_responses=True)
+    try:
+        assert client.config_get("appendonly") == {"appendonly": "yes"}
+        assert client.config_get("appendfsync") == {"appendfsync": "everysec"}
+        assert client.config_get("maxmemory-policy") == {"maxmemory-policy": "noeviction"}
+    finally:
+        client.close()
+    anonymous = redis.Redis.from_url(stack.redis_url(password=False))
+    try:
+        with pytest.raises(redis.AuthenticationError):
+            anonymous.ping()
+    finally:
+        anonymous.close()
+
+
+def _sample_repo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The demo's bare repository, owned by the workers' user, as a deployment must have it.
+    The host trusts it for its own git commands (it is another user's repository)."""
+    repos = tmp_path / "repos"
+    repo = make_sample_repo(repos / "shopcart.git")
+    for path in [repos, *repos.rglob("*")]:
+        os.chown(path, WORKER_UID, WORKER_UID, follow_symlinks=False)
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / ".gitconfig").write_text(f"[safe]\n\tdirectory = {repo}\n")
+    monkeypatch.setenv("HOME", str(home))
+    return repo
+
+
+def _wait_for(run_id: str, settings: Settings) -> RunRecord:
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    while True:
+        run = api.get_run(run_id, settings=settings)
+        if run.status.is_terminal or time.monotonic() > deadline:
+            return run
+        time.sleep(1.0)
+
+
+def _check_each_stage_ran_in_its_own_service(
+    stack: Stack, client: docker.DockerClient, run: RunRecord
+) -> None:
+    """A stage's owner names its host: the hostname of a container of that stage's service."""
+    for name in STAGES:
+        hosts = {c.id[:12] for c in _containers(client, stack.project, name)}
+        owner = run.stages[name].owner or ""
+        assert owner.split(":")[0] in hosts, (name, owner, hosts)
+
+
+def _check_workers_healthy(stack: Stack, client: docker.DockerClient) -> None:
+    """The health check on the age of BATON_HEALTH_FILE passes in every worker."""
+    deadline = time.monotonic() + 120
+    while True:
+        states = {
+            c.name: c.attrs["State"].get("Health", {}).get("Status")
+            for name in STAGES
+            for c in _containers(client, stack.project, name)
+        }
+        if set(states.values()) == {"healthy"} or time.monotonic() > deadline:
+            break
+        time.sleep(2)
+    assert set(states.values()) == {"healthy"}, states
+
+
+def _check_metrics(stack: Stack) -> None:
+    """Each worker serves its own stage's figures on :9808 inside the compose network."""
+    url = "http://127.0.0.1:9808/metrics"
+    scrape = f"import urllib.request; print(urllib.request.urlopen({url!r}).read().decode())"
+    for stage in STAGES:
+        text = stack.compose("exec", "-T", stage, "python3", "-c", scrape)
+        labels = f'outcome="done",pipeline="fixer",stage="{stage}"'
+        done = f"baton_stage_duration_seconds_count{{{labels}}} 1.0"
+        assert done in text, f"{stage}: {done} not in its /metrics"
+
+
+def _check_flower(stack: Stack) -> None:
+    """Flower answers with the login only."""
+    url = f"http://127.0.0.1:{stack.host_port('flower', 5555)}/api/workers"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            answer = httpx.get(url, auth=stack.flower_login, timeout=5)
+            break
+        except httpx.TransportError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1)
+    assert answer.status_code == 200
+    assert httpx.get(url, timeout=5).status_code == 401
+
+
+def _containers(client: docker.DockerClient, project: str, service: str) -> list:
+    return client.containers.list(
+        filters={
+            "label": [
+                f"com.docker.compose.project={project}",
+                f"com.docker.compose.service={service}",
+            ]
+        }
+    )
+
+
+def _git(repo: Path, *args: str) -> str:
+    return subprocess.run(
+        ["git", "-C", str(repo), *args], capture_output=True, text=True, check=True
+    ).stdout.strip()

@@ -1,0 +1,219 @@
+"""`baton flower` for real: Flower in a subprocess watching the session worker run the demo's
+Sentry event, read by headless Chromium (Debian's chromium and chromedriver, no downloads)."""
+
+from __future__ import annotations
+
+import base64
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
+
+from orchestrator import api
+from orchestrator.demo import SENTRY_EVENT, services
+from orchestrator.models import RunStatus
+
+from .conftest import Stack
+
+STAGES = ("triage", "search", "plan", "fix", "pr")
+SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "flower.png"
+WINDOW = (1400, 900)
+CHROMIUM_FLAGS = (
+    "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+    "--no-first-run", "--disable-background-networking", "--disable-component-update",
+    "--disable-sync",
+)  # fmt: skip
+
+# The cells of the Tasks page as a person reads them, by column slug. DataTables may render the
+# header twice (a clone for scrolling), hence the dedup; a worker's name is two flex items,
+# which innerText separates with a newline.
+READ_TASKS_TABLE = r"""
+const columns = [...new Set([...document.querySelectorAll('th[data-column]')]
+    .map(th => th.dataset.column))];
+return [...document.querySelectorAll('#tasks-table tbody tr')]
+    .map(tr => [...tr.querySelectorAll('td')].map(td => td.innerText.replace(/\n/g, '').trim()))
+    .filter(cells => cells.length === columns.length)
+    .map(cells => Object.fromEntries(columns.map((c, i) => [c, cells[i]])));
+"""
+
+# Every column but the last, the worker's (its width follows the host name), ends in view.
+IN_VIEW = """
+const right = document.querySelector('#tasks-table').closest('.dataTables_scrollBody')
+    .getBoundingClientRect().right;
+return [...document.querySelectorAll('#tasks-table tbody tr')].every(tr =>
+    [...tr.querySelectorAll('td')].slice(0, -1)
+        .every(td => td.getBoundingClientRect().right <= right));
+"""
+
+
+@dataclass
+class FlowerServer:
+    url: str
+    user: str
+    password: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+
+@pytest.fixture(scope="module")
+def flower(
+    session_stack: Stack, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[FlowerServer]:
+    """`baton flower` on a free port with a fresh login, once it receives the worker's events."""
+    log = tmp_path_factory.mktemp("flower") / "flower.log"
+    port = services.free_port()
+    user, password = "operator", secrets.token_urlsafe(16)
+    env = {
+        **os.environ,
+        "BATON_REDIS_URL": session_stack.settings.require_redis_url(),
+        "BATON_FLOWER_USER": user,
+        "BATON_FLOWER_PASSWORD": password,
+    }
+    argv = [sys.executable, "-m", "orchestrator.cli", "flower", "--port", str(port),
+            "--address", "127.0.0.1"]  # fmt: skip
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
+    server = FlowerServer(f"http://127.0.0.1:{port}", user, password, proc, log)
+    try:
+        wait_for_worker_events(server)
+        yield server
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def wait_for_worker_events(server: FlowerServer, timeout_s: float = 60.0) -> None:
+    """Flower sees only events sent after it subscribed: wait for a worker heartbeat to show in
+    /metrics (which needs no login)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert server.proc.poll() is None, server.log.read_text(errors="replace")[-2000:]
+        try:
+            metrics = httpx.get(f"{server.url}/metrics", timeout=5).text
+        except httpx.TransportError:
+            metrics = ""
+        if 'flower_worker_online{worker="' in metrics:
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"Flower saw no worker within {timeout_s:.0f}s; see {server.log}")
+
+
+@pytest.fixture
+def browser(tmp_path: Path) -> Iterator[webdriver.Chrome]:
+    """Headless Chromium; it must be installed (make setup), so a missing one fails the test."""
+    chromium, chromedriver = shutil.which("chromium"), shutil.which("chromedriver")
+    assert chromium and chromedriver, "apt-get install chromium chromium-driver (make setup)"
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for flag in (*CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile'}"):
+        options.add_argument(flag)
+    options.add_argument(f"--window-size={WINDOW[0]},{WINDOW[1]}")
+    service = Service(chromedriver, log_output=str(tmp_path / "chromedriver.log"))
+    driver = webdriver.Chrome(service=service, options=options)
+    try:
+        driver.set_window_size(*WINDOW)
+        driver.set_page_load_timeout(30)
+        yield driver
+    finally:
+        driver.quit()
+
+
+def log_in(driver: webdriver.Chrome, server: FlowerServer) -> None:
+    """Basic auth on every request the page makes, the table's XHRs included."""
+    token = base64.b64encode(f"{server.user}:{server.password}".encode()).decode()
+    login = f"Basic {token}"
+    driver.execute_cdp_cmd("Network.enable", {})
+    driver.execute_cdp_cmd("Network.setExtraHTTPHeaders", {"headers": {"Authorization": login}})
+
+
+def tasks_page(driver: webdriver.Chrome, server: FlowerServer) -> list[dict[str, str]]:
+    """Loads the Tasks page and returns its rows once the table has drawn."""
+    driver.get(f"{server.url}/tasks")
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        drawn = driver.execute_script(
+            "return document.querySelector('#tasks-table_info')?.innerText || ''"
+        )
+        if drawn.startswith(("Showing", "No tasks")):
+            rows: list[dict[str, str]] = driver.execute_script(READ_TASKS_TABLE)
+            return rows
+        time.sleep(0.2)
+    raise AssertionError(f"the Tasks page did not draw its table: {driver.page_source[:2000]}")
+
+
+def stage_rows(rows: list[dict[str, str]], run_id: str) -> dict[str, dict[str, str]]:
+    return {row["uuid"].removeprefix(f"{run_id}."): row for row in rows if run_id in row["uuid"]}
+
+
+@pytest.mark.timeout(240)
+def test_a_logged_in_browser_follows_every_stage_of_a_run_on_the_tasks_page(
+    stack: Stack, flower: FlowerServer, browser: webdriver.Chrome
+) -> None:
+    log_in(browser, flower)
+    tasks_page(browser, flower)
+    assert "Task history" in browser.page_source
+
+    run_id = stack.enqueue(SENTRY_EVENT.read_bytes(), stack.sample_repo())
+    deadline, shown = time.monotonic() + 180, {}
+    while time.monotonic() < deadline:
+        shown = stage_rows(tasks_page(browser, flower), run_id)
+        if set(shown) == set(STAGES) and all(r["state"] == "SUCCESS" for r in shown.values()):
+            break
+        time.sleep(2)
+    SCREENSHOT.parent.mkdir(exist_ok=True)
+    browser.save_screenshot(str(SCREENSHOT))
+    in_view = browser.execute_script(IN_VIEW)
+
+    assert api.get_run(run_id, settings=stack.settings).status is RunStatus.DONE
+    assert sorted(shown) == sorted(STAGES), shown
+    for stage, row in shown.items():
+        assert row["uuid"] == f"{run_id}.{stage}"
+        assert row["args"] == f"['{run_id}', '{stage}']"
+        assert row["state"] == "SUCCESS"
+        assert row["worker"].startswith("baton-worker-")
+        assert row["runtime"]
+    assert in_view, "a column is out of sight: the Tasks page must be scrolled sideways"
+
+
+def test_flower_refuses_a_wrong_password_but_answers_health_checks(flower: FlowerServer) -> None:
+    wrong = httpx.get(f"{flower.url}/tasks", auth=(flower.user, "not-the-password"), timeout=10)
+    anonymous = httpx.get(f"{flower.url}/api/tasks", timeout=10)
+    right = httpx.get(f"{flower.url}/api/workers", auth=(flower.user, flower.password), timeout=10)
+    health = httpx.get(f"{flower.url}/healthcheck", timeout=10)
+
+    assert (wrong.status_code, anonymous.status_code) == (401, 401)
+    assert right.status_code == 200
+    assert (health.status_code, health.text) == (200, "OK")
+    cmdline = Path(f"/proc/{flower.proc.pid}/cmdline").read_bytes()
+    assert b"celery\x00flower" in cmdline
+    assert flower.password.encode() not in cmdline + flower.log.read_bytes()
+
+
+def test_flower_refuses_to_start_without_a_login(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BATON_FLOWER_")}
+    env["BATON_REDIS_URL"] = "redis://127.0.0.1:1/0"
+    refused = subprocess.run(
+        [sys.executable, "-m", "orchestrator.cli", "flower"],
+        env=env, capture_output=True, timeout=60,
+    )  # fmt: skip
+
+    assert refused.returncode == 2
+    message = refused.stderr.decode().strip()
+    assert "\n" not in message
+    assert "BATON_FLOWER_USER" in message and "BATON_FLOWER_PASSWORD" in message
+    assert "--no-auth" in message
