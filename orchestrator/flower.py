@@ -25,13 +25,13 @@ MAX_TASKS = 10_000
 PURGE_OFFLINE_WORKERS_S = 300
 """Seconds after which an offline worker leaves Flower's views and metrics (names churn as
 workers restart, each with the pid in its name)."""
-TASKS_COLUMNS = ("uuid", "args", "state", "received", "runtime", "worker")
-"""Columns of the Tasks page, chosen to fit a 1400-pixel window. Flower's default hides `args`;
-Baton's are `[run_id, stage]`, and its task ids (`uuid`) are `<run_id>.<stage>` (a narrow
-window shows only the id's first eight characters, the run's date; the args still name run and
-stage). Left out: `name`, which is `baton.run_stage` for every stage, and `retries` (the
-"Retried" filter still lists stages waiting out a 429). Times stay absolute, without
-`natural_time`: "a minute ago" for all five stages of a run would hide their order."""
+TASKS_COLUMNS = ("name", "uuid", "state", "received", "runtime", "worker")
+"""Columns of the Tasks page, chosen to fit a 1400-pixel window. A stage task's name is its
+stage's (`baton.fix`: the dispatcher sends it as a shadow name of `baton.run_stage`) and its id
+is `<run_id>.<stage>`, so name and id say which run and stage; Flower's default `args` would
+only repeat them. Left out too: `retries` (the "Retried" filter still lists stages waiting out
+a 429). Times stay absolute, without `natural_time`: "a minute ago" for all five stages of a
+run would hide their order."""
 
 
 class FlowerCredentials(BaseSettings):
