@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import email.utils
+import ssl
 import time
 
 import httpx
@@ -10,9 +12,10 @@ import pytest
 from google.genai import errors
 
 from orchestrator.models import StageRecord
-from orchestrator.settings import RetryConfig
+from orchestrator.settings import ModelConfig, RetryConfig
+from workers import gemini
 from workers.errors import ModelRejectedError, ModelUnavailableError, RateLimitedError
-from workers.gemini import classify, rate_limit_countdown, retry_delay_s
+from workers.gemini import build_model, classify, close_model, rate_limit_countdown, retry_delay_s
 
 
 def rate_limited(
@@ -134,3 +137,28 @@ def test_countdown_gives_up_after_the_retry_and_wait_budgets() -> None:
         )
         is not None
     )
+
+
+def test_every_stages_model_client_shares_one_tls_context(monkeypatch: pytest.MonkeyPatch) -> None:
+    made: list[ssl.SSLContext] = []
+    real = ssl.create_default_context
+
+    def counting(*args: object, **kwargs: object) -> ssl.SSLContext:
+        made.append(real(*args, **kwargs))  # type: ignore[arg-type]
+        return made[-1]
+
+    monkeypatch.setattr(ssl, "create_default_context", counting)
+    gemini.tls_context.cache_clear()
+    cfg = ModelConfig(base_url="http://127.0.0.1:9", api_key="k")  # type: ignore[arg-type]
+
+    async def one_stage() -> None:
+        model = build_model(cfg, RetryConfig())
+        assert model.api_client is not None  # the client is made in the stage's event loop
+        await close_model(model)
+
+    for _ in range(3):  # each stage runs in an event loop of its own
+        asyncio.run(one_stage())
+
+    assert len(made) == 1
+    assert made[0] is gemini.tls_context()
+    assert made[0].verify_mode is ssl.CERT_REQUIRED and made[0].check_hostname
