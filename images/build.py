@@ -29,7 +29,7 @@ import docker.errors
 
 from images.base import BASE_TAG, Progress, build_lock, ensure_base, image_id
 from images.errors import ImageBuildError
-from sandbox.image import DEFAULT_MIRROR
+from sandbox.image import DEFAULT_MIRROR, timed_printer
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCKERFILE = ROOT / "images" / "Dockerfile"
@@ -241,11 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mirror", default=DEFAULT_MIRROR, help=f"default: {DEFAULT_MIRROR}")
     parser.add_argument("--force", action="store_true", help="rebuild Baton's image anyway")
     args = parser.parse_args(argv)
-    started = time.monotonic()
-
-    def say(line: str) -> None:
-        print(f"[{time.monotonic() - started:6.1f}s] {line}", file=sys.stderr, flush=True)
-
+    say = timed_printer()
     try:
         tag = ensure_images(progress=say, mirror=args.mirror, force=args.force)
     except (ImageBuildError, docker.errors.DockerException) as exc:

@@ -244,6 +244,16 @@ def _import(client: docker.DockerClient, rootfs: Path, tag: str, changes: tuple[
         raise SandboxStartError(f"importing {tag} failed: {last.get('error', 'tar failed')}")
 
 
+def timed_printer() -> Progress:
+    """Progress lines for a build command: on stderr, each stamped with the seconds since."""
+    started = time.monotonic()
+
+    def say(line: str) -> None:
+        print(f"[{time.monotonic() - started:6.1f}s] {line}", file=sys.stderr, flush=True)
+
+    return say
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m sandbox.image",
@@ -254,11 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mirror", default=DEFAULT_MIRROR, help=f"default: {DEFAULT_MIRROR}")
     parser.add_argument("--force", action="store_true", help="rebuild even if the image exists")
     args = parser.parse_args(argv)
-    started = time.monotonic()
-
-    def say(line: str) -> None:
-        print(f"[{time.monotonic() - started:6.1f}s] {line}", file=sys.stderr, flush=True)
-
+    say = timed_printer()
     try:
         built = ensure_image(args.tag, progress=say, mirror=args.mirror, force=args.force)
     except SandboxError as exc:

@@ -68,7 +68,7 @@ def redis_server(workdir: Path, *, port: int | None = None) -> Iterator[str]:
         _wait_for_redis(url, proc)
         yield url
     finally:
-        _stop(proc)
+        stop(proc)
 
 
 def _wait_for_redis(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 15.0) -> None:
@@ -109,7 +109,7 @@ def fake_gemini(scenario: Path, *, record: Path | None = None, port: int = 0) ->
             raise ConfigError(f"fake Gemini server did not start (exit code {proc.poll()})")
         yield line.removeprefix("fake-gemini listening on ")
     finally:
-        _stop(proc)
+        stop(proc)
 
 
 def worker_argv(
@@ -137,10 +137,12 @@ def worker(
     logfile: Path,
     name: str = "baton-worker",
     app: str = "workers.app",
+    options: Sequence[str] = (),
 ) -> Iterator[subprocess.Popen[bytes]]:
-    """A Celery worker subprocess serving `queues`; stopped with a warm shutdown."""
+    """A Celery worker subprocess serving `queues`, with more worker `options` if given;
+    stopped with a warm shutdown."""
     argv = worker_argv(queues, concurrency=concurrency, name=f"{name}-{free_port()}", app=app)
-    argv += ["--without-gossip", "--without-mingle"]
+    argv += ["--without-gossip", "--without-mingle", *options]
     logfile.parent.mkdir(parents=True, exist_ok=True)
     with open(logfile, "ab") as log:
         # Its own session: a test can kill the worker and its pool processes as one group.
@@ -152,7 +154,7 @@ def worker(
         wait_for_log(logfile, "ready.", proc)
         yield proc
     finally:
-        _stop(proc)
+        stop(proc)
 
 
 def wait_for_log(
@@ -169,7 +171,8 @@ def wait_for_log(
     raise ConfigError(f"worker not ready within {timeout_s:.0f}s; see {logfile}")
 
 
-def _stop(proc: subprocess.Popen[bytes] | subprocess.Popen[str]) -> None:
+def stop(proc: subprocess.Popen[bytes] | subprocess.Popen[str]) -> None:
+    """SIGTERM, and SIGKILL if it has not exited within STOP_TIMEOUT_S."""
     if proc.poll() is not None:
         return
     proc.send_signal(signal.SIGTERM)

@@ -10,7 +10,6 @@ import base64
 import os
 import secrets
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -92,12 +91,7 @@ def flower(
         wait_for_worker_events(server)
         yield server
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        services.stop(proc)
 
 
 def wait_for_worker_events(server: FlowerServer, timeout_s: float = 60.0) -> None:

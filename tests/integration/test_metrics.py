@@ -4,9 +4,6 @@ come out right if the samples of exited processes still count."""
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -40,28 +37,19 @@ def metered(redis_url: str, stack: Stack, tmp_path: Path) -> Iterator[tuple[Stac
         "BATON_METRICS_PORT": str(port),
         "BATON_METRICS_DIR": str(directory),
     }
-    argv = services.worker_argv(
-        [stage.queue for stage in load_pipeline("fixer").stages],
-        concurrency=2,
-        name=f"baton-metrics-{port}",
-    )
-    argv += ["--without-gossip", "--without-mingle", "--max-tasks-per-child", "1"]
-    with open(log, "ab") as out:
-        worker = subprocess.Popen(
-            argv, env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )  # fmt: skip
+    queues = [stage.queue for stage in load_pipeline("fixer").stages]
+    options = ["--max-tasks-per-child", "1"]
     try:
-        services.wait_for_log(log, "ready.", worker)
-        yield Stack(settings, stack.fake, tmp_path), f"http://127.0.0.1:{port}/metrics", directory
+        with services.worker(
+            env, queues, concurrency=2, logfile=log, name="baton-metrics", options=options
+        ):
+            yield (
+                Stack(settings, stack.fake, tmp_path),
+                f"http://127.0.0.1:{port}/metrics",
+                directory,
+            )
     finally:
         stack.fake.set_faults([])
-        worker.send_signal(signal.SIGTERM)
-        try:
-            worker.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            worker.kill()
-            worker.wait()
 
 
 def samples(text: str, name: str) -> dict[frozenset[tuple[str, str]], float]:
