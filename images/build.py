@@ -21,7 +21,6 @@ import sys
 import tempfile
 import time
 import tomllib
-from collections import deque
 from pathlib import Path
 
 import docker
@@ -29,7 +28,7 @@ import docker.errors
 
 from images.base import BASE_TAG, Progress, build_lock, ensure_base, image_id
 from images.errors import ImageBuildError
-from sandbox.image import DEFAULT_MIRROR, timed_printer
+from sandbox.image import DEFAULT_MIRROR, run_streaming, timed_printer
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCKERFILE = ROOT / "images" / "Dockerfile"
@@ -179,19 +178,11 @@ def _prepare_context(source: Path, python: Path, say: Progress) -> None:
 def _pip(argv: list[str], say: Progress, *, show: bool, quiet: bool = False) -> int:
     """Run pip; its lines go to `say` when `show`, its last lines when it fails (unless
     `quiet`: the caller has another way)."""
-    tail: deque[str] = deque(maxlen=20)
-    with subprocess.Popen(
-        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace"
-    ) as proc:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            tail.append(line.rstrip())
-            if show:
-                say(line.rstrip())
-    if proc.returncode != 0 and not (show or quiet):
+    returncode, tail = run_streaming(argv, say if show else lambda line: None, keep=20)
+    if returncode != 0 and not (show or quiet):
         for line in tail:
             say(f"pip: {line}")
-    return proc.returncode
+    return returncode
 
 
 def _docker_build(client: docker.DockerClient, tag: str, digest: str, say: Progress) -> None:

@@ -171,20 +171,31 @@ def _debootstrap(rootfs: Path, packages: tuple[str, ...], mirror: str, say: Prog
         mirror,
     ]
     say(" ".join(argv))
-    tail: deque[str] = deque(maxlen=15)
+
+    def shown(line: str) -> None:
+        if not PER_PACKAGE.match(line):
+            say(line)
+
+    returncode, tail = run_streaming(argv, shown)
+    if returncode != 0:
+        raise SandboxStartError(
+            f"debootstrap failed with exit code {returncode} (is {mirror} reachable? "
+            "pass --mirror to use another):\n" + "\n".join(tail)
+        )
+
+
+def run_streaming(argv: list[str], on_line: Progress, *, keep: int = 15) -> tuple[int, list[str]]:
+    """Run a command, handing each line of its output (stdout and stderr) to `on_line` as it
+    comes; returns its exit code and its last `keep` lines."""
+    tail: deque[str] = deque(maxlen=keep)
     with subprocess.Popen(
         argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace"
     ) as proc:
         assert proc.stdout is not None
         for line in proc.stdout:
             tail.append(line.rstrip())
-            if not PER_PACKAGE.match(line):
-                say(line.rstrip())
-    if proc.returncode != 0:
-        raise SandboxStartError(
-            f"debootstrap failed with exit code {proc.returncode} (is {mirror} reachable? "
-            "pass --mirror to use another):\n" + "\n".join(tail)
-        )
+            on_line(tail[-1])
+    return proc.returncode, list(tail)
 
 
 def _slim(rootfs: Path) -> None:
