@@ -9,6 +9,7 @@ import time
 from typing import Any
 
 from celery import Celery
+from celery.app.amqp import AMQP
 
 from orchestrator.errors import ConfigError
 from orchestrator.pipeline import Pipeline, StageSpec
@@ -53,6 +54,29 @@ def celery_config(redis_url: str, queue: QueueConfig) -> dict[str, Any]:
     }
 
 
+class ShadowNamedAMQP(AMQP):
+    """Celery's messaging, except that a task's `task-sent` event carries its shadow name.
+
+    The worker's events name a task by its shadow (`baton.fix`), but Celery's sent event names
+    it `baton.run_stage` (celery/celery#4347, fixed for the message only), and a monitor keeps
+    the name of whichever event it merged last: Flower showed one or the other at random.
+    """
+
+    def as_task_v2(self, *args: Any, **kwargs: Any) -> Any:
+        message = super().as_task_v2(*args, **kwargs)
+        shadow = message.headers.get("shadow")
+        if shadow and message.sent_event is not None:
+            message.sent_event["name"] = shadow
+        return message
+
+
+def celery_app(name: str, redis_url: str, queue: QueueConfig, **kwargs: Any) -> Celery:
+    """A Celery app configured for Baton, on the sending side or a worker's."""
+    app = Celery(name, amqp=ShadowNamedAMQP, **kwargs)
+    app.conf.update(celery_config(redis_url, queue))
+    return app
+
+
 def check_time_limits(pipeline: Pipeline, queue: QueueConfig, retry: RetryConfig) -> None:
     """Every stage's hard time limit plus the longest 429 countdown must stay below the Redis
     visibility timeout; otherwise a second worker would take a stage that is still running.
@@ -80,9 +104,9 @@ class Dispatcher:
     @classmethod
     def connect(cls, redis_url: str, queue: QueueConfig) -> Dispatcher:
         """A dispatcher with an app of its own (closed by `close`)."""
-        app = Celery("baton-orchestrator", set_as_current=False)
-        app.conf.update(celery_config(redis_url, queue))
-        return cls(app, owned=True)
+        return cls(
+            celery_app("baton-orchestrator", redis_url, queue, set_as_current=False), owned=True
+        )
 
     def send_stage(self, run_id: str, stage: StageSpec) -> str:
         task_id = stage_task_id(run_id, stage.name)

@@ -20,7 +20,7 @@ from celery.signals import celeryd_init, worker_process_shutdown, worker_ready, 
 
 import sandbox
 from orchestrator.conductor import Conductor
-from orchestrator.queue import Dispatcher, celery_config
+from orchestrator.queue import Dispatcher, celery_app
 from orchestrator.reconciler import Reconciler
 from orchestrator.store import RunStore
 from workers import metrics
@@ -33,9 +33,9 @@ _reap_failed = False
 
 
 def create_app(settings: WorkerSettings) -> Celery:
-    app = Celery("baton", include=["workers.tasks"])
-    app.conf.update(celery_config(settings.require_redis_url(), settings.queue))
-    return app
+    return celery_app(
+        "baton", settings.require_redis_url(), settings.queue, include=["workers.tasks"]
+    )
 
 
 @celeryd_init.connect
