@@ -244,6 +244,17 @@ def test_list_files_shows_tracked_and_new_files_but_not_ignored_ones(checkout: C
     }
 
 
+def test_list_files_leaves_out_a_tracked_file_deleted_from_the_working_tree(
+    checkout: Checkout,
+) -> None:
+    (checkout.path / "README.md").unlink()
+
+    listed = checkout.tools["list_files"]()["files"]
+
+    assert "README.md" not in listed
+    assert "shopcart/cart.py" in listed
+
+
 @pytest.mark.parametrize(
     ("path", "glob", "files"),
     [

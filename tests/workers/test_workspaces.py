@@ -117,3 +117,19 @@ def test_a_sandbox_has_no_network_unless_its_stage_names_one(
         joined = client.containers.get(ws.box.id).attrs["HostConfig"]["NetworkMode"]
     client.close()
     assert (default, joined) == ("none", network)
+
+
+def test_list_files_in_a_sandbox_leaves_out_deleted_files_and_keeps_new_ones(
+    repo: Path, store: RunStore, tmp_path: Path
+) -> None:
+    job = job_for(repo, "search")
+    with open_workspace(
+        job, store=store, repos=RepoCache(tmp_path / "cache"), config=SandboxConfig()
+    ) as ws:
+        before = ws.list_files()
+        ws.write_text("lib/new.py", "x = 1\n")
+        assert ws.run(["rm", "app.py"], timeout_s=10).exit_code == 0
+        after = ws.list_files()
+
+    assert before == ["app.py"]
+    assert after == ["lib/new.py"]

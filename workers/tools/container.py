@@ -20,7 +20,7 @@ from workers.tools.workspace import (
     SEARCH_LIMIT,
     SEARCH_TIMEOUT_S,
     checked_path,
-    glob_matches,
+    listed_files,
     rg_argv,
 )
 
@@ -68,14 +68,7 @@ class ContainerWorkspace:
     def list_files(
         self, path: str = ".", glob: str | None = None, limit: int = LIST_LIMIT
     ) -> list[str]:
-        where = self._existing(path)
-        listed = self._git(
-            "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", where
-        )
-        names = sorted(
-            name for name in set(listed.split("\0")) if name and glob_matches(name, glob)
-        )
-        return names[:limit]
+        return listed_files(self._git, self._existing(path), glob, limit)
 
     def search(
         self, pattern: str, path: str = ".", glob: str | None = None, limit: int = SEARCH_LIMIT

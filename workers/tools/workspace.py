@@ -11,7 +11,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from fnmatch import fnmatchcase
 from pathlib import Path, PurePosixPath
 from typing import Protocol
@@ -134,16 +134,7 @@ class LocalWorkspace:
     def list_files(
         self, path: str = ".", glob: str | None = None, limit: int = LIST_LIMIT
     ) -> list[str]:
-        where = self._existing(path)
-        listed = self._git(
-            "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", where
-        )
-        names = sorted(
-            name
-            for name in set(listed.split("\0"))
-            if name and os.path.lexists(self.path / name) and glob_matches(name, glob)
-        )
-        return names[:limit]
+        return listed_files(self._git, self._existing(path), glob, limit)
 
     def search(
         self, pattern: str, path: str = ".", glob: str | None = None, limit: int = SEARCH_LIMIT
@@ -249,6 +240,16 @@ def checked_path(path: str) -> PurePosixPath:
     if ".git" in relative.parts:
         raise ToolError(f"{path!r} is inside .git, which tools do not touch")
     return relative
+
+
+def listed_files(git: Callable[..., str], where: str, glob: str | None, limit: int) -> list[str]:
+    """The files below `where` that git tracks or would add (not ignored ones), less the
+    tracked ones deleted from the working tree, matching `glob`: the first `limit`, sorted.
+    `git(*args)` runs git in the working copy and returns its output."""
+    listed = git("ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", where)
+    deleted = git("ls-files", "-z", "--deleted", "--", where)
+    names = set(listed.split("\0")) - set(deleted.split("\0"))
+    return sorted(name for name in names if name and glob_matches(name, glob))[:limit]
 
 
 def glob_matches(name: str, glob: str | None) -> bool:
