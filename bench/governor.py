@@ -15,20 +15,17 @@ out; the workload is sized to keep the fleet waiting on the quota for two whole 
 from __future__ import annotations
 
 import json
-import subprocess
 import tempfile
 import time
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from pydantic import SecretStr
-
 from bench import record
+from bench.stack import bench_settings, empty_repo
 from orchestrator import api
 from orchestrator.demo import services
 from orchestrator.demo.runner import worker_env
-from orchestrator.settings import Settings
 from orchestrator.store import RunStore
 from workers.fake_gemini import FakeGemini
 
@@ -81,12 +78,7 @@ def measure(governed: bool, advance: Any) -> dict[str, Any]:
         work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="baton-bench-")))
         fake = stack.enter_context(FakeGemini.start(scenario))
         redis_url = stack.enter_context(services.redis_server(work / "redis"))
-        settings = Settings(
-            redis_url=redis_url,
-            gemini_base_url=fake.url,
-            google_api_key=SecretStr("bench-key"),
-            repo_cache_dir=work / "cache",
-        )
+        settings = bench_settings(redis_url, fake.url, work)
         pipeline = work / "governor.toml"
         pipeline.write_text(pipeline_toml(STAGES))
         env = worker_env(settings)
@@ -99,7 +91,7 @@ def measure(governed: bool, advance: Any) -> dict[str, Any]:
                     env, queues, logfile=work / f"worker-{n}.log", name=f"bench-governor-{n}"
                 )
             )
-        repo = _empty_repo(work / "repo")
+        repo = empty_repo(work / "repo")
         store = RunStore.from_url(redis_url)
         stack.callback(store.redis.close)
         started = time.monotonic()
@@ -113,14 +105,6 @@ def measure(governed: bool, advance: Any) -> dict[str, Any]:
         wall_s = time.monotonic() - started
         entries = fake.requests()
     return summarize(entries, wall_s)
-
-
-def _empty_repo(path: Path) -> Path:
-    path.mkdir()
-    identity = ["-c", "user.name=b", "-c", "user.email=b@b"]
-    for args in (["init", "-q"], [*identity, "commit", "-q", "--allow-empty", "-m", "empty"]):
-        subprocess.run(["git", "-C", str(path), *args], check=True)
-    return path
 
 
 def _wait_for_runs(store: RunStore, ids: list[str], advance: Any) -> None:

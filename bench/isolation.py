@@ -30,6 +30,7 @@ from google.genai import types
 from pydantic import SecretStr
 
 from bench import record
+from bench.stack import API_KEY, bench_settings
 from orchestrator import api
 from orchestrator.demo import services
 from orchestrator.demo.runner import worker_env
@@ -48,7 +49,6 @@ READS_PER_STAGE = 3
 FILE_LINES = 200
 LINE_CHARS = 100
 VOLUMES = (1, 4, 16)
-API_KEY = "bench-key"
 
 
 def reads(stage: str, volume: int) -> int:
@@ -186,12 +186,7 @@ def run(progress: Any) -> dict[str, Any]:
             variants[key] = per_stage(fake.requests())
             progress.advance(task)
         with services.redis_server(work / "redis") as redis_url:
-            settings = Settings(
-                redis_url=redis_url,
-                gemini_base_url=fake.url,
-                google_api_key=SecretStr(API_KEY),
-                repo_cache_dir=work / "cache",
-            )
+            settings = bench_settings(redis_url, fake.url, work)
             queues = [s.queue for s in load_pipeline(str(PIPELINE)).stages]
             with services.worker(worker_env(settings), queues, logfile=work / "worker.log"):
                 for volume in VOLUMES:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import itertools
 import statistics
-import subprocess
 import tempfile
 import time
 from contextlib import ExitStack
@@ -19,9 +18,9 @@ from typing import Any
 
 import redis
 from celery import Celery, chain
-from pydantic import SecretStr
 
 from bench import record
+from bench.stack import bench_settings, empty_repo
 from orchestrator import api
 from orchestrator.demo import services
 from orchestrator.demo.runner import worker_env
@@ -82,18 +81,9 @@ def run(progress: Any) -> dict[str, Any]:
     with ExitStack() as stack:
         work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="baton-bench-")))
         fake = stack.enter_context(FakeGemini.start(scenario))
-        repo = work / "repo"
-        repo.mkdir()
-        identity = ["-c", "user.name=b", "-c", "user.email=b@b"]
-        for args in (["init", "-q"], [*identity, "commit", "-q", "--allow-empty", "-m", "empty"]):
-            subprocess.run(["git", "-C", str(repo), *args], check=True)
+        repo = empty_repo(work / "repo")
         redis_url = stack.enter_context(services.redis_server(work / "redis"))
-        settings = Settings(
-            redis_url=redis_url,
-            gemini_base_url=fake.url,
-            google_api_key=SecretStr("bench-key"),
-            repo_cache_dir=work / "cache",
-        )
+        settings = bench_settings(redis_url, fake.url, work)
         queues = [s.queue for s in load_pipeline(str(PIPELINE)).stages]
         stack.enter_context(
             services.worker(worker_env(settings), queues, logfile=work / "baton.log")

@@ -18,16 +18,14 @@ busy stage) finish at least 3.2× as many runs per minute as 1.
 
 from __future__ import annotations
 
-import subprocess
 import tempfile
 import time
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from pydantic import SecretStr
-
 from bench import record
+from bench.stack import bench_settings, empty_repo
 from orchestrator import api
 from orchestrator.demo import services
 from orchestrator.demo.runner import worker_env
@@ -101,11 +99,7 @@ def run(progress: Any) -> dict[str, Any]:
     with ExitStack() as outer:
         work = Path(outer.enter_context(tempfile.TemporaryDirectory(prefix="baton-bench-")))
         fake = outer.enter_context(FakeGemini.start(scenario("shared")))
-        repo = work / "repo"
-        repo.mkdir()
-        identity = ["-c", "user.name=b", "-c", "user.email=b@b"]
-        for args in (["init", "-q"], [*identity, "commit", "-q", "--allow-empty", "-m", "empty"]):
-            subprocess.run(["git", "-C", str(repo), *args], check=True)
+        repo = empty_repo(work / "repo")
         for shape in SHAPES:
             fake.set_scenario(scenario(shape))
             for scale in SCALES:
@@ -113,12 +107,7 @@ def run(progress: Any) -> dict[str, Any]:
                 progress.update(task, description=f"throughput: {SHAPES[shape]}, {scale}")
                 with ExitStack() as stack:
                     url = stack.enter_context(services.redis_server(work / f"redis-{label}"))
-                    settings = Settings(
-                        redis_url=url,
-                        gemini_base_url=fake.url,
-                        google_api_key=SecretStr("bench"),
-                        repo_cache_dir=work / "cache",
-                    )
+                    settings = bench_settings(url, fake.url, work)
                     for n, served in enumerate(groups(shape, scale)):
                         log = work / f"{label}-{n}.log"
                         stack.enter_context(
