@@ -201,13 +201,24 @@ class Conductor:
         return self._carry_out(run_id, decision)
 
     def wait(
-        self, run_id: str, stage: str, *, delay_s: float, reason: str, rate_limited: bool = True
-    ) -> StageRecord:
+        self,
+        run_id: str,
+        stage: str,
+        *,
+        delay_s: float,
+        reason: str,
+        rate_limited: bool = True,
+        owner: str | None = None,
+    ) -> StageRecord | None:
         """Mark a stage as waiting until now + delay before its next attempt (a 429, or a
-        failure outside the stage when not `rate_limited`)."""
+        failure outside the stage when not `rate_limited`). None, and nothing changed, if the
+        run has ended (cancelled while the stage ran) or, with `owner`, if that execution no
+        longer holds the stage: the stage must then not be retried."""
 
-        def mutate(run: RunRecord, pipe: Any) -> RunRecord:
+        def mutate(run: RunRecord, pipe: Any) -> RunRecord | None:
             record = run.stages[stage]
+            if run.status.is_terminal or (owner is not None and record.owner != owner):
+                return None
             record.status = StageStatus.WAITING
             record.waiting_until = time.time() + delay_s
             if rate_limited:
@@ -217,7 +228,12 @@ class Conductor:
             run.status = RunStatus.WAITING
             return run
 
-        run: RunRecord = self.store.transact(run_id, mutate)
+        run: RunRecord | None = self.store.transact(run_id, mutate)
+        if run is None:
+            logger.info(
+                "not retrying %s of run %s: the run ended or another holds it", stage, run_id
+            )
+            return None
         record = run.stages[stage]
         self._audit(run, stage, record.attempts, "stage_waiting", delay_s=delay_s, reason=reason)
         return record
@@ -304,6 +320,16 @@ class Conductor:
         def mutate(run: RunRecord, pipe: Any) -> RunRecord:
             if not run.status.is_terminal:
                 raise RunStateError(f"run {run_id} is still {run.status.value}; cancel it first")
+            now = time.time()
+            for name, record in run.stages.items():
+                left_s = (record.lease_until or 0) - now
+                if record.status == StageStatus.RUNNING and left_s > 0:
+                    # Cancelled, but its execution has not stopped yet: it would run beside
+                    # the resumed one.
+                    raise RunStateError(
+                        f"stage {name} of run {run_id} is still stopping; resume the run once "
+                        f"it has (within {left_s:.0f}s)"
+                    )
             target = from_stage or _resume_point(run, names)
             for name in names[names.index(target) :]:
                 run.stages[name] = _fresh(run.stages.get(name))

@@ -171,7 +171,10 @@ def _retry_rate_limited(task: Task, rt: Runtime, job: StageJob, exc: RateLimited
             owner=job.owner,
         )
         return
-    rt.conductor.wait(job.run.id, job.spec.name, delay_s=countdown, reason=str(exc))
+    if not rt.conductor.wait(
+        job.run.id, job.spec.name, delay_s=countdown, reason=str(exc), owner=job.owner
+    ):
+        return
     logger.info(
         "stage %s of run %s rate limited; retrying in %.1fs", job.spec.name, job.run.id, countdown
     )
@@ -184,9 +187,11 @@ def _retry_infrastructure(task: Task, rt: Runtime, job: StageJob, exc: Infrastru
         rt.conductor.fail(job.run.id, job.spec.name, reason, owner=job.owner)
         return
     countdown = INFRASTRUCTURE_BACKOFF_S * job.attempt
-    rt.conductor.wait(
-        job.run.id, job.spec.name, delay_s=countdown, reason=str(exc), rate_limited=False
-    )
+    if not rt.conductor.wait(
+        job.run.id, job.spec.name, delay_s=countdown, reason=str(exc), rate_limited=False,
+        owner=job.owner,
+    ):  # fmt: skip
+        return
     logger.warning(
         "stage %s of run %s: %s; retrying in %.0fs", job.spec.name, job.run.id, exc, countdown
     )

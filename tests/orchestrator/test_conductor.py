@@ -320,3 +320,47 @@ def test_a_run_still_going_cannot_be_resumed(conductor: Conductor) -> None:
     run_id, _ = conductor.submit(ISSUE, repo="/r", commit="abc", pipeline="fixer")
     with pytest.raises(RunStateError, match="is still queued; cancel it first"):
         conductor.resume(run_id)
+
+
+def test_a_429_after_the_run_was_cancelled_neither_revives_it_nor_retries(
+    conductor: Conductor,
+) -> None:
+    run_id, _ = conductor.submit(ISSUE, repo="/r", commit="abc", pipeline="fixer")
+    begin(conductor, run_id, "triage", owner="host:1:a")
+    conductor.cancel(run_id, "stop")
+
+    assert conductor.wait(run_id, "triage", delay_s=5, reason="429", owner="host:1:a") is None
+
+    run = conductor.store.get(run_id)
+    assert (run.status, run.reason) == (RunStatus.CANCELLED, "stop")
+    assert run.stages["triage"].rate_limit_retries == 0
+    assert run_id not in conductor.store.active()
+
+
+def test_only_the_execution_holding_a_stage_may_put_it_to_wait(conductor: Conductor) -> None:
+    run_id, _ = conductor.submit(ISSUE, repo="/r", commit="abc", pipeline="fixer")
+    begin(conductor, run_id, "triage", owner="host:1:a", lease_s=-1)
+    begin(conductor, run_id, "triage", owner="host:2:b")  # took over the lapsed lease
+
+    assert conductor.wait(run_id, "triage", delay_s=5, reason="429", owner="host:1:a") is None
+    record = conductor.wait(run_id, "triage", delay_s=5, reason="429", owner="host:2:b")
+
+    assert record is not None and record.status == StageStatus.WAITING
+    assert record.rate_limit_retries == 1
+
+
+def test_a_cancelled_run_whose_stage_is_still_stopping_cannot_be_resumed_yet(
+    conductor: Conductor,
+) -> None:
+    from orchestrator.errors import RunStateError
+
+    run_id, _ = conductor.submit(ISSUE, repo="/r", commit="abc", pipeline="fixer")
+    begin(conductor, run_id, "triage", owner="host:1:a", lease_s=30)
+    conductor.cancel(run_id, "stop")
+
+    with pytest.raises(RunStateError, match=r"stage triage of run .* is still stopping"):
+        conductor.resume(run_id)
+    assert conductor.store.get(run_id).status == RunStatus.CANCELLED
+
+    conductor.stopped(run_id, "triage", owner="host:1:a")
+    assert conductor.resume(run_id) == "triage"
