@@ -32,9 +32,9 @@ from workers.budget import json_chars
 from workers.errors import StageCancelledError, StageError, StageOutputError
 from workers.publish import Publisher
 from workers.repos import RepoCache
-from workers.tools.code import build_tools
+from workers.tools.code import DIFF_ARTIFACT, build_tools
 from workers.tools.workspace import Workspace
-from workers.workspaces import WORKSPACE_DIFF, StageJob, StoreArtifacts, open_workspace
+from workers.workspaces import StageJob, StoreArtifacts, open_workspace
 
 logger = logging.getLogger(__name__)
 
@@ -122,7 +122,7 @@ async def execute_stage(
         if spec.verify and workspace is not None:
             facts["tests_after"] = _verify(job, store, workspace, artifacts, "after")
         if workspace is not None and WRITE_TOOLS & set(spec.tools):
-            artifacts.save(WORKSPACE_DIFF, workspace.diff().encode(), "text/x-diff")
+            artifacts.save(DIFF_ARTIFACT, workspace.diff().encode(), "text/x-diff")
     result, compacted = await _fit_budget(result, job, schema, model, usage, audit, streaming)
     result = _with_facts(result, facts, schema)
     _require_passing_tests(spec, facts)

@@ -49,7 +49,6 @@ class Runtime:
     """Per-process state of a worker, made on first use in each pool process."""
 
     settings: WorkerSettings
-    store: RunStore
     conductor: Conductor
     services: StageServices
     governor: Governor
@@ -68,7 +67,7 @@ def runtime() -> Runtime:
         ),
     )
     governor = Governor(store.redis, settings.quotas, settings.default_quota)
-    return Runtime(settings, store, Conductor(store, Dispatcher(app)), services, governor)
+    return Runtime(settings, Conductor(store, Dispatcher(app)), services, governor)
 
 
 @app.task(name=STAGE_TASK, bind=True, max_retries=None, acks_late=True, reject_on_worker_lost=True)

@@ -5,8 +5,6 @@ artifact, which carries its work to the stages after it."""
 from __future__ import annotations
 
 import logging
-import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -19,18 +17,11 @@ from orchestrator.store import RunStore
 from workers import metrics
 from workers.errors import StageError
 from workers.repos import RepoCache
+from workers.tools.code import DIFF_ARTIFACT
 from workers.tools.container import ContainerWorkspace
 from workers.tools.errors import ToolError
 
 logger = logging.getLogger(__name__)
-
-WORKSPACE_DIFF = "workspace.diff"
-"""Artifact that carries a code stage's changes to the stages after it."""
-REAP_EVERY_S = 60.0
-"""How often a worker process looks for sandboxes left behind by dead workers."""
-
-_reaped_at = 0.0
-_reap_lock = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -71,7 +62,6 @@ def open_workspace(
     job: StageJob, *, store: RunStore, repos: RepoCache, config: sandbox.SandboxConfig
 ) -> Iterator[ContainerWorkspace]:
     """A sandbox for this execution: the pinned commit, plus the upstream stages' changes."""
-    _reap_now_and_then()
     if job.spec.sandbox_network:
         config = type(config).model_validate(
             {**config.model_dump(), "network": job.spec.sandbox_network}
@@ -104,8 +94,8 @@ def upstream_diff(job: StageJob) -> ArtifactRef | None:
     names = [s.name for s in job.pipeline.stages]
     for name in reversed(names[: names.index(job.spec.name)]):
         record = job.run.stages.get(name)
-        if record and WORKSPACE_DIFF in record.artifacts:
-            return record.artifacts[WORKSPACE_DIFF]
+        if record and DIFF_ARTIFACT in record.artifacts:
+            return record.artifacts[DIFF_ARTIFACT]
     return None
 
 
@@ -119,15 +109,3 @@ def _apply(workspace: ContainerWorkspace, diff: str, ref: ArtifactRef, job: Stag
             f"the changes of an earlier stage ({ref.uri}) do not apply to "
             f"{job.run.commit[:12]}: {exc.message}"
         ) from exc
-
-
-def _reap_now_and_then() -> None:
-    """Remove expired or orphaned sandboxes, at most once per `REAP_EVERY_S` per process."""
-    global _reaped_at
-    with _reap_lock:
-        if time.monotonic() - _reaped_at < REAP_EVERY_S:
-            return
-        _reaped_at = time.monotonic()
-    removed = sandbox.reap()
-    if removed:
-        logger.info("removed %d sandboxes left behind", len(removed))

@@ -14,7 +14,8 @@ from orchestrator.pipeline import load_pipeline
 from orchestrator.store import RunStore
 from sandbox import SandboxConfig
 from workers.repos import RepoCache
-from workers.workspaces import WORKSPACE_DIFF, StageJob, open_workspace
+from workers.tools.code import DIFF_ARTIFACT
+from workers.workspaces import StageJob, open_workspace
 
 IDENTITY = ["-c", "user.name=t", "-c", "user.email=t@t"]
 
@@ -47,7 +48,7 @@ def job_for(
         spec = spec.model_copy(update={"sandbox_network": network})
     stages = {s.name: StageRecord() for s in pipeline.stages}
     if fix_diff is not None:
-        stages["fix"] = StageRecord(artifacts={WORKSPACE_DIFF: fix_diff})
+        stages["fix"] = StageRecord(artifacts={DIFF_ARTIFACT: fix_diff})
     pinned = git(repo, "rev-parse", "HEAD~1").strip()
     issue = Issue(source=IssueSource.TEXT, title="t")
     run = RunRecord(

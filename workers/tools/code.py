@@ -45,6 +45,7 @@ MAX_TEST_TAIL_CHARS = 3_000
 MAX_DIFF_CHARS = 6_000
 """The head and tail of the diff that `show_diff` shows; the full diff is an artifact."""
 DIFF_ARTIFACT = "workspace.diff"
+"""The artifact holding a code stage's changes, which the stages after it start from."""
 TEST_ENV = {"PYTEST_ADDOPTS": "-p no:cacheprovider"}
 """Keeps pytest from leaving a `.pytest_cache` in the diff."""
 SHELL_OPERATORS = frozenset({"&&", "||", "|", ";", ">", ">>", "<", "&"})
