@@ -15,6 +15,7 @@ from orchestrator.store import RunStore
 from sandbox import SandboxConfig
 from workers.repos import RepoCache
 from workers.tools.code import DIFF_ARTIFACT
+from workers.tools.errors import ToolError
 from workers.workspaces import StageJob, open_workspace
 
 IDENTITY = ["-c", "user.name=t", "-c", "user.email=t@t"]
@@ -134,3 +135,18 @@ def test_list_files_in_a_sandbox_leaves_out_deleted_files_and_keeps_new_ones(
 
     assert before == ["app.py"]
     assert after == ["lib/new.py"]
+
+
+def test_writing_a_read_only_file_in_a_sandbox_is_a_tool_error_not_a_crash(
+    repo: Path, store: RunStore, tmp_path: Path
+) -> None:
+    job = job_for(repo, "fix")
+    with open_workspace(
+        job, store=store, repos=RepoCache(tmp_path / "cache"), config=SandboxConfig()
+    ) as ws:
+        assert ws.run(["chmod", "0444", "app.py"], timeout_s=10).exit_code == 0
+        with pytest.raises(ToolError, match=r"cannot write app\.py: .*[Pp]ermission denied"):
+            ws.write_text("app.py", "changed\n")
+        unchanged = ws.read_text("app.py")
+
+    assert unchanged == "def total(xs):\n    return sum(xs)\n"

@@ -63,7 +63,10 @@ class ContainerWorkspace:
         parent = str(PurePosixPath(full).parent)
         if self._exec(["mkdir", "-p", parent]).exit_code != 0:
             raise ToolError(f"cannot create the directory of {path}")
-        self.box.write_file(full, text.encode())
+        try:
+            self.box.write_file(full, text.encode())
+        except SandboxError as exc:  # a read-only file, say: the model can choose another way
+            raise ToolError(f"cannot write {path}: {exc}") from None
 
     def list_files(
         self, path: str = ".", glob: str | None = None, limit: int = LIST_LIMIT
