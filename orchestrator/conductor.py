@@ -224,6 +224,8 @@ class Conductor:
             if rate_limited:
                 record.rate_limit_wait_s = round(record.rate_limit_wait_s + delay_s, 3)
                 record.rate_limit_retries += 1
+            else:
+                record.infrastructure_retries += 1
             record.error = reason
             run.status = RunStatus.WAITING
             return run

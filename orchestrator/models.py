@@ -153,6 +153,9 @@ class StageRecord(BaseModel):
     rate_limit_wait_s: float = 0.0
     """Total time this stage has been told to wait by 429s."""
     rate_limit_retries: int = 0
+    infrastructure_retries: int = 0
+    """Times this stage was put back on its queue because something outside it failed (the
+    Docker daemon, say); 429s and lost workers do not count."""
     quota_wait_s: float = 0.0
     """Time this stage slept waiting for the fleet's model quota or a 429 cooldown."""
     interrupted: int = 0

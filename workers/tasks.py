@@ -40,7 +40,8 @@ from workers.stage import StageJob, StageServices, execute_stage
 logger = logging.getLogger(__name__)
 
 INFRASTRUCTURE_ATTEMPTS = 3
-"""Executions of one stage before a failing Docker daemon (or the like) fails the run."""
+"""Executions of one stage that a failing Docker daemon (or the like) may end before it fails
+the run; executions ended by a 429 or a lost worker do not count."""
 INFRASTRUCTURE_BACKOFF_S = 5.0
 
 
@@ -181,11 +182,12 @@ def _retry_rate_limited(task: Task, rt: Runtime, job: StageJob, exc: RateLimited
 
 
 def _retry_infrastructure(task: Task, rt: Runtime, job: StageJob, exc: InfrastructureError) -> None:
-    if job.attempt >= INFRASTRUCTURE_ATTEMPTS:
-        reason = f"{exc} (after {job.attempt} attempts)"
+    failed = job.run.stages[job.spec.name].infrastructure_retries + 1  # this one included
+    if failed >= INFRASTRUCTURE_ATTEMPTS:
+        reason = f"{exc} (after {failed} attempts)"
         rt.conductor.fail(job.run.id, job.spec.name, reason, owner=job.owner)
         return
-    countdown = INFRASTRUCTURE_BACKOFF_S * job.attempt
+    countdown = INFRASTRUCTURE_BACKOFF_S * failed
     if not rt.conductor.wait(
         job.run.id, job.spec.name, delay_s=countdown, reason=str(exc), rate_limited=False,
         owner=job.owner,

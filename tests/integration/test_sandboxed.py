@@ -227,5 +227,5 @@ def test_a_docker_daemon_failure_is_retried_then_fails_the_run_with_the_reason(
     assert run.status == RunStatus.FAILED
     assert run.reason is not None and run.reason.startswith("search: the sandbox failed: ")
     assert run.reason.endswith("(after 3 attempts)")
-    assert (search.attempts, search.rate_limit_retries) == (3, 0)
+    assert (search.attempts, search.rate_limit_retries, search.infrastructure_retries) == (3, 0, 2)
     assert run.stages["triage"].status == StageStatus.DONE

@@ -364,3 +364,17 @@ def test_a_cancelled_run_whose_stage_is_still_stopping_cannot_be_resumed_yet(
 
     conductor.stopped(run_id, "triage", owner="host:1:a")
     assert conductor.resume(run_id) == "triage"
+
+
+def test_a_wait_for_a_failure_outside_the_stage_counts_apart_from_429s(
+    conductor: Conductor,
+) -> None:
+    run_id, _ = conductor.submit(ISSUE, repo="/r", commit="abc", pipeline="fixer")
+    begin(conductor, run_id, "triage")
+    conductor.wait(run_id, "triage", delay_s=2, reason="429")
+    begin(conductor, run_id, "triage")
+    record = conductor.wait(run_id, "triage", delay_s=5, reason="docker", rate_limited=False)
+
+    assert record is not None
+    assert (record.attempts, record.rate_limit_retries, record.infrastructure_retries) == (2, 1, 1)
+    assert record.rate_limit_wait_s == 2
