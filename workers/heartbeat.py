@@ -88,4 +88,7 @@ class Interruptible:
 
     def cancel(self) -> None:
         if self._loop is not None and self._task is not None:
-            self._loop.call_soon_threadsafe(self._task.cancel)
+            try:
+                self._loop.call_soon_threadsafe(self._task.cancel)
+            except RuntimeError:  # the loop has closed: the stage finished, nothing to stop
+                pass
