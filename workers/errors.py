@@ -88,6 +88,10 @@ class StageOutputError(StageError, ValueError):
     """Raised when a stage's output does not match its schema after one repair turn."""
 
 
+class TestsFailedError(StageError):
+    """Raised when a fix's tests still fail after the change, so it is not handed on."""
+
+
 class PublishError(StageError):
     """Raised when a fix cannot be published: the diff is empty or does not apply, the push or
     the pull request is refused. The message names the repository, the branch and the step."""

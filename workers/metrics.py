@@ -56,6 +56,7 @@ from workers.errors import (
     StageCancelledError,
     StageError,
     StageOutputError,
+    TestsFailedError,
 )
 
 if TYPE_CHECKING:
@@ -75,8 +76,6 @@ Reason = Literal[
 ]  # fmt: skip
 FAILURE_REASONS: tuple[Reason, ...] = get_args(Reason)
 """Why a stage did not finish; `failure_reason` maps an exception to one."""
-TESTS_FAILED = "the tests still fail after the change"
-"""How `workers.stage` starts the message of a fix whose tests still fail."""
 DURATION_BUCKETS_S = (1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600, 1200, 1800, 3600)
 LIFETIME_BUCKETS_S = (0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600, 1800)
 
@@ -93,6 +92,7 @@ def failure_reason(exc: BaseException) -> Reason:
         (StageOutputError, "output_invalid"),
         (PublishError, "publish_failed"),
         (SoftTimeLimitExceeded, "time_limit"),
+        (TestsFailedError, "tests_failed"),
     ]
     for cls, reason in by_class:
         if isinstance(exc, cls):
@@ -100,7 +100,7 @@ def failure_reason(exc: BaseException) -> Reason:
     if _caused_by(exc, sandbox.SandboxError) or isinstance(exc, InfrastructureError):
         return "sandbox"
     if isinstance(exc, StageError):
-        return "tests_failed" if exc.message.startswith(TESTS_FAILED) else "stage_error"
+        return "stage_error"
     return "internal"
 
 

@@ -29,7 +29,7 @@ from workers import output as outputs
 from workers import proof
 from workers.agent import AgentSpec, StageSession, Usage, build_agent
 from workers.budget import json_chars
-from workers.errors import StageCancelledError, StageError, StageOutputError
+from workers.errors import StageCancelledError, StageError, StageOutputError, TestsFailedError
 from workers.publish import Publisher
 from workers.repos import RepoCache
 from workers.tools.code import DIFF_ARTIFACT, build_tools
@@ -192,7 +192,7 @@ def _require_passing_tests(spec: StageSpec, facts: dict[str, Any]) -> None:
     after = proof.TestRun.model_validate(facts["tests_after"])
     if not proof.succeeded(after):
         before = proof.TestRun.model_validate(facts["tests_before"])
-        raise StageError(
+        raise TestsFailedError(
             f"the tests still fail after the change (`{after.command}`: {proof.describe(after)}; "
             f"before: {proof.describe(before)}), so it is not handed on or published"
         )
