@@ -13,7 +13,6 @@ from typing import Any
 
 from orchestrator import repo as repos
 from orchestrator.conductor import Conductor
-from orchestrator.errors import RunNotFoundError
 from orchestrator.intake import parse_payload
 from orchestrator.models import IssueSource, RunRecord, RunStatus
 from orchestrator.pipeline import load_pipeline
@@ -99,10 +98,8 @@ def list_runs(
     wanted = RunStatus(status) if status else None
     found = []
     with connect(settings or Settings()) as conductor:
-        for run_id in conductor.store.recent(limit=10_000):
-            try:
-                run = conductor.store.get(run_id)
-            except RunNotFoundError:
+        for _, run in conductor.store.get_each(conductor.store.recent(limit=10_000)):
+            if run is None:
                 continue  # expired
             if (wanted is None or run.status == wanted) and pipeline in (None, run.pipeline):
                 found.append(run)

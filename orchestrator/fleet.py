@@ -11,7 +11,6 @@ from rich.console import Group
 from rich.table import Table
 
 from orchestrator.conductor import Conductor
-from orchestrator.errors import RunNotFoundError
 
 RECENT_RUNS = 200
 """How many of the newest runs the run counts look at."""
@@ -78,11 +77,9 @@ def snapshot(conductor: Conductor, *, timeout_s: float = 1.0) -> Fleet:
 def _run_counts(conductor: Conductor) -> dict[str, int]:
     store = conductor.store
     counts: Counter[str] = Counter()
-    for run_id in set(store.recent(limit=RECENT_RUNS)) | set(store.active()):
-        try:
-            counts[store.get(run_id).status.value] += 1
-        except RunNotFoundError:
-            continue
+    for _, run in store.get_each(set(store.recent(limit=RECENT_RUNS)) | set(store.active())):
+        if run is not None:
+            counts[run.status.value] += 1
     return dict(sorted(counts.items()))
 
 

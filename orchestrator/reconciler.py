@@ -22,7 +22,6 @@ from typing import Any
 
 from orchestrator import keys
 from orchestrator.conductor import Conductor
-from orchestrator.errors import RunNotFoundError
 from orchestrator.models import RunRecord, StageStatus
 from orchestrator.pipeline import load_pipeline
 from orchestrator.queue import stage_task_id
@@ -58,11 +57,10 @@ class Reconciler:
     def sweep(self, now: float | None = None) -> list[Repair]:
         now = time.time() if now is None else now
         repairs = []
-        for run_id in self.conductor.store.active():
-            try:
-                run = self.conductor.store.get(run_id)
-            except RunNotFoundError:
-                self.conductor.store.redis.srem(keys.ACTIVE, run_id)
+        store = self.conductor.store
+        for run_id, run in store.get_each(store.active()):
+            if run is None:
+                store.redis.srem(keys.ACTIVE, run_id)
                 continue
             repair = self._repair(run, now)
             if repair is not None:

@@ -10,7 +10,7 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import redis
@@ -73,6 +73,21 @@ class RunStore:
 
     def get(self, run_id: str) -> RunRecord:
         return _parse_run(run_id, self.redis.hgetall(keys.run(run_id)))
+
+    def get_each(
+        self, run_ids: Iterable[str], *, batch: int = 200
+    ) -> Iterator[tuple[str, RunRecord | None]]:
+        """Each run in order, None for one that no longer exists (expired), read `batch` runs
+        per round trip; stop early to read no more."""
+        ids = list(run_ids)
+        for start in range(0, len(ids), batch):
+            chunk = ids[start : start + batch]
+            with self.redis.pipeline(transaction=False) as pipe:
+                for run_id in chunk:
+                    pipe.hgetall(keys.run(run_id))
+                found = pipe.execute()
+            for run_id, fields in zip(chunk, found, strict=True):
+                yield run_id, _parse_run(run_id, fields) if fields else None
 
     def exists(self, run_id: str) -> bool:
         return bool(self.redis.exists(keys.run(run_id)))

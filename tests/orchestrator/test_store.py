@@ -33,6 +33,18 @@ def test_unknown_run_is_a_clear_error(store: RunStore) -> None:
         store.get("nope")
 
 
+def test_runs_read_in_batches_come_back_in_order_with_none_for_a_missing_one(
+    store: RunStore,
+) -> None:
+    made = {f"r{n}": store.create(make_run(f"r{n}"))[0] for n in range(5)}
+    wanted = ["r3", "gone", "r0", "r4", "r1", "r2"]
+
+    got = list(store.get_each(wanted, batch=2))
+
+    assert [run_id for run_id, _ in got] == wanted
+    assert dict(got) == {**made, "gone": None}
+
+
 def test_concurrent_stage_updates_are_never_lost(store: RunStore) -> None:
     store.create(make_run())
 
