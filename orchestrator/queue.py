@@ -5,6 +5,7 @@ The orchestrator never imports `workers`; it only knows the task's name and the 
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -52,6 +53,20 @@ def celery_config(redis_url: str, queue: QueueConfig) -> dict[str, Any]:
         "worker_hijack_root_logger": False,
         "task_default_queue": "baton.default",
     }
+
+
+def _decoded(raw: bytes | str) -> Any:
+    """A broker entry as JSON; None for one that is not (never Baton's)."""
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return None
+
+
+def _task_id(message: Any) -> str | None:
+    headers = message.get("headers") if isinstance(message, dict) else None
+    task_id = headers.get("id") if isinstance(headers, dict) else None
+    return task_id if isinstance(task_id, str) else None
 
 
 class ShadowNamedAMQP(AMQP):
@@ -121,21 +136,24 @@ class Dispatcher:
         )
         return task_id
 
-    def holds(self, task_id: str, *, delivered_within_s: float) -> bool:
-        """Whether the broker still has the task: waiting in a queue, or delivered to a worker
-        at most `delivered_within_s` ago and not yet acknowledged. (Celery's Redis transport
-        keeps delivered messages in `unacked`, scored in `unacked_index` by delivery time; one
-        delivered long ago to a stage that never began was taken by a worker that died.)"""
-        needle = f'"id": "{task_id}"'
+    def held_task_ids(self, *, delivered_within_s: float) -> set[str]:
+        """The ids of the tasks the broker still has, read in one pass: waiting in a stage
+        queue, or delivered to a worker at most `delivered_within_s` ago and not yet
+        acknowledged. (Celery's Redis transport keeps delivered messages in `unacked`, scored
+        in `unacked_index` by delivery time; one delivered long ago to a stage that never
+        began was taken by a worker that died.)"""
         with self.app.connection_for_write() as connection:
             client = connection.default_channel.client
-            for queue in client.scan_iter(match="baton.*", _type="list"):
-                if any(needle in str(raw) for raw in client.lrange(queue, 0, -1)):
-                    return True
+            messages = [
+                _decoded(raw)
+                for queue in client.scan_iter(match="baton.*", _type="list")
+                for raw in client.lrange(queue, 0, -1)
+            ]
             recent = client.zrangebyscore("unacked_index", time.time() - delivered_within_s, "+inf")
-            if recent:
-                return any(needle in str(raw) for raw in client.hmget("unacked", recent) if raw)
-        return False
+            if recent:  # each an array: message, exchange, routing key
+                delivered = (_decoded(raw) for raw in client.hmget("unacked", recent) if raw)
+                messages += [entry[0] for entry in delivered if isinstance(entry, list) and entry]
+        return {task_id for task_id in map(_task_id, messages) if task_id is not None}
 
     def close(self) -> None:
         if self._owned:

@@ -15,8 +15,10 @@ by a live execution.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,18 +60,24 @@ class Reconciler:
         now = time.time() if now is None else now
         repairs = []
         store = self.conductor.store
+        # What the broker holds, read once per sweep and only if a stage has been queued long.
+        held = functools.cache(
+            lambda: self.conductor.dispatcher.held_task_ids(
+                delivered_within_s=self.queue.stuck_after_s
+            )
+        )
         for run_id, run in store.get_each(store.active()):
             if run is None:
                 store.redis.srem(keys.ACTIVE, run_id)
                 continue
-            repair = self._repair(run, now)
+            repair = self._repair(run, now, held)
             if repair is not None:
                 repairs.append(repair)
         if repairs:
             logger.warning("reconciler put %d stuck stages back on their queues", len(repairs))
         return repairs
 
-    def _repair(self, run: RunRecord, now: float) -> Repair | None:
+    def _repair(self, run: RunRecord, now: float, held: Callable[[], set[str]]) -> Repair | None:
         if run.status.is_terminal:
             self.conductor.store.retire(run)
             return None
@@ -77,13 +85,13 @@ class Reconciler:
         if stage is None or stage not in run.stages:
             return None
         record = run.stages[stage]
-        if not self._stuck(run, stage, now):
+        if not self._stuck(run, stage, now, held):
             return None
         was = record.status.value
 
         def mutate(current: RunRecord, pipe: Any) -> bool:
             again = current.stages[stage]
-            if current.status.is_terminal or not self._stuck(current, stage, now):
+            if current.status.is_terminal or not self._stuck(current, stage, now, held):
                 return False
             if again.status == StageStatus.RUNNING:
                 again.interrupted += 1
@@ -98,7 +106,7 @@ class Reconciler:
         logger.warning("run %s: stage %s was stuck %s; sent again", run.id, stage, was)
         return Repair(run.id, stage, was)
 
-    def _stuck(self, run: RunRecord, stage: str, now: float) -> bool:
+    def _stuck(self, run: RunRecord, stage: str, now: float, held: Callable[[], set[str]]) -> bool:
         record = run.stages[stage]
         late = self.queue.stuck_after_s
         if record.status == StageStatus.RUNNING:
@@ -107,8 +115,5 @@ class Reconciler:
             return record.waiting_until is not None and record.waiting_until + late < now
         if record.status == StageStatus.QUEUED:
             queued_long_ago = record.queued_at is not None and record.queued_at + late < now
-            task_id = stage_task_id(run.id, stage)
-            return queued_long_ago and not self.conductor.dispatcher.holds(
-                task_id, delivered_within_s=late
-            )
+            return queued_long_ago and stage_task_id(run.id, stage) not in held()
         return False

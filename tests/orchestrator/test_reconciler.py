@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 
@@ -93,3 +94,22 @@ def test_only_one_process_sweeps_per_interval(conductor: Conductor) -> None:
     first = Reconciler(conductor, QUEUE).sweep_if_due(holder="a")
     second = Reconciler(conductor, QUEUE).sweep_if_due(holder="b")
     assert (first, second) == ([], None)
+
+
+def test_the_broker_holds_queued_messages_and_recent_unacknowledged_ones_only(
+    conductor: Conductor, redis_client: redis.Redis
+) -> None:
+    first, _ = conductor.submit(ISSUE, repo="/r", commit="c", pipeline="fixer")
+    [raw] = redis_client.lrange("baton.triage", 0, -1)
+    message = json.loads(raw)
+    now = time.time()
+    unacked = [("t1", "run-a.fix", now - 5), ("t2", "run-b.fix", now - 600)]
+    for tag, task_id, delivered_at in unacked:
+        delivered = {**message, "headers": {**message["headers"], "id": task_id}}
+        redis_client.hset("unacked", tag, json.dumps([delivered, "", "baton.fix"]))
+        redis_client.zadd("unacked_index", {tag: delivered_at})
+    redis_client.rpush("baton.fix", "not json", json.dumps({"no": "headers"}))
+
+    held = conductor.dispatcher.held_task_ids(delivered_within_s=60)
+
+    assert held == {f"{first}.triage", "run-a.fix"}
