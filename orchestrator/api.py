@@ -116,7 +116,6 @@ def cancel(run_id: str, *, settings: Settings | None = None) -> bool:
         RunNotFoundError: no such run.
     """
     with connect(settings or Settings()) as conductor:
-        conductor.store.get(run_id)
         return conductor.cancel(run_id, "cancelled by request")
 
 

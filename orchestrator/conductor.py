@@ -188,17 +188,17 @@ class Conductor:
             return self.advance(run_id, stage)
         decision, run = recorded
         self._audit(run, stage, run.stages[stage].attempts, "stage_done", chars=len(payload))
-        return self._carry_out(run_id, decision)
+        return self._carry_out(run, decision)
 
     def advance(self, run_id: str, completed: str) -> str | None:
         """Enqueue the stage after `completed`, or end the run. Safe to call more than once."""
         run = self.store.get(run_id)
         pipeline = load_pipeline(run.pipeline)
         output = self.store.output(run_id, pipeline.stage(completed).output_key) or {}
-        decision: Next = self.store.transact(
-            run_id, lambda run, _pipe: _decide(run, pipeline, completed, output)
+        decision, run = self.store.transact(
+            run_id, lambda run, _pipe: (_decide(run, pipeline, completed, output), run)
         )
-        return self._carry_out(run_id, decision)
+        return self._carry_out(run, decision)
 
     def wait(
         self,
@@ -351,13 +351,13 @@ class Conductor:
         self.dispatcher.send_stage(run_id, pipeline.stage(target))
         return target
 
-    def _carry_out(self, run_id: str, decision: Next) -> str | None:
+    def _carry_out(self, run: RunRecord, decision: Next) -> str | None:
+        """Act on a decision, with the run as its transaction left it."""
         if decision.ended:
-            self.store.retire(self.store.get(run_id))
+            self.store.retire(run)
         if decision.send is None:
             return None
-        pipeline = load_pipeline(self.store.get(run_id).pipeline)
-        self.dispatcher.send_stage(run_id, pipeline.stage(decision.send))
+        self.dispatcher.send_stage(run.id, load_pipeline(run.pipeline).stage(decision.send))
         return decision.send
 
     def _audit(self, run: RunRecord, stage: str, attempt: int, kind: str, **data: Any) -> None:
