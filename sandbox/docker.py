@@ -82,7 +82,7 @@ KILL_GROUP = [
     "sh",
 ]
 OOM_SINCE = ["sh", "-c", f'read -r b < {STATE_DIR}/$1.oom; {_OOM_COUNT}; echo "$b $n"', "sh"]
-WRITE_FILE = ["sh", "-c", 'umask 022 && cat > "$1"', "sh"]
+WRITE_FILE = ["sh", "-c", 'umask 022 && mkdir -p "$(dirname "$1")" && cat > "$1"', "sh"]
 
 FIRST_POLL_S = 0.01
 """First wait before asking Docker whether the command still runs; doubles up to `MAX_POLL_S`."""
@@ -194,7 +194,8 @@ class DockerSandbox:
 
     def write_file(self, path: str, data: bytes) -> None:
         """Write `data` to `path` as the sandbox's user would: anywhere it may write (the
-        workspace, /tmp). A new file gets mode 0644; an existing one keeps its mode."""
+        workspace, /tmp), making its directory if missing, in one exec. A new file gets mode
+        0644; an existing one keeps its mode."""
         result = self.exec([*WRITE_FILE, path], stdin=data)
         if result.exit_code != 0:
             raise SandboxFileError(f"cannot write {path}: {result.output.strip()[-300:]}")

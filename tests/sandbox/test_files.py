@@ -30,6 +30,16 @@ def test_a_written_file_belongs_to_the_sandbox_user_with_mode_644(box: DockerSan
     assert box.exec(["stat", "-c", "%u:%g %a", "/workspace/a.txt"]).output == "1000:1000 644\n"
 
 
+def test_writing_makes_the_missing_directories_of_a_file(box: DockerSandbox) -> None:
+    box.write_file("/workspace/new/deeper/c.txt", b"c")
+    listing = box.exec(
+        ["stat", "-c", "%u %a %n", "/workspace/new/deeper", "/workspace/new/deeper/c.txt"]
+    )
+    assert (
+        listing.output == "1000 755 /workspace/new/deeper\n1000 644 /workspace/new/deeper/c.txt\n"
+    )
+
+
 def test_files_can_be_written_to_tmp(box: DockerSandbox) -> None:
     box.write_file("/tmp/patch.diff", b"--- a\n+++ b\n")
     assert box.exec(["cat", "/tmp/patch.diff"]).output == "--- a\n+++ b\n"

@@ -59,12 +59,8 @@ class ContainerWorkspace:
             raise ToolError(f"{path} is not UTF-8 text (a binary file?)") from None
 
     def write_text(self, path: str, text: str) -> None:
-        full = self._full(path)
-        parent = str(PurePosixPath(full).parent)
-        if self._exec(["mkdir", "-p", parent]).exit_code != 0:
-            raise ToolError(f"cannot create the directory of {path}")
         try:
-            self.box.write_file(full, text.encode())
+            self.box.write_file(self._full(path), text.encode())
         except SandboxError as exc:  # a read-only file, say: the model can choose another way
             raise ToolError(f"cannot write {path}: {exc}") from None
 
