@@ -64,14 +64,7 @@ class RepoCache:
         """
         source, path = repo_source(repo), self.mirror_path(repo)
         with self._locked(path):
-            self._sync(source, path, refresh=False)
-            if not _has_commit(path, commit):
-                self._sync(source, path, refresh=True)
-            if not _has_commit(path, commit):
-                raise RepoError(
-                    f"commit {commit!r} is not in {redact(source)}, even after a fetch; "
-                    "check the commit and that it was pushed"
-                )
+            self._ensure_commit(source, path, commit)
             clone = ["clone", "--quiet", "--no-checkout", "--shared", str(path), str(dest)]
             _git(source, clone, GIT_TIMEOUT_S)
         in_dest = ["-C", str(dest)]
@@ -89,9 +82,7 @@ class RepoCache:
         """
         source, path = repo_source(repo), self.mirror_path(repo)
         with self._locked(path):
-            self._sync(source, path, refresh=False)
-            if not _has_commit(path, commit):
-                self._sync(source, path, refresh=True)
+            self._ensure_commit(source, path, commit)
         done = subprocess.run(
             ["git", "-C", str(path), "archive", "--format=tar", commit],
             env=git_env(), capture_output=True, timeout=self.network_timeout_s, check=False,
@@ -108,6 +99,21 @@ class RepoCache:
         with open(mirror.with_suffix(".lock"), "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             yield  # closing the file releases the lock
+
+    def _ensure_commit(self, source: str, path: Path, commit: str) -> None:
+        """The mirror exists and has `commit`, fetched if it was missing (under the lock).
+
+        Raises:
+            RepoError: not even the origin has it.
+        """
+        self._sync(source, path, refresh=False)
+        if not _has_commit(path, commit):
+            self._sync(source, path, refresh=True)
+        if not _has_commit(path, commit):
+            raise RepoError(
+                f"commit {commit!r} is not in {redact(source)}, even after a fetch; "
+                "check the commit and that it was pushed"
+            )
 
     def _sync(self, source: str, path: Path, *, refresh: bool) -> None:
         """Clone the mirror if it is missing (atomically, via a rename); fetch if `refresh`."""

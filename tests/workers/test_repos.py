@@ -271,3 +271,18 @@ def test_an_archive_holds_the_commit_tree_owned_by_the_sandbox_user(
         files = {m.name: tar.extractfile(m).read() for m in members if m.isfile()}  # type: ignore[union-attr]
     assert {(m.uid, m.gid) for m in members} == {(1000, 1000)}
     assert files == {"a.txt": b"one\n", "pkg/b.py": b"x = 1\n"}
+
+
+@pytest.mark.parametrize("use", ["checkout", "archive"])
+def test_a_commit_the_origin_does_not_have_is_named_in_the_error(
+    use: str, make_upstream: Callable[[], Upstream], cache: RepoCache, tmp_path: Path
+) -> None:
+    upstream = make_upstream()
+    upstream.commit({"a.txt": "one\n"})
+    missing = "0" * 40
+
+    with pytest.raises(RepoError, match=f"commit '{missing}' is not in .*, even after a fetch"):
+        if use == "checkout":
+            cache.checkout(str(upstream.bare), missing, tmp_path / "work")
+        else:
+            cache.archive(str(upstream.bare), missing, uid=1000, gid=1000)
