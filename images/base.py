@@ -22,7 +22,7 @@ import docker.errors
 
 from images.errors import ImageBuildError
 from sandbox.errors import SandboxError
-from sandbox.image import DEFAULT_MIRROR, RootfsImage, build_rootfs_image
+from sandbox.image import DEFAULT_MIRROR, RootfsImage, build_rootfs_image, inspected
 from sandbox.image import build_lock as sandbox_build_lock
 
 BASE_TAG = "baton-base:1"
@@ -57,30 +57,23 @@ Progress = Callable[[str], None]
 
 
 def ensure_base(
-    client: docker.DockerClient,
-    say: Progress,
-    *,
-    tag: str = BASE_TAG,
-    mirror: str = DEFAULT_MIRROR,
-    force: bool = False,
+    client: docker.DockerClient, say: Progress, *, mirror: str = DEFAULT_MIRROR
 ) -> bool:
-    """Build `tag` unless it exists (or `force`); True when it was built. The caller holds
+    """Build `BASE_TAG` unless it exists; True when it was built. The caller holds
     `build_lock()`."""
-    if not force and image_id(client, tag) is not None:
+    if image_id(client, BASE_TAG) is not None:
         return False
     try:
-        build_rootfs_image(client, tag, BASE, mirror=mirror, say=say)
+        build_rootfs_image(client, BASE_TAG, BASE, mirror=mirror, say=say)
     except SandboxError as exc:
-        raise ImageBuildError(f"building {tag}: {exc}") from exc
+        raise ImageBuildError(f"building {BASE_TAG}: {exc}") from exc
     return True
 
 
 def image_id(client: docker.DockerClient, tag: str) -> str | None:
     """The id of the image `tag`, or None when there is none."""
-    try:
-        return str(client.api.inspect_image(tag)["Id"])
-    except docker.errors.ImageNotFound:
-        return None
+    found = inspected(client, tag)
+    return None if found is None else str(found["Id"])
 
 
 def build_lock(say: Progress) -> AbstractContextManager[None]:

@@ -28,7 +28,9 @@ import docker.errors
 
 from images.base import BASE_TAG, Progress, build_lock, ensure_base, image_id
 from images.errors import ImageBuildError
-from sandbox.image import DEFAULT_MIRROR, run_streaming, timed_printer
+from sandbox.client import connected
+from sandbox.errors import SandboxError
+from sandbox.image import DEFAULT_MIRROR, inspected, run_streaming, timed_printer
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCKERFILE = ROOT / "images" / "Dockerfile"
@@ -64,23 +66,17 @@ def ensure_images(
     """Build what is missing or out of date; the tag of Baton's image. Builders on one host
     take turns (a lock), so concurrent callers build once."""
     say = progress or (lambda line: None)
-    docker_client = docker.from_env() if client is None else client
     tag = image_tag()
-    try:
-        with build_lock(say):
-            ensure_base(docker_client, say, mirror=mirror)
-            with tempfile.TemporaryDirectory(prefix="baton-image-src-") as scratch:
-                source = _copy_sources(Path(scratch) / "src")
-                digest = _digest(source, base_id=image_id(docker_client, BASE_TAG) or "")
-                current = _label(docker_client, tag)
-                if current == digest and not force:
-                    say(f"{tag} is up to date with the source (--force rebuilds it)")
-                    return tag
-                _prepare_context(source, _wheel_python(docker_client), say)
-            _docker_build(docker_client, tag, digest, say)
-    finally:
-        if client is None:
-            docker_client.close()
+    with connected(client) as docker_client, build_lock(say):
+        ensure_base(docker_client, say, mirror=mirror)
+        with tempfile.TemporaryDirectory(prefix="baton-image-src-") as scratch:
+            source = _copy_sources(Path(scratch) / "src")
+            digest = _digest(source, base_id=image_id(docker_client, BASE_TAG) or "")
+            if _label(docker_client, tag) == digest and not force:
+                say(f"{tag} is up to date with the source (--force rebuilds it)")
+                return tag
+            _prepare_context(source, _wheel_python(docker_client), say)
+        _docker_build(docker_client, tag, digest, say)
     return tag
 
 
@@ -107,10 +103,8 @@ def _digest(source: Path, *, base_id: str) -> str:
 
 
 def _label(client: docker.DockerClient, tag: str) -> str | None:
-    try:
-        labels = client.api.inspect_image(tag)["Config"].get("Labels") or {}
-    except docker.errors.ImageNotFound:
-        return None
+    found = inspected(client, tag)
+    labels = (found["Config"].get("Labels") or {}) if found is not None else {}
     return labels.get(SOURCE_LABEL)
 
 
@@ -235,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     say = timed_printer()
     try:
         tag = ensure_images(progress=say, mirror=args.mirror, force=args.force)
-    except (ImageBuildError, docker.errors.DockerException) as exc:
+    except (ImageBuildError, SandboxError, docker.errors.DockerException) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     say(f"images ready: {BASE_TAG}, {tag}")

@@ -37,6 +37,19 @@ def connect() -> docker.DockerClient:
         return docker.from_env()
 
 
+@contextmanager
+def connected(client: docker.DockerClient | None = None) -> Iterator[docker.DockerClient]:
+    """`client` if one is given (left open), else a new connection closed at the end."""
+    if client is not None:
+        yield client
+        return
+    own = connect()
+    try:
+        yield own
+    finally:
+        own.close()
+
+
 def remove(client: docker.DockerClient, container_id: str) -> bool:
     """Force-remove a container and its anonymous volumes; True if this call removed it. When
     a removal is already under way (409), wait for it, so that the container is gone on return

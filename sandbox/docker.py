@@ -40,7 +40,7 @@ import docker.errors
 from docker.types import LogConfig
 
 from sandbox import labels as label
-from sandbox.client import connect, remove, translated
+from sandbox.client import connected, remove, translated
 from sandbox.config import SandboxConfig
 from sandbox.errors import SandboxError, SandboxFileError
 from sandbox.files import read_archive_file
@@ -118,17 +118,12 @@ class DockerSandbox:
         """Create and start a container for `cfg`, yield it, and remove it (with its workspace
         volume) when the block ends, also on an exception. `env` is added to `BASE_ENV` for
         every command; `labels` to Baton's own (which win)."""
-        owned = client is None
-        docker_client = connect() if client is None else client
-        try:
+        with connected(client) as docker_client:
             box = cls(docker_client, cfg, _create(docker_client, cfg, labels, env))
             try:
                 yield box
             finally:
                 box._remove()
-        finally:
-            if owned:
-                docker_client.close()
 
     def exec(
         self,

@@ -25,10 +25,11 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import docker
 
-from sandbox.client import connect, translated
+from sandbox.client import connected, translated
 from sandbox.config import IMAGE_TAG
 from sandbox.errors import SandboxError, SandboxStartError
 
@@ -79,27 +80,24 @@ def ensure_image(
     """Build the image `tag` unless it exists (or `force`); True when it was built. Concurrent
     callers on one host wait for each other: only the first one builds."""
     say = progress or (lambda line: logger.info("%s", line))
-    docker_client = connect() if client is None else client
-    try:
-        if not force and _exists(docker_client, tag):
+    with connected(client) as docker_client:
+        if not force and inspected(docker_client, tag) is not None:
             return False
         with build_lock(say):
-            if not force and _exists(docker_client, tag):
+            if not force and inspected(docker_client, tag) is not None:
                 return False
             build_rootfs_image(docker_client, tag, SANDBOX, mirror=mirror, say=say)
             return True
-    finally:
-        if client is None:
-            docker_client.close()
 
 
-def _exists(client: docker.DockerClient, tag: str) -> bool:
+def inspected(client: docker.DockerClient, tag: str) -> dict[str, Any] | None:
+    """What Docker knows of the image `tag` (`docker image inspect`), or None if there is none."""
     with translated(f"looking for the image {tag}"):
         try:
-            client.api.inspect_image(tag)
+            found: dict[str, Any] = client.api.inspect_image(tag)
         except docker.errors.ImageNotFound:
-            return False
-    return True
+            return None
+    return found
 
 
 @contextmanager

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 import docker
 
 from sandbox import labels as label
-from sandbox.client import connect, remove, translated
+from sandbox.client import connected, remove, translated
 
 logger = logging.getLogger(__name__)
 
@@ -24,20 +24,15 @@ logger = logging.getLogger(__name__)
 def reap(client: docker.DockerClient | None = None, *, now: float | None = None) -> list[str]:
     """Remove (force, with volumes) every sandbox container, running or not, that expired or
     whose owner on this host is gone; the ids removed."""
-    docker_client = connect() if client is None else client
     moment = time.time() if now is None else now
     removed = []
-    try:
-        with translated("reaping sandboxes"):
-            found = docker_client.api.containers(all=True, filters={"label": label.SANDBOX_FILTER})
-            for container in found:
-                reason = _why_reap(container.get("Labels") or {}, moment)
-                if reason and remove(docker_client, container["Id"]):
-                    logger.info("reaped sandbox %s: %s", container["Id"][:12], reason)
-                    removed.append(container["Id"])
-    finally:
-        if client is None:
-            docker_client.close()
+    with connected(client) as docker_client, translated("reaping sandboxes"):
+        found = docker_client.api.containers(all=True, filters={"label": label.SANDBOX_FILTER})
+        for container in found:
+            reason = _why_reap(container.get("Labels") or {}, moment)
+            if reason and remove(docker_client, container["Id"]):
+                logger.info("reaped sandbox %s: %s", container["Id"][:12], reason)
+                removed.append(container["Id"])
     return removed
 
 
@@ -58,12 +53,7 @@ def remove_labelled(
 ) -> list[str]:
     """Remove at once every sandbox carrying all of `labels` (a cancelled stage's, say); the
     ids removed."""
-    docker_client = connect() if client is None else client
     wanted = [label.SANDBOX_FILTER, *(f"{key}={value}" for key, value in labels.items())]
-    try:
-        with translated("removing sandboxes"):
-            found = docker_client.api.containers(all=True, filters={"label": wanted})
-            return [c["Id"] for c in found if remove(docker_client, c["Id"])]
-    finally:
-        if client is None:
-            docker_client.close()
+    with connected(client) as docker_client, translated("removing sandboxes"):
+        found = docker_client.api.containers(all=True, filters={"label": wanted})
+        return [c["Id"] for c in found if remove(docker_client, c["Id"])]
