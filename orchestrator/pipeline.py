@@ -190,9 +190,15 @@ class Pipeline(BaseModel):
         raise PipelineError(f"pipeline {self.name!r} has no stage {name!r}")
 
     def next_after(self, name: str) -> StageSpec | None:
-        names = [s.name for s in self.stages]
-        index = names.index(self.stage(name).name)
+        index = self._index(name)
         return self.stages[index + 1] if index + 1 < len(self.stages) else None
+
+    def before(self, name: str) -> tuple[StageSpec, ...]:
+        """The stages before `name`, the nearest first."""
+        return self.stages[: self._index(name)][::-1]
+
+    def _index(self, name: str) -> int:
+        return [s.name for s in self.stages].index(self.stage(name).name)
 
 
 def render(template: str, values: Mapping[str, Any]) -> str:

@@ -249,8 +249,7 @@ def _tools(
 
 def _verified_tests(job: StageJob, store: RunStore) -> dict[str, Any] | None:
     """The measured tests of the newest earlier stage that verifies with them."""
-    names = [s.name for s in job.pipeline.stages]
-    for stage in reversed(job.pipeline.stages[: names.index(job.spec.name)]):
+    for stage in job.pipeline.before(job.spec.name):
         if stage.verify:
             return store.output(job.run.id, stage.output_key)
     return None

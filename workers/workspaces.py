@@ -91,9 +91,8 @@ def open_workspace(
 
 def upstream_diff(job: StageJob) -> ArtifactRef | None:
     """The newest `workspace.diff` recorded by a stage before this one."""
-    names = [s.name for s in job.pipeline.stages]
-    for name in reversed(names[: names.index(job.spec.name)]):
-        record = job.run.stages.get(name)
+    for stage in job.pipeline.before(job.spec.name):
+        record = job.run.stages.get(stage.name)
         if record and DIFF_ARTIFACT in record.artifacts:
             return record.artifacts[DIFF_ARTIFACT]
     return None

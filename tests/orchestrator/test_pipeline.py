@@ -128,3 +128,11 @@ def test_a_stage_may_opt_its_sandbox_into_a_named_network() -> None:
         _pipeline(tools=["read_file"], sandbox_network="egress-proxy")
     )
     assert pipeline.first.sandbox_network == "egress-proxy"
+
+
+def test_the_stages_before_one_come_nearest_first() -> None:
+    pipeline = load_pipeline("fixer")
+
+    assert [s.name for s in pipeline.before("fix")] == ["plan", "search", "triage"]
+    assert pipeline.before("triage") == ()
+    assert pipeline.next_after("fix") is not None and pipeline.next_after("pr") is None
