@@ -5,8 +5,6 @@ Ships beside the fake Gemini server so that publishing is tested against the rea
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -16,7 +14,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from workers.fake_gemini.harness import listen, url_of, uvicorn_server
+from workers.fake_gemini.harness import serve_in_thread
 
 
 class FakeGitHub:
@@ -133,18 +131,6 @@ class FakeGitHub:
     def start(cls, **kwargs: Any) -> Iterator[FakeGitHub]:
         """Serve a fake from a thread on a free port until the block ends."""
         fake = cls(**kwargs)
-        with listen("127.0.0.1", 0) as sock:
-            server = uvicorn_server(fake.app)
-            thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-            thread.start()
-            deadline = time.monotonic() + 10
-            while not server.started and time.monotonic() < deadline:
-                time.sleep(0.01)
-            if not server.started:
-                raise RuntimeError("the fake GitHub server did not start")
-            fake.url = url_of(sock)
-            try:
-                yield fake
-            finally:
-                server.should_exit = True
-                thread.join(10)
+        with serve_in_thread(fake.app, "fake GitHub") as url:
+            fake.url = url
+            yield fake

@@ -49,18 +49,8 @@ class FakeGemini:
     ) -> Iterator[FakeGemini]:
         """Serve `scenario` on a free port of `host` until the block ends."""
         app = create_app(Scenario.model_validate(scenario or {}), record_path=record_path)
-        with listen(host, 0) as sock:
-            server = uvicorn_server(app)
-            thread = threading.Thread(
-                target=server.run, kwargs={"sockets": [sock]}, name="fake-gemini", daemon=True
-            )
-            thread.start()
-            try:
-                _wait_until_started(server, thread, startup_timeout_s)
-                yield cls(url_of(sock))
-            finally:
-                server.should_exit = True
-                thread.join(startup_timeout_s)
+        with serve_in_thread(app, "fake Gemini", host=host, timeout_s=startup_timeout_s) as url:
+            yield cls(url)
 
     def requests(self) -> list[dict[str, Any]]:
         """The entries recorded since the last reset, oldest first."""
@@ -104,11 +94,27 @@ def uvicorn_server(app: ASGIApp) -> uvicorn.Server:
     return uvicorn.Server(config)
 
 
-def _wait_until_started(server: uvicorn.Server, thread: threading.Thread, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not server.started:
-        if not thread.is_alive():
-            raise RuntimeError("the fake Gemini server stopped while starting; see its log")
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"the fake Gemini server did not start within {timeout_s} s")
-        time.sleep(0.01)
+@contextmanager
+def serve_in_thread(
+    app: ASGIApp, what: str, *, host: str = "127.0.0.1", timeout_s: float = 10.0
+) -> Iterator[str]:
+    """Serve `app` from a thread on a free port of `host`; yields its URL once it answers and
+    stops it when the block ends. `what` names the server in errors."""
+    with listen(host, 0) as sock:
+        server = uvicorn_server(app)
+        thread = threading.Thread(
+            target=server.run, kwargs={"sockets": [sock]}, name=what, daemon=True
+        )
+        thread.start()
+        try:
+            deadline = time.monotonic() + timeout_s
+            while not server.started:
+                if not thread.is_alive():
+                    raise RuntimeError(f"the {what} server stopped while starting; see its log")
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the {what} server did not start within {timeout_s} s")
+                time.sleep(0.01)
+            yield url_of(sock)
+        finally:
+            server.should_exit = True
+            thread.join(timeout_s)
