@@ -14,6 +14,8 @@ from sandbox import DockerSandbox, SandboxError
 from workers.tools.errors import ToolError
 from workers.tools.process import CommandResult
 from workers.tools.workspace import (
+    APPLY_FLAGS,
+    DIFF_ARGS,
     LIST_LIMIT,
     MAX_MATCH_CHARS,
     MAX_READ_BYTES,
@@ -94,11 +96,7 @@ class ContainerWorkspace:
 
     def diff(self) -> str:
         self._git("add", "--intent-to-add", "--all")
-        prefixes = ["--src-prefix=a/", "--dst-prefix=b/"]
-        result = self._exec(
-            ["git", "diff", "--binary", "--no-color", "--no-ext-diff", *prefixes, "HEAD"],
-            max_output_bytes=MAX_DIFF_BYTES,
-        )
+        result = self._exec(["git", *DIFF_ARGS], max_output_bytes=MAX_DIFF_BYTES)
         if result.exit_code != 0:
             raise ToolError(f"git diff failed: {result.output.strip()[-500:]}")
         if result.truncated:
@@ -110,7 +108,7 @@ class ContainerWorkspace:
             raise ToolError("the patch is empty")
         self.box.write_file(PATCH_PATH, (patch if patch.endswith("\n") else patch + "\n").encode())
         failures = []
-        for flags in (["--recount"], ["--recount", "--unidiff-zero"]):
+        for flags in APPLY_FLAGS:
             check = self._exec(["git", "apply", *flags, "--check", PATCH_PATH])
             if check.exit_code == 0:
                 self._git("apply", *flags, PATCH_PATH)

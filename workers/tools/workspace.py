@@ -22,6 +22,17 @@ from workers.tools.process import CommandResult, first_lines, run_capped
 
 __all__ = ["CommandResult", "LocalWorkspace", "Workspace"]
 
+DIFF_ARGS = (
+    "diff", "--binary", "--no-color", "--no-ext-diff",
+    "--src-prefix=a/", "--dst-prefix=b/",  # whatever the user's config says
+    "HEAD",
+)  # fmt: skip
+"""`git` arguments of a workspace's diff: the working tree (new files added with
+`--intent-to-add` first) against HEAD, as a patch `apply_patch` accepts."""
+APPLY_FLAGS = (("--recount",), ("--recount", "--unidiff-zero"))
+"""`git apply` flags to try in turn. `--recount`: hunk line counts need not be right.
+`--unidiff-zero`, tried second: a hunk with context on one side only need not sit at the
+file's start or end. Models write both kinds of patch."""
 LIST_LIMIT = 2_000
 """Default cap on the paths `list_files` returns."""
 SEARCH_LIMIT = 1_000
@@ -180,18 +191,14 @@ class LocalWorkspace:
 
     def diff(self) -> str:
         self._git("add", "--intent-to-add", "--all")  # so that new files show up
-        prefixes = ["--src-prefix=a/", "--dst-prefix=b/"]  # whatever the user's config says
-        return self._git("diff", "--binary", "--no-color", "--no-ext-diff", *prefixes, "HEAD")
+        return self._git(*DIFF_ARGS)
 
     def apply_patch(self, patch: str) -> None:
         if not patch.strip():
             raise ToolError("the patch is empty")
         patch = patch if patch.endswith("\n") else patch + "\n"
-        # `--recount`: hunk line counts need not be right. `--unidiff-zero`, tried second: a
-        # hunk with context on one side only need not sit at the file's start or end. Models
-        # write both kinds of patch.
         failures = []
-        for flags in (["--recount"], ["--recount", "--unidiff-zero"]):
+        for flags in APPLY_FLAGS:
             check = run_git(["-C", self.root, "apply", *flags, "--check", "-"], stdin=patch)
             if check.returncode == 0:
                 self._git("apply", *flags, "-", stdin=patch)
