@@ -20,8 +20,8 @@ bench: setup
 	bash scripts/with-docker.sh $(BIN)/python -m bench
 
 lint: setup
-	$(BIN)/ruff check orchestrator workers sandbox images tests bench
-	$(BIN)/ruff format --check orchestrator workers sandbox images tests bench
+	$(BIN)/ruff check orchestrator workers sandbox testkit demo images tests bench
+	$(BIN)/ruff format --check orchestrator workers sandbox testkit demo images tests bench
 	$(BIN)/mypy
 
 clean:

@@ -24,10 +24,10 @@ from typing import Any
 from bench import record
 from bench.stack import bench_settings, empty_repo
 from orchestrator import api
-from orchestrator.demo import services
-from orchestrator.demo.runner import worker_env
 from orchestrator.store import RunStore
-from workers.fake_gemini import FakeGemini
+from testkit import services
+from testkit.gemini import FakeGemini
+from testkit.services import worker_env
 
 MODEL = "gemini-2.5-flash"
 QUOTA_RPM = 120

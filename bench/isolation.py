@@ -32,16 +32,16 @@ from pydantic import SecretStr
 from bench import record
 from bench.stack import API_KEY, bench_settings
 from orchestrator import api
-from orchestrator.demo import services
-from orchestrator.demo.runner import worker_env
 from orchestrator.pipeline import StageBudget, load_pipeline
 from orchestrator.settings import ModelConfig, RetryConfig, Settings
+from testkit import services
+from testkit.gemini import FakeGemini
+from testkit.services import worker_env
+from testkit.sinks import MemoryArtifacts
+from testkit.workspace import LocalWorkspace
 from workers.budget import request_trimmer, tool_output_limiter
-from workers.fake_gemini import FakeGemini
 from workers.gemini import build_model, close_model
-from workers.tools.artifacts import MemoryArtifacts
 from workers.tools.code import build_tools
-from workers.tools.workspace import LocalWorkspace
 
 STAGES = ["triage", "search", "plan", "fix", "pr"]
 PIPELINE = Path(__file__).parent / "pipelines" / "isolation.toml"

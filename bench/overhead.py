@@ -22,12 +22,12 @@ from celery import Celery, chain
 from bench import record
 from bench.stack import bench_settings, empty_repo
 from orchestrator import api
-from orchestrator.demo import services
-from orchestrator.demo.runner import worker_env
 from orchestrator.pipeline import load_pipeline
 from orchestrator.queue import celery_config
 from orchestrator.settings import QueueConfig, Settings
-from workers.fake_gemini import FakeGemini
+from testkit import services
+from testkit.gemini import FakeGemini
+from testkit.services import worker_env
 
 PIPELINE = Path(__file__).parent / "pipelines" / "handoff.toml"
 RUNS = 30

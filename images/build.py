@@ -40,7 +40,7 @@ WHEEL_VENV = ROOT / "build" / "images" / "python"
 HOST_PYTHON = "/usr/bin/python3"
 """Debian bookworm's python3: the interpreter the base image runs, so the wheels are chosen
 for it (environment markers such as `python_full_version < "3.11.3"` depend on it)."""
-SOURCES = ("pyproject.toml", "README.md", "orchestrator", "workers", "sandbox")
+SOURCES = ("pyproject.toml", "README.md", "orchestrator", "workers", "sandbox", "testkit", "demo")
 """What Baton's wheel is made of (pyproject.toml names README.md as its long description)."""
 IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
 SOURCE_LABEL = "org.baton.source-hash"
@@ -147,15 +147,16 @@ def _prepare_context(source: Path, python: Path, say: Progress) -> None:
     (wheels / "app").mkdir(parents=True)
     shutil.copy2(DOCKERFILE, CONTEXT / "Dockerfile")
     say("making Baton's wheel; the dependencies' wheels come from build/wheels")
+    wanted = f"{source}[fake]"  # the test kit's servers, for Compose's offline profile
     offline = [str(python), "-m", "pip", "wheel", "--no-index", "--find-links",
-               str(WHEEL_CACHE), "--wheel-dir", str(wheels / "deps"), str(source)]  # fmt: skip
+               str(WHEEL_CACHE), "--wheel-dir", str(wheels / "deps"), wanted]  # fmt: skip
     cached = any(WHEEL_CACHE.glob("*.whl"))
     if not cached or _pip(offline, say, show=False, quiet=True) != 0:
         say("fetching dependency wheels from the package index into build/wheels")
         with open(source / "pyproject.toml", "rb") as file:
             build_requires = tomllib.load(file)["build-system"]["requires"]
         fetch = [str(python), "-m", "pip", "wheel", "--progress-bar", "off", "--wheel-dir",
-                 str(WHEEL_CACHE), str(source), *build_requires]  # fmt: skip
+                 str(WHEEL_CACHE), wanted, *build_requires]  # fmt: skip
         if _pip(fetch, say, show=True) != 0 or _pip(offline, say, show=False) != 0:
             raise ImageBuildError(
                 "pip could not make the wheels (see above); is the package index reachable?"

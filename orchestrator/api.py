@@ -11,7 +11,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from orchestrator import repo as repos
+from orchestrator import git
 from orchestrator.conductor import Conductor
 from orchestrator.intake import parse_payload
 from orchestrator.models import IssueSource, RunRecord, RunStatus
@@ -49,8 +49,8 @@ def submit(
     data = json.dumps(payload) if isinstance(payload, Mapping) else payload
     issue = parse_payload(data, IssueSource(source) if source else None)
     check_time_limits(load_pipeline(pipeline), settings.queue, settings.retry)
-    repo = repos.repo_source(repo)
-    commit = repos.resolve_commit(repo)
+    repo = git.repo_source(repo)
+    commit = git.resolve_commit(repo)
     with connect(settings) as conductor:
         return conductor.submit(issue, repo=repo, commit=commit, pipeline=pipeline, force=force)
 

@@ -1,12 +1,20 @@
-"""The `baton` command."""
+"""The `baton` command.
+
+Its commands are the orchestrator's own, plus those other packages add through the
+`baton.commands` entry point group (pyproject.toml): `worker` from `workers`, `demo` and
+`fake-gemini` from the demo and the test kit. The orchestrator never imports them: the command
+line finds them by entry point, so a command whose package (or extra) is missing says so.
+"""
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
 import sys
 import time
+from importlib import metadata
 from typing import BinaryIO
 
 import click
@@ -15,11 +23,8 @@ from rich.live import Live
 from rich.markup import escape
 
 from orchestrator import api
-from orchestrator.demo import services
 from orchestrator.errors import BatonError
 from orchestrator.models import IssueSource, RunStatus
-from orchestrator.pipeline import load_pipeline
-from orchestrator.queue import check_time_limits
 from orchestrator.report import follow, run_json, run_table, runs_table
 from orchestrator.settings import Settings
 
@@ -30,8 +35,29 @@ EXIT_FAILED_RUN = 1
 EXIT_BAD_INPUT = 2
 
 
+COMMANDS_GROUP = "baton.commands"
+"""Entry point group of the commands other packages add to `baton`."""
+
+
 class BatonGroup(click.Group):
-    """Turns Baton's own errors into a one-line message and a non-zero exit, not a traceback."""
+    """Turns Baton's own errors into a one-line message and a non-zero exit, not a traceback;
+    adds the commands of the `baton.commands` entry points."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *_plugins()})
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        command = super().get_command(ctx, name)
+        if command is not None or name not in _plugins():
+            return command
+        entry = _plugins()[name]
+        try:
+            loaded = entry.load()
+        except ImportError as exc:
+            return _unavailable(name, entry.value, exc)
+        if not isinstance(loaded, click.Command):
+            raise click.ClickException(f"entry point {entry.value} is not a click command")
+        return loaded
 
     def invoke(self, ctx: click.Context) -> object:
         try:
@@ -44,6 +70,30 @@ class BatonGroup(click.Group):
                 soft_wrap=True,
             )
             sys.exit(EXIT_BAD_INPUT)
+
+
+@functools.cache
+def _plugins() -> dict[str, metadata.EntryPoint]:
+    return {entry.name: entry for entry in metadata.entry_points(group=COMMANDS_GROUP)}
+
+
+def _unavailable(name: str, target: str, exc: ImportError) -> click.Command:
+    """A stand-in for a command whose module cannot be imported: it says why and exits 2."""
+
+    @click.command(name, context_settings={"ignore_unknown_options": True})
+    @click.argument("args", nargs=-1, type=click.UNPROCESSED)
+    def command(args: tuple[str, ...]) -> None:
+        err.print(
+            f"[red]error:[/] `baton {name}` is not available: {escape(str(exc))} "
+            f"(it comes from {escape(target)}; install Baton with its `fake` extra: "
+            "pip install 'baton[fake]')",
+            highlight=False,
+            soft_wrap=True,
+        )
+        sys.exit(EXIT_BAD_INPUT)
+
+    command.help = f"(unavailable: {exc})"
+    return command
 
 
 @click.group(cls=BatonGroup)
@@ -166,30 +216,6 @@ def watch(run_id: str, interval: float, timeout: float) -> None:
 
 
 @main.command()
-@click.option("--stages", default="all", show_default=True, help="Comma-separated stages to serve.")
-@click.option("--pipeline", default="fixer", show_default=True)
-@click.option("--concurrency", "-c", default=1, show_default=True, help="Worker processes.")
-@click.option("--loglevel", default="INFO", show_default=True)
-def worker(stages: str, pipeline: str, concurrency: int, loglevel: str) -> None:
-    """Run a Celery worker that serves the queues of the given stages."""
-    spec = load_pipeline(pipeline)
-    names = (
-        [s.name for s in spec.stages] if stages == "all" else [s.strip() for s in stages.split(",")]
-    )
-    settings = Settings()
-    settings.require_redis_url()
-    check_time_limits(spec, settings.queue, settings.retry)
-    label = "-".join(names) if stages != "all" else "all"
-    argv = services.worker_argv(
-        [spec.stage(name).queue for name in names],
-        concurrency=concurrency,
-        name=f"baton-{label}-{os.getpid()}",
-        loglevel=loglevel,
-    )
-    os.execv(sys.executable, argv)
-
-
-@main.command()
 @click.option("--port", default=5555, show_default=True, envvar="BATON_FLOWER_PORT")
 @click.option("--address", default="0.0.0.0", show_default=True, help="Address to listen on.")
 @click.option("--no-auth", is_flag=True, help="Serve Flower without a login (trusted networks).")
@@ -210,52 +236,6 @@ def flower(port: int, address: str, no_auth: bool) -> None:
         auth=not no_auth,
     )
     os.execve(sys.executable, flower_argv(config), {**os.environ, **flower_env(config)})
-
-
-@main.command("fake-gemini")
-@click.option("--scenario", type=click.Path(exists=True, dir_okay=False), help="Scenario JSON.")
-@click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", default=8765, show_default=True, help="0 picks a free port.")
-@click.option(
-    "--record", type=click.Path(dir_okay=False), help="Append every request here (JSONL)."
-)
-def fake_gemini(scenario: str | None, host: str, port: int, record: str | None) -> None:
-    """Serve the fake Gemini API (generateContent and streamGenerateContent)."""
-    from orchestrator.demo import SCENARIO
-
-    argv = [
-        sys.executable,
-        "-m",
-        "workers.fake_gemini",
-        "--scenario",
-        scenario or str(SCENARIO),
-        "--host",
-        host,
-        "--port",
-        str(port),
-    ]
-    if record:
-        argv += ["--record", record]
-    os.execv(sys.executable, argv)
-
-
-@main.command()
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
-@click.option("--timeout", default=300.0, show_default=True, help="Seconds to wait for the run.")
-@click.option("--keep", is_flag=True, help="Keep the demo's directory (remote, logs) afterwards.")
-def demo(as_json: bool, timeout: float, keep: bool) -> None:
-    """Run the fixer pipeline on the bundled Sentry event and sample repository."""
-    from orchestrator.demo.runner import run_demo
-
-    settings = Settings()
-    result = run_demo(settings, timeout_s=timeout, console=err if as_json else out, keep=keep)
-    if as_json:
-        click.echo(json.dumps(result.summary, indent=2))
-    else:
-        out.print(result.table)
-        if result.extra:
-            out.print(result.extra)
-    sys.exit(0 if result.summary["status"] == RunStatus.DONE.value else EXIT_FAILED_RUN)
 
 
 if __name__ == "__main__":

@@ -7,8 +7,8 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from orchestrator.demo import services
 from orchestrator.store import RunStore
+from testkit import services
 
 
 @pytest.fixture(scope="session")

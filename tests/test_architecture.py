@@ -1,10 +1,12 @@
 """The dependency rule of shared/DESIGN.md: workers → orchestrator, workers → sandbox; the
-orchestrator never imports workers; sandbox imports nothing else from the project."""
+orchestrator never imports workers; sandbox imports nothing else from the project; and none of
+them imports (or names) the test kit or the demo, which stand outside the product."""
 
 from __future__ import annotations
 
 import ast
 import pickle
+import re
 from pathlib import Path
 
 import pytest
@@ -14,14 +16,27 @@ from workers import errors as worker_errors
 from workers.tools.errors import ToolError
 
 ROOT = Path(__file__).resolve().parent.parent
-PROJECT = {"orchestrator", "workers", "sandbox", "bench"}
+PROJECT = {"orchestrator", "workers", "sandbox", "testkit", "demo", "bench", "images"}
+CORE = ("orchestrator", "workers", "sandbox")
+"""The product. The test kit and the demo stand outside it: the product never imports them."""
+MODULE_NAME = re.compile(r"^([a-z_]+)(?:\.[a-z_]+)*(?::[A-Za-z_]\w*)?$")
+"""A string that reads as a module path (`workers.app`, `testkit.gemini`, `pkg.mod:attr`)."""
+FORBIDDEN_BY_NAME = {
+    "orchestrator": {"workers", "testkit", "demo"},
+    "workers": {"testkit", "demo"},
+    "sandbox": {"orchestrator", "workers", "testkit", "demo"},
+}
+"""Packages a core package may not name in a string either (`"workers.app"`, say), the way
+`celery -A` or `importlib.import_module` would reach them past the import rule."""
+
+
+def python_files(package: str) -> list[Path]:
+    return [p for p in (ROOT / package).rglob("*.py") if "sample_repo" not in p.parts]
 
 
 def imported_packages(package: str) -> dict[str, set[str]]:
     found: dict[str, set[str]] = {}
-    for path in (ROOT / package).rglob("*.py"):
-        if "sample_repo" in path.parts:
-            continue
+    for path in python_files(package):
         names: set[str] = set()
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
@@ -32,12 +47,41 @@ def imported_packages(package: str) -> dict[str, set[str]]:
     return found
 
 
+def named_packages(package: str) -> dict[str, set[str]]:
+    """The project packages each file names in a string constant that reads as a module path
+    (docstrings left out: prose may mention a module)."""
+    found: dict[str, set[str]] = {}
+    for path in python_files(package):
+        tree = ast.parse(path.read_text())
+        docstrings = {
+            id(node.body[0].value)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+            and node.body
+            and isinstance(node.body[0], ast.Expr)
+            and isinstance(node.body[0].value, ast.Constant)
+        }
+        names = {
+            match.group(1)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and id(node) not in docstrings
+            and (match := MODULE_NAME.match(node.value))
+            and "." in node.value
+        }
+        found[str(path.relative_to(ROOT))] = names & PROJECT
+    return found
+
+
 @pytest.mark.parametrize(
     ("package", "allowed"),
     [
         ("orchestrator", {"orchestrator"}),
         ("sandbox", {"sandbox"}),
         ("workers", {"workers", "orchestrator", "sandbox"}),
+        ("testkit", {"testkit", "orchestrator", "workers", "sandbox"}),
+        ("demo", {"demo", "testkit", "orchestrator", "workers", "sandbox"}),
     ],
 )
 def test_packages_import_only_what_the_design_allows(package: str, allowed: set[str]) -> None:
@@ -47,6 +91,45 @@ def test_packages_import_only_what_the_design_allows(package: str, allowed: set[
         if names - allowed
     }
     assert breaking == {}
+
+
+@pytest.mark.parametrize("package", CORE)
+def test_core_packages_never_name_what_they_may_not_import(package: str) -> None:
+    forbidden = FORBIDDEN_BY_NAME[package]
+    breaking = {
+        path: names & forbidden
+        for path, names in named_packages(package).items()
+        if names & forbidden
+    }
+    assert breaking == {}
+
+
+def test_the_string_check_sees_a_module_named_in_a_string(tmp_path: Path) -> None:
+    """The check above is only worth something if it fires: a negative control."""
+    code = 'APP = "workers.app"\nSCENARIO = "testkit.gemini:Scenario"\nTEXT = "a sentence."\n'
+    tree = ast.parse(code)
+    named = {
+        m.group(1)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and (m := MODULE_NAME.match(node.value))
+        and "." in node.value
+    }
+    assert named & PROJECT == {"workers", "testkit"}
+
+
+def test_no_test_double_lives_in_the_product() -> None:
+    """Fakes, stubs and in-memory stand-ins belong to the test kit."""
+    doubles = [
+        str(path.relative_to(ROOT))
+        for package in CORE
+        for path in python_files(package)
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ClassDef)
+        and re.match(r"(Fake|Stub|Mock|Dummy|Memory|Local)[A-Z]", node.name)
+    ]
+    assert doubles == []
 
 
 ERRORS = [

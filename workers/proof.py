@@ -12,8 +12,7 @@ from orchestrator.schemas import TestRun
 from workers.errors import StageError
 from workers.tools.code import TEST_ENV, split_command
 from workers.tools.errors import ToolError
-from workers.tools.process import CommandResult
-from workers.tools.workspace import Workspace
+from workers.tools.workspace import CommandResult, Workspace
 
 _PYTEST = re.compile(r"(\d+) (passed|failed|errors?)\b")
 _UNITTEST_RAN = re.compile(r"^Ran (\d+) tests? in ", re.MULTILINE)

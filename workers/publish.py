@@ -31,7 +31,7 @@ from github import GithubException
 from pydantic import BaseModel, ConfigDict, SecretStr
 
 from orchestrator.errors import RepoError
-from orchestrator.repo import (
+from orchestrator.git import (
     GIT_TIMEOUT_S,
     MAX_GIT_MESSAGE_CHARS,
     NETWORK_TIMEOUT_S,
@@ -50,7 +50,7 @@ from workers.github import (
     secret_forms,
     uses_https,
 )
-from workers.repos import COMMITTER, RepoCache
+from workers.mirrors import COMMITTER, RepoCache
 
 logger = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Execute one stage of one run: plain functions, callable without Celery.
 
 The stage's session is seeded with the issue digest and only the upstream outputs its
-instruction references. Code stages work in a fresh sandbox (`workers.workspaces`). Fields
+instruction references. Code stages work in a fresh sandbox (`workers.sandboxes`). Fields
 Baton measures itself — test results, the published branch and commit — replace whatever the
 model said about them.
 """
@@ -30,11 +30,11 @@ from workers import proof
 from workers.agent import AgentSpec, StageSession, Usage, build_agent
 from workers.budget import json_chars
 from workers.errors import StageCancelledError, StageError, StageOutputError, TestsFailedError
+from workers.mirrors import RepoCache
 from workers.publish import Publisher
-from workers.repos import RepoCache
+from workers.sandboxes import StageJob, StoreArtifacts, open_workspace
 from workers.tools.code import DIFF_ARTIFACT, build_tools
 from workers.tools.workspace import Workspace
-from workers.workspaces import StageJob, StoreArtifacts, open_workspace
 
 logger = logging.getLogger(__name__)
 

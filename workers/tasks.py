@@ -32,8 +32,8 @@ from workers.errors import (
 from workers.gemini import build_model, classify, close_model, rate_limit_countdown
 from workers.governor import Governor
 from workers.heartbeat import Heartbeat, Interruptible
+from workers.mirrors import RepoCache
 from workers.publish import Publisher
-from workers.repos import RepoCache
 from workers.settings import WorkerSettings
 from workers.stage import StageJob, StageServices, execute_stage
 

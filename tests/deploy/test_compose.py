@@ -21,11 +21,11 @@ import pytest
 import redis
 import yaml
 
+from demo import SENTRY_EVENT
+from demo.runner import make_sample_repo
 from images.base import BASE_TAG
 from images.build import ROOT, ensure_images, image_tag
 from orchestrator import api
-from orchestrator.demo import SENTRY_EVENT
-from orchestrator.demo.runner import make_sample_repo
 from orchestrator.models import RunRecord, RunStatus, StageStatus
 from orchestrator.settings import FAKE_API_KEY, Settings
 from sandbox.image import ensure_image as ensure_sandbox_image

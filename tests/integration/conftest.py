@@ -13,14 +13,16 @@ from typing import Any
 import pytest
 from pydantic import SecretStr
 
+from demo import SCENARIO
+from demo.runner import make_sample_repo
 from orchestrator import api
-from orchestrator.demo import SCENARIO, services
-from orchestrator.demo.runner import make_sample_repo, worker_env
 from orchestrator.models import RunRecord
 from orchestrator.pipeline import load_pipeline
 from orchestrator.settings import Settings
 from orchestrator.store import RunStore
-from workers.fake_gemini import FakeGemini
+from testkit import services
+from testkit.gemini import FakeGemini
+from testkit.services import worker_env
 
 CANARY_KEY = "AIza-canary-key-0123456789"
 """The API key the tests hand the client: it must never show up in a recorded request."""

@@ -7,7 +7,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from orchestrator.demo import SENTRY_EVENT
+from demo import SENTRY_EVENT
 from orchestrator.models import RunStatus
 from orchestrator.store import RunStore
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from orchestrator.demo import SENTRY_EVENT
-from orchestrator.demo.runner import make_sample_repo
+from demo import SENTRY_EVENT
+from demo.runner import make_sample_repo
 
 from .conftest import CANARY_KEY, Stack
 

@@ -22,9 +22,10 @@ import pytest
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 
+from demo import SENTRY_EVENT
 from orchestrator import api
-from orchestrator.demo import SENTRY_EVENT, services
 from orchestrator.models import RunStatus
+from testkit import services
 
 from .conftest import Stack
 

@@ -17,11 +17,12 @@ from typing import Any
 import pytest
 import redis
 
+from demo.runner import make_sample_repo
 from orchestrator import api
-from orchestrator.demo import services
-from orchestrator.demo.runner import make_sample_repo, worker_env
 from orchestrator.models import RunRecord, RunStatus
-from workers.fake_gemini import FakeGemini
+from testkit import services
+from testkit.gemini import FakeGemini
+from testkit.services import worker_env
 
 from .conftest import Stack, stack_settings
 

@@ -6,7 +6,7 @@ import json
 import subprocess
 from typing import Any
 
-from orchestrator.demo import SENTRY_EVENT
+from demo import SENTRY_EVENT
 from orchestrator.models import RunStatus, StageStatus
 from orchestrator.pipeline import load_pipeline
 from orchestrator.store import RunStore

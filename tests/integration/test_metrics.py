@@ -13,10 +13,11 @@ import pytest
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
-from orchestrator.demo import SENTRY_EVENT, services
-from orchestrator.demo.runner import worker_env
+from demo import SENTRY_EVENT
 from orchestrator.models import RunStatus
 from orchestrator.pipeline import load_pipeline
+from testkit import services
+from testkit.services import worker_env
 
 from .conftest import Stack, stack_settings
 

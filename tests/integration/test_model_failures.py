@@ -10,7 +10,7 @@ import sys
 import time
 from typing import Any
 
-from orchestrator.demo import SENTRY_EVENT
+from demo import SENTRY_EVENT
 from orchestrator.models import RunStatus, StageStatus
 
 from .conftest import Stack, demo_scenario

@@ -18,12 +18,13 @@ from typing import Any
 import pytest
 import redis
 
+from demo import SENTRY_EVENT
 from orchestrator import api
-from orchestrator.demo import SENTRY_EVENT, services
-from orchestrator.demo.runner import worker_env
 from orchestrator.models import RunStatus, StageStatus
 from orchestrator.settings import Settings
 from orchestrator.store import RunStore
+from testkit import services
+from testkit.services import worker_env
 
 from .conftest import Stack, demo_scenario, stack_settings
 

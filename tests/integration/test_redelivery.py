@@ -7,12 +7,13 @@ from pathlib import Path
 
 import redis
 
-from orchestrator.demo import SENTRY_EVENT, services
-from orchestrator.demo.runner import worker_env
+from demo import SENTRY_EVENT
 from orchestrator.models import StageStatus
 from orchestrator.pipeline import load_pipeline
 from orchestrator.queue import Dispatcher
 from orchestrator.store import RunStore
+from testkit import services
+from testkit.services import worker_env
 
 from .conftest import Stack, stack_settings
 

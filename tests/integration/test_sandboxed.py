@@ -14,17 +14,18 @@ from typing import Any
 
 from pydantic import SecretStr
 
-from orchestrator.demo import SENTRY_EVENT, services
-from orchestrator.demo.runner import worker_env
+from demo import SENTRY_EVENT
 from orchestrator.models import RunStatus, StageStatus
 from orchestrator.store import RunStore
-from workers.fake_github import FakeGitHub
+from testkit import services
+from testkit.github import FakeGitHub
+from testkit.services import worker_env
 from workers.gemini import build_model, close_model
+from workers.mirrors import RepoCache
 from workers.publish import Publisher
-from workers.repos import RepoCache
+from workers.sandboxes import StageJob
 from workers.settings import WorkerSettings
 from workers.stage import StageServices, execute_stage
-from workers.workspaces import StageJob
 
 from .conftest import CANARY_KEY, Stack, demo_scenario, stack_settings
 

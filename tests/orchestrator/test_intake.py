@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.demo import SENTRY_EVENT
+from demo import SENTRY_EVENT
 from orchestrator.errors import IntakeError, PayloadTooLargeError
 from orchestrator.intake import IntakeLimits, detect_source, parse_payload
 from orchestrator.models import Frame, Issue, IssueSource
@@ -511,7 +511,7 @@ def test_make_sentry_event_reproduces_the_sample_crash_with_the_real_sdk(tmp_pat
     out = tmp_path / "event.json"
 
     subprocess.run(
-        [sys.executable, "-m", "orchestrator.demo.make_sentry_event", "--out", str(out)],
+        [sys.executable, "-m", "demo.make_sentry_event", "--out", str(out)],
         check=True,
         capture_output=True,
         timeout=60,

@@ -26,7 +26,7 @@ import redis
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from orchestrator.demo.runner import make_sample_repo
+from demo.runner import make_sample_repo
 from orchestrator.errors import IntakeError, PayloadTooLargeError
 from orchestrator.intake import IntakeLimits, parse_payload
 from orchestrator.models import Issue, IssueSource

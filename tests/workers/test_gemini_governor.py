@@ -16,8 +16,8 @@ from pydantic import SecretStr
 
 from orchestrator import keys
 from orchestrator.settings import ModelConfig, QuotaConfig, RetryConfig
+from testkit.gemini import FakeGemini
 from workers.errors import QuotaWaitError, RateLimitedError
-from workers.fake_gemini import FakeGemini
 from workers.gemini import BatonGemini, build_model, classify, close_model
 from workers.governor import Governor
 

@@ -24,16 +24,16 @@ from google.adk.tools.tool_context import ToolContext
 from google.genai import types
 from pydantic import SecretStr
 
-from orchestrator.demo import SCENARIO
+from demo import SCENARIO
 from orchestrator.pipeline import load_pipeline
 from orchestrator.settings import ModelConfig, RetryConfig
+from testkit.gemini import FakeGemini
+from testkit.sinks import MemoryArtifacts
+from testkit.workspace import LocalWorkspace
 from workers.errors import StageError
-from workers.fake_gemini import FakeGemini
 from workers.gemini import build_model, close_model
 from workers.guard import ToolGuard
-from workers.tools.artifacts import MemoryArtifacts
 from workers.tools.code import TOOL_NAMES, build_tools
-from workers.tools.workspace import LocalWorkspace
 
 NO_CONTEXT = cast(CallbackContext, None)
 NO_TOOL_CONTEXT = cast(ToolContext, None)

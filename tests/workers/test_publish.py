@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 from pydantic import SecretStr
 
+from testkit.github import FakeGitHub
 from workers.errors import PublishError
-from workers.fake_github import FakeGitHub
 from workers.github import git_auth_config, github_slug
+from workers.mirrors import RepoCache
 from workers.publish import Publisher, PublishResult
-from workers.repos import RepoCache
 
 IDENTITY = {
     "GIT_AUTHOR_NAME": "Test",

@@ -17,11 +17,11 @@ from typing import Any
 import pytest
 from google.adk.tools import FunctionTool
 
-from workers.repos import RepoCache
-from workers.tools.artifacts import MemoryArtifacts
+from testkit.sinks import MemoryArtifacts
+from testkit.workspace import LocalWorkspace
+from workers.mirrors import RepoCache
 from workers.tools.code import TOOL_NAMES, build_tools
 from workers.tools.errors import ToolError
-from workers.tools.workspace import LocalWorkspace
 
 IDENTITY = {
     "GIT_AUTHOR_NAME": "Test",
@@ -278,7 +278,7 @@ def test_list_files_of_a_missing_directory_is_an_error(checkout: Checkout) -> No
 def search_engine(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Runs a test with ripgrep, then as on a machine without it (the git grep fallback)."""
     if request.param == "git grep":
-        monkeypatch.setattr("workers.tools.workspace.shutil.which", lambda *_, **__: None)
+        monkeypatch.setattr("testkit.workspace.shutil.which", lambda *_, **__: None)
     return str(request.param)
 
 

@@ -13,10 +13,10 @@ from orchestrator.models import Issue, IssueSource, RunRecord, StageRecord
 from orchestrator.pipeline import load_pipeline
 from orchestrator.store import RunStore
 from sandbox import SandboxConfig
-from workers.repos import RepoCache
+from workers.mirrors import RepoCache
+from workers.sandboxes import StageJob, open_workspace
 from workers.tools.code import DIFF_ARTIFACT
 from workers.tools.errors import ToolError
-from workers.workspaces import StageJob, open_workspace
 
 IDENTITY = ["-c", "user.name=t", "-c", "user.email=t@t"]
 

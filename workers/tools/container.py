@@ -12,7 +12,6 @@ from pathlib import PurePosixPath
 
 from sandbox import DockerSandbox, SandboxError
 from workers.tools.errors import ToolError
-from workers.tools.process import CommandResult
 from workers.tools.workspace import (
     APPLY_FLAGS,
     DIFF_ARGS,
@@ -21,6 +20,7 @@ from workers.tools.workspace import (
     MAX_READ_BYTES,
     SEARCH_LIMIT,
     SEARCH_TIMEOUT_S,
+    CommandResult,
     checked_path,
     listed_files,
     rg_argv,

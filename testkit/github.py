@@ -14,7 +14,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from workers.fake_gemini.harness import serve_in_thread
+from testkit.gemini.harness import serve_in_thread
 
 
 class FakeGitHub:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from workers.fake_gemini.tokens import compact_json
+from testkit.gemini.tokens import compact_json
 
 ERRORS: dict[int, tuple[str, str]] = {
     400: ("INVALID_ARGUMENT", "Request contains an invalid argument."),

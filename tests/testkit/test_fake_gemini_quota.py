@@ -10,7 +10,7 @@ import pytest
 from google import genai
 from google.genai import errors, types
 
-from workers.fake_gemini import FakeGemini
+from testkit.gemini import FakeGemini
 from workers.gemini import retry_delay_s
 
 MODEL = "gemini-2.5-flash"

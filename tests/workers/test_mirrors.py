@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator.errors import RepoError
-from orchestrator.repo import resolve_commit
-from workers.repos import RepoCache
+from orchestrator.git import resolve_commit
+from workers.mirrors import RepoCache
 
 IDENTITY = {
     "GIT_AUTHOR_NAME": "Test",
@@ -196,7 +196,7 @@ def test_two_processes_mirroring_at_once_share_one_mirror(
     upstream = make_upstream()
     commit = upstream.commit({"a.txt": "one\n"})
     script = (
-        "import sys; from pathlib import Path; from workers.repos import RepoCache\n"
+        "import sys; from pathlib import Path; from workers.mirrors import RepoCache\n"
         "for _ in range(3): print(RepoCache(Path(sys.argv[1])).mirror(sys.argv[2]))"
     )
     argv = [sys.executable, "-c", script, str(cache.root), str(upstream.bare)]

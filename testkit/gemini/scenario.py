@@ -62,8 +62,8 @@ from pydantic import (
     model_validator,
 )
 
-from workers.fake_gemini import wire
-from workers.fake_gemini.tokens import compact_json
+from testkit.gemini import wire
+from testkit.gemini.tokens import compact_json
 
 ANY_AGENT = "*"
 

@@ -39,12 +39,12 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from testkit.gemini import tokens, wire
+from testkit.gemini.faults import FaultBook
+from testkit.gemini.ledger import Ledger
+from testkit.gemini.quota import Answered, QuotaBook
+from testkit.gemini.scenario import FaultRule, Scenario
 from workers.budget import TRIM_NOTE
-from workers.fake_gemini import tokens, wire
-from workers.fake_gemini.faults import FaultBook
-from workers.fake_gemini.ledger import Ledger
-from workers.fake_gemini.quota import Answered, QuotaBook
-from workers.fake_gemini.scenario import FaultRule, Scenario
 
 logger = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from workers.fake_gemini.tokens import compact_json
+from testkit.gemini.tokens import compact_json
 
 
 class Ledger:

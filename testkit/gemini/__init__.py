@@ -7,8 +7,8 @@ request. See `scenario` for the format,
 `tokens` for how tokens are counted, `server` for the endpoints and `harness` for running it.
 """
 
-from workers.fake_gemini.harness import FakeGemini
-from workers.fake_gemini.scenario import (
+from testkit.gemini.harness import FakeGemini
+from testkit.gemini.scenario import (
     AgentScript,
     FaultRule,
     FunctionCall,
@@ -16,7 +16,7 @@ from workers.fake_gemini.scenario import (
     Scenario,
     Step,
 )
-from workers.fake_gemini.server import create_app
+from testkit.gemini.server import create_app
 
 __all__ = [
     "AgentScript",

@@ -16,7 +16,7 @@ from orchestrator.pipeline import Pipeline, StageSpec
 from orchestrator.store import RunStore
 from workers import metrics
 from workers.errors import StageError
-from workers.repos import RepoCache
+from workers.mirrors import RepoCache
 from workers.tools.code import DIFF_ARTIFACT
 from workers.tools.container import ContainerWorkspace
 from workers.tools.errors import ToolError

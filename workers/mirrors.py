@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from orchestrator.errors import RepoError
-from orchestrator.repo import (
+from orchestrator.git import (
     GIT_TIMEOUT_S,
     NETWORK_TIMEOUT_S,
     git_env,
@@ -30,7 +30,7 @@ from orchestrator.repo import (
     repo_source,
     run_git,
 )
-from orchestrator.repo import git_for as _git
+from orchestrator.git import git_for as _git
 
 COMMITTER = {"user.name": "Baton", "user.email": "baton@localhost"}
 """The identity of commits made in working copies."""

@@ -1,4 +1,5 @@
-"""Running one command with a real time limit and a bounded amount of output kept."""
+"""Running one command on this host with a real time limit and a bounded amount of output kept:
+what `testkit.workspace.LocalWorkspace` runs its commands with."""
 
 from __future__ import annotations
 
@@ -11,28 +12,13 @@ import tempfile
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
+
+from workers.tools.workspace import CommandResult
 
 READ_CHUNK_BYTES = 65_536
 EXIT_GRACE_S = 0.1
 """After the command exits, how long output may keep coming before stragglers are killed."""
-
-
-@dataclass(frozen=True)
-class CommandResult:
-    """What a command did: its exit code and its combined stdout and stderr."""
-
-    exit_code: int
-    """The exit code; negative when a signal ended the command (-9 after a timeout)."""
-    output: str
-    """Stdout and stderr interleaved; when `truncated`, its head and tail with a marker."""
-    timed_out: bool
-    """The time limit passed and the command's whole process group was killed."""
-    truncated: bool
-    """The command wrote more than the cap; the middle of its output is not kept."""
-    oom_killed: bool = False
-    """The kernel killed it for using more memory than its sandbox allows."""
 
 
 class CappedOutput:

@@ -20,8 +20,8 @@ import httpx
 import uvicorn
 from starlette.types import ASGIApp
 
-from workers.fake_gemini.scenario import FaultRule, Scenario
-from workers.fake_gemini.server import create_app
+from testkit.gemini.scenario import FaultRule, Scenario
+from testkit.gemini.server import create_app
 
 ADMIN_TIMEOUT_S = 10.0
 """Timeout of one admin request."""
@@ -31,7 +31,7 @@ class FakeGemini:
     """A running fake server: its base URL and its admin endpoints.
 
     `FakeGemini.start(...)` runs one in a background thread; `FakeGemini(url)` attaches to one
-    running elsewhere (a `python -m workers.fake_gemini` process).
+    running elsewhere (a `python -m testkit.gemini` process).
     """
 
     def __init__(self, url: str) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 
-from workers.fake_gemini.scenario import FaultRule
+from testkit.gemini.scenario import FaultRule
 
 
 class FaultBook:

@@ -13,7 +13,7 @@ from google.adk.runners import Runner
 from google.adk.sessions import InMemorySessionService
 from google.genai import types
 
-from workers.fake_gemini import FakeGemini
+from testkit.gemini import FakeGemini
 
 MODEL = "gemini-2.5-flash"
 SCENARIO = {

@@ -1,6 +1,6 @@
 """Run the fake Gemini server as a process.
 
-    python -m workers.fake_gemini --scenario FILE [--host 127.0.0.1] [--port 0] [--record FILE]
+    python -m testkit.gemini --scenario FILE [--host 127.0.0.1] [--port 0] [--record FILE]
 
 Prints `fake-gemini listening on http://HOST:PORT` on stdout once the port is bound (port 0
 picks a free one), then serves until SIGTERM or SIGINT and exits 0. Exits 2 when the scenario
@@ -18,9 +18,9 @@ from types import FrameType
 
 from pydantic import ValidationError
 
-from workers.fake_gemini.harness import listen, url_of, uvicorn_server
-from workers.fake_gemini.scenario import Scenario
-from workers.fake_gemini.server import create_app
+from testkit.gemini.harness import listen, url_of, uvicorn_server
+from testkit.gemini.scenario import Scenario
+from testkit.gemini.server import create_app
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -49,7 +49,7 @@ def _exit_quietly(signum: int, frame: FrameType | None) -> None:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m workers.fake_gemini",
+        prog="python -m testkit.gemini",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

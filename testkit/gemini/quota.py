@@ -14,7 +14,7 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass
 
-from workers.fake_gemini.scenario import Quota
+from testkit.gemini.scenario import Quota
 
 
 @dataclass(eq=False)

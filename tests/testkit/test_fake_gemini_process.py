@@ -1,4 +1,4 @@
-"""`python -m workers.fake_gemini` as a separate process, the way the demo and workers run it."""
+"""`python -m testkit.gemini` as a separate process, the way the demo and workers run it."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def test_the_module_prints_its_address_serves_and_exits_zero_on_sigterm(tmp_path
     scenario_path = tmp_path / "scenario.json"
     scenario_path.write_text(json.dumps({"agents": {"*": [{"text": "from a process"}]}}))
     record_path = tmp_path / "requests.jsonl"
-    command = [sys.executable, "-m", "workers.fake_gemini", "--scenario", str(scenario_path)]
+    command = [sys.executable, "-m", "testkit.gemini", "--scenario", str(scenario_path)]
     command += ["--record", str(record_path)]
     process = subprocess.Popen(
         command, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
@@ -63,7 +63,7 @@ def test_the_module_exits_2_naming_a_scenario_it_cannot_load(tmp_path: Path) -> 
     scenario_path.write_text(json.dumps({"agents": {"*": [{"text": "a", "json": 1}]}}))
 
     result = subprocess.run(
-        [sys.executable, "-m", "workers.fake_gemini", "--scenario", str(scenario_path)],
+        [sys.executable, "-m", "testkit.gemini", "--scenario", str(scenario_path)],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,

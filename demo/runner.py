@@ -22,14 +22,16 @@ from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
 
+from demo import SAMPLE_REPO, SCENARIO, SENTRY_EVENT
 from orchestrator import api
-from orchestrator.demo import SAMPLE_REPO, SCENARIO, SENTRY_EVENT, services
+from orchestrator.git import GIT_TIMEOUT_S, git_for
 from orchestrator.models import RunRecord
 from orchestrator.pipeline import load_pipeline
-from orchestrator.repo import GIT_TIMEOUT_S, git_for
 from orchestrator.report import follow, run_json, run_table
 from orchestrator.settings import FAKE_API_KEY, Settings
 from orchestrator.store import RunStore
+from testkit import services
+from testkit.services import worker_env
 
 PIPELINE = "fixer"
 
@@ -135,18 +137,3 @@ def _outcome(run: RunRecord, store: RunStore, outputs: dict[str, Any]) -> Render
     )
     diff = Syntax(store.artifact(diff_ref).decode(), "diff", background_color="default")
     return Panel(Group(heading, diff), title="pull request", title_align="left")
-
-
-def worker_env(settings: Settings) -> dict[str, str]:
-    """The environment a worker subprocess needs to see the same settings."""
-    env = {
-        "BATON_REDIS_URL": settings.require_redis_url(),
-        "BATON_REPO_CACHE_DIR": str(settings.repo_cache_dir),
-        "BATON_MODEL": settings.model,
-        "BATON_STREAMING": str(settings.streaming).lower(),
-    }
-    if settings.gemini_base_url:
-        env["BATON_GEMINI_BASE_URL"] = settings.gemini_base_url
-    if settings.google_api_key is not None:
-        env["GOOGLE_API_KEY"] = settings.google_api_key.get_secret_value()
-    return env

@@ -1,7 +1,8 @@
 """The processes a local Baton needs, as context managers that stop what they started:
 a private redis-server, the fake Gemini server and Celery workers.
 
-The demo, the tests and the benchmarks all start their services through this module.
+The demo, the tests and the benchmarks all start their services through this module; Baton
+itself never does (in production, Redis and the workers are the operator's).
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from pathlib import Path
 import redis
 
 from orchestrator.errors import ConfigError
+from orchestrator.settings import Settings
+from workers.cli import APP, worker_argv
 
 STOP_TIMEOUT_S = 20.0
 
@@ -93,7 +96,7 @@ def fake_gemini(scenario: Path, *, record: Path | None = None, port: int = 0) ->
     argv = [
         sys.executable,
         "-m",
-        "workers.fake_gemini",
+        "testkit.gemini",
         "--scenario",
         str(scenario),
         "--port",
@@ -112,22 +115,6 @@ def fake_gemini(scenario: Path, *, record: Path | None = None, port: int = 0) ->
         stop(proc)
 
 
-def worker_argv(
-    queues: Sequence[str],
-    *,
-    concurrency: int,
-    name: str,
-    loglevel: str = "INFO",
-    app: str = "workers.app",
-) -> list[str]:
-    """The command line of a Baton worker: Celery, prefork, task events on, these queues."""
-    return [
-        sys.executable, "-m", "celery", "-A", app, "worker",
-        "-Q", ",".join(queues), "-c", str(concurrency), "-P", "prefork", "-E",
-        "--loglevel", loglevel, "-n", f"{name}@%h",
-    ]  # fmt: skip
-
-
 @contextmanager
 def worker(
     env: Mapping[str, str],
@@ -136,7 +123,7 @@ def worker(
     concurrency: int = 1,
     logfile: Path,
     name: str = "baton-worker",
-    app: str = "workers.app",
+    app: str = APP,
     options: Sequence[str] = (),
 ) -> Iterator[subprocess.Popen[bytes]]:
     """A Celery worker subprocess serving `queues`, with more worker `options` if given;
@@ -181,3 +168,18 @@ def stop(proc: subprocess.Popen[bytes] | subprocess.Popen[str]) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+def worker_env(settings: Settings) -> dict[str, str]:
+    """The environment a worker subprocess needs to see the same settings."""
+    env = {
+        "BATON_REDIS_URL": settings.require_redis_url(),
+        "BATON_REPO_CACHE_DIR": str(settings.repo_cache_dir),
+        "BATON_MODEL": settings.model,
+        "BATON_STREAMING": str(settings.streaming).lower(),
+    }
+    if settings.gemini_base_url:
+        env["BATON_GEMINI_BASE_URL"] = settings.gemini_base_url
+    if settings.google_api_key is not None:
+        env["GOOGLE_API_KEY"] = settings.google_api_key.get_secret_value()
+    return env

@@ -1,6 +1,6 @@
 """Make the demo's Sentry event with the real sentry-sdk.
 
-    python -m orchestrator.demo.make_sentry_event [--out PATH]
+    python -m demo.make_sentry_event [--out PATH]
 
 Runs the sample repository's checkout on an empty cart under `sentry_sdk`, which raises
 ZeroDivisionError, captures it, keeps the event the SDK would have sent (an in-memory transport;
@@ -26,9 +26,9 @@ import sentry_sdk
 from sentry_sdk.envelope import Envelope
 from sentry_sdk.transport import Transport
 
-from orchestrator.demo import SAMPLE_REPO, SENTRY_EVENT
+from demo import SAMPLE_REPO, SENTRY_EVENT
 
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
 """Baton's checkout; paths of frames outside the sample repository are made relative to it."""
 FAKE_DSN = "https://public@sentry.invalid/1"
 """A DSN the SDK accepts; `.invalid` never resolves, and the transport sends nothing anyway."""

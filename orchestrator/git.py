@@ -1,7 +1,7 @@
 """Repositories: telling a URL from a path, running git safely, pinning a run's commit.
 
 Both sides use this module: the orchestrator pins the commit when a run is enqueued, and the
-workers' repository cache (`workers.repos`) clones and fetches through the same helpers.
+workers' repository cache (`workers.mirrors`) clones and fetches through the same helpers.
 """
 
 from __future__ import annotations

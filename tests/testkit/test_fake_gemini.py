@@ -21,7 +21,7 @@ from google import genai
 from google.genai import errors, types
 from pydantic import ValidationError
 
-from workers.fake_gemini import FakeGemini, Scenario
+from testkit.gemini import FakeGemini, Scenario
 
 MODEL = "gemini-2.5-flash"
 SCENARIO: dict[str, Any] = {
@@ -438,7 +438,7 @@ def test_a_fault_rule_needs_an_effect() -> None:
 
 
 def test_a_scripted_reply_can_repeat_a_field_of_a_tool_response() -> None:
-    from workers.fake_gemini.server import fill_references
+    from testkit.gemini.server import fill_references
 
     body = {
         "contents": [
@@ -466,8 +466,8 @@ def test_a_scripted_reply_can_repeat_a_field_of_a_tool_response() -> None:
 
 
 def test_a_trimmed_conversation_counts_the_model_turns_it_left_out() -> None:
+    from testkit.gemini.server import model_turns
     from workers.budget import TRIM_NOTE
-    from workers.fake_gemini.server import model_turns
 
     note = TRIM_NOTE.format(turns=5)
     body = {

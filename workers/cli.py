@@ -1,0 +1,52 @@
+"""`baton worker`, added to the `baton` command by entry point: a Celery worker (prefork) on
+the queues of the stages it serves."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+
+import click
+
+from orchestrator.pipeline import load_pipeline
+from orchestrator.queue import check_time_limits
+from orchestrator.settings import Settings
+
+APP = "workers.app"
+"""The Celery app a worker process loads."""
+
+
+def worker_argv(
+    queues: Sequence[str], *, concurrency: int, name: str, loglevel: str = "INFO", app: str = APP
+) -> list[str]:
+    """The command line of a Baton worker: Celery, prefork, task events on, these queues."""
+    return [
+        sys.executable, "-m", "celery", "-A", app, "worker",
+        "-Q", ",".join(queues), "-c", str(concurrency), "-P", "prefork", "-E",
+        "--loglevel", loglevel, "-n", f"{name}@%h",
+    ]  # fmt: skip
+
+
+@click.command()
+@click.option("--stages", default="all", show_default=True, help="Comma-separated stages to serve.")
+@click.option("--pipeline", default="fixer", show_default=True)
+@click.option("--concurrency", "-c", default=1, show_default=True, help="Worker processes.")
+@click.option("--loglevel", default="INFO", show_default=True)
+def worker(stages: str, pipeline: str, concurrency: int, loglevel: str) -> None:
+    """Run a Celery worker that serves the queues of the given stages."""
+    spec = load_pipeline(pipeline)
+    names = (
+        [s.name for s in spec.stages] if stages == "all" else [s.strip() for s in stages.split(",")]
+    )
+    settings = Settings()
+    settings.require_redis_url()
+    check_time_limits(spec, settings.queue, settings.retry)
+    label = "-".join(names) if stages != "all" else "all"
+    argv = worker_argv(
+        [spec.stage(name).queue for name in names],
+        concurrency=concurrency,
+        name=f"baton-{label}-{os.getpid()}",
+        loglevel=loglevel,
+    )
+    os.execv(sys.executable, argv)
