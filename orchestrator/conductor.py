@@ -19,7 +19,17 @@ from typing import Any
 
 from orchestrator import keys
 from orchestrator.errors import RunStateError
-from orchestrator.models import ArtifactRef, Issue, RunRecord, RunStatus, StageRecord, StageStatus
+from orchestrator.execution import (
+    Completion,
+    Hold,
+    StageFigures,
+    StageResult,
+    StageStart,
+    StartAction,
+    branch_label,
+    session_id,
+)
+from orchestrator.models import Issue, RunRecord, RunStatus, StageRecord, StageStatus
 from orchestrator.pipeline import Pipeline, load_pipeline
 from orchestrator.queue import Dispatcher
 from orchestrator.store import RunStore
@@ -32,46 +42,12 @@ def new_run_id() -> str:
     return datetime.now(UTC).strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3)
 
 
-def session_id(run_id: str, stage: str, attempt: int) -> str:
-    return f"{run_id}:{stage}:{attempt}"
-
-
-def branch_label(pipeline: str, stage: str) -> str:
-    return f"{pipeline}.{stage}"
-
-
-@dataclass(frozen=True)
-class StageStart:
-    """What `begin` decided for a delivered stage task."""
-
-    action: str
-    """`run` (execute it), `advance` (output already recorded), `drop` (the run has ended),
-    `busy` (another live execution holds the stage) or `exhausted` (lost too often)."""
-    attempt: int = 0
-    run: RunRecord | None = None
-
-
 @dataclass(frozen=True)
 class Next:
     """What a run does once a stage is recorded: enqueue a stage, end, or nothing more."""
 
     send: str | None = None
     ended: bool = False
-
-
-@dataclass(frozen=True)
-class StageResult:
-    """A stage's validated output and what it cost."""
-
-    output: dict[str, Any]
-    requests: int
-    prompt_tokens_total: int
-    prompt_tokens_max: int
-    output_tokens: int
-    compacted: str | None = None
-    artifacts: dict[str, ArtifactRef] | None = None
-    quota_wait_s: float = 0.0
-    """Time the execution slept inside the stage for the fleet's quota or a 429 cooldown."""
 
 
 class Conductor:
@@ -122,15 +98,15 @@ class Conductor:
             record = run.stages.setdefault(stage, StageRecord())
             now = time.time()
             if run.status.is_terminal:
-                return StageStart("drop", run=run)
+                return StageStart(StartAction.DROP, run=run)
             if record.status == StageStatus.DONE:
-                return StageStart("advance", run=run)
+                return StageStart(StartAction.ADVANCE, run=run)
             if record.status == StageStatus.RUNNING and record.owner != owner:
                 if record.lease_until is not None and record.lease_until > now:
-                    return StageStart("busy", run=run)
+                    return StageStart(StartAction.BUSY, run=run)
                 record.interrupted += 1
             if record.interrupted >= max_interrupted:
-                return StageStart("exhausted", run=run)
+                return StageStart(StartAction.EXHAUSTED, run=run)
             record.attempts += 1
             record.status = StageStatus.RUNNING
             record.started_at, record.finished_at = now, None
@@ -139,56 +115,79 @@ class Conductor:
             record.owner, record.lease_until = owner, now + lease_s
             record.session_id = session_id(run_id, stage, record.attempts)
             run.status, run.current_stage = RunStatus.RUNNING, stage
-            return StageStart("run", attempt=record.attempts, run=run)
+            return StageStart(StartAction.RUN, attempt=record.attempts, run=run)
 
         start: StageStart = self.store.transact(run_id, mutate)
         assert start.run is not None
-        self._audit(start.run, stage, start.attempt, "stage_begin", action=start.action,
+        self._audit(start.run, stage, start.attempt, "stage_begin", action=start.action.value,
                     owner=owner)  # fmt: skip
         return start
 
-    def renew(self, run_id: str, stage: str, *, owner: str, lease_s: float) -> bool:
-        """Extend the owner's lease on a running stage. Returns True if the run was cancelled."""
+    def renew(self, run_id: str, stage: str, *, owner: str, lease_s: float) -> Hold:
+        """Extend the owner's lease on a running stage, if it still holds it; says where the
+        execution stands."""
 
-        def mutate(run: RunRecord, pipe: Any) -> bool:
-            record = run.stages.get(stage)
-            if record is not None and record.owner == owner and not run.status.is_terminal:
-                record.lease_until = time.time() + lease_s
-            return run.status == RunStatus.CANCELLED
+        def mutate(run: RunRecord, pipe: Any) -> Hold:
+            hold = _hold(run.status, run.stages.get(stage), owner)
+            if hold == Hold.HELD:
+                run.stages[stage].lease_until = time.time() + lease_s
+            return hold
 
-        cancelled: bool = self.store.transact(run_id, mutate)
-        return cancelled
+        hold: Hold = self.store.transact(run_id, mutate)
+        return hold
 
-    def complete(self, run_id: str, stage: str, result: StageResult) -> str | None:
-        """Record a stage's output and advance the run, in one transaction. Returns the stage
-        enqueued next, if any."""
+    def hold(self, run_id: str, stage: str, *, owner: str) -> Hold:
+        """Where an execution stands with its stage, read (not changed) in one round trip: the
+        check before a side effect (a push, say)."""
+        status, record = self.store.stage_state(run_id, stage)
+        return _hold(status, record, owner)
+
+    def complete(
+        self, run_id: str, stage: str, result: StageResult, *, owner: str | None = None
+    ) -> Completion:
+        """Record a stage's output and advance the run, in one transaction.
+
+        Nothing is recorded once the run is cancelled (the stage is marked stopped instead)
+        or, with `owner`, once another execution holds the stage: the check and the write are
+        the same transaction, so no output lands after a cancel, whatever the timing.
+        """
         payload = json.dumps(result.output, ensure_ascii=False, separators=(",", ":"))
 
-        def mutate(run: RunRecord, pipe: Any) -> tuple[Next, RunRecord] | None:
+        def mutate(run: RunRecord, pipe: Any) -> tuple[Completion, Next | None, RunRecord]:
             record = run.stages[stage]
             if record.status == StageStatus.DONE:
-                return None
+                return Completion.RECORDED, None, run  # recorded before: a redelivery
+            if owner is not None and record.owner != owner:
+                return Completion.LOST, None, run
+            if run.status == RunStatus.CANCELLED:
+                _stop(record, result.figures)
+                return Completion.CANCELLED, None, run
+            if run.status.is_terminal:
+                return Completion.LOST, None, run
             pipeline = load_pipeline(run.pipeline)
             pipe.hset(keys.outputs(run_id), pipeline.stage(stage).output_key, payload)
+            _record_figures(record, result.figures)
             record.status, record.finished_at = StageStatus.DONE, time.time()
             record.waiting_until, record.error = None, None
-            record.requests = result.requests
-            record.prompt_tokens_total = result.prompt_tokens_total
-            record.prompt_tokens_max = result.prompt_tokens_max
-            record.output_tokens = result.output_tokens
             record.output_chars = len(payload)
             record.compacted = result.compacted
-            record.artifacts = dict(result.artifacts or {})
-            record.quota_wait_s = round(record.quota_wait_s + result.quota_wait_s, 3)
             record.lease_until = None
-            return _decide(run, pipeline, stage, result.output), run
+            return Completion.RECORDED, _decide(run, pipeline, stage, result.output), run
 
-        recorded: tuple[Next, RunRecord] | None = self.store.transact(run_id, mutate)
-        if recorded is None:  # recorded before: a redelivery
-            return self.advance(run_id, stage)
-        decision, run = recorded
-        self._audit(run, stage, run.stages[stage].attempts, "stage_done", chars=len(payload))
-        return self._carry_out(run, decision)
+        done, decision, run = self.store.transact(run_id, mutate)
+        attempt = run.stages[stage].attempts
+        if done == Completion.CANCELLED:
+            self._audit(run, stage, attempt, "stage_stopped", owner=owner, output_dropped=True)
+            return done
+        if done == Completion.LOST:
+            logger.info("not recording %s of run %s: %s no longer holds it", stage, run_id, owner)
+            return done
+        if decision is None:  # recorded by an earlier delivery
+            self.advance(run_id, stage)
+            return done
+        self._audit(run, stage, attempt, "stage_done", chars=len(payload))
+        self._carry_out(run, decision)
+        return done
 
     def advance(self, run_id: str, completed: str) -> str | None:
         """Enqueue the stage after `completed`, or end the run. Safe to call more than once."""
@@ -200,7 +199,7 @@ class Conductor:
         )
         return self._carry_out(run, decision)
 
-    def wait(
+    def postpone(
         self,
         run_id: str,
         stage: str,
@@ -209,16 +208,20 @@ class Conductor:
         reason: str,
         rate_limited: bool = True,
         owner: str | None = None,
+        figures: StageFigures | None = None,
     ) -> StageRecord | None:
-        """Mark a stage as waiting until now + delay before its next attempt (a 429, or a
-        failure outside the stage when not `rate_limited`). None, and nothing changed, if the
-        run has ended (cancelled while the stage ran) or, with `owner`, if that execution no
-        longer holds the stage: the stage must then not be retried."""
+        """Put a stage back to wait until now + delay before its next attempt (a 429, or a
+        failure outside the stage when not `rate_limited`), recording what the ended attempt
+        cost. None, and nothing changed, if the run has ended (cancelled while the stage ran)
+        or, with `owner`, if that execution no longer holds the stage: the stage must then not
+        be retried."""
 
         def mutate(run: RunRecord, pipe: Any) -> RunRecord | None:
             record = run.stages[stage]
             if run.status.is_terminal or (owner is not None and record.owner != owner):
                 return None
+            if figures is not None:
+                _record_figures(record, figures)
             record.status = StageStatus.WAITING
             record.waiting_until = time.time() + delay_s
             if rate_limited:
@@ -240,9 +243,10 @@ class Conductor:
         self._audit(run, stage, record.attempts, "stage_waiting", delay_s=delay_s, reason=reason)
         return record
 
-    def waiting(self, run_id: str, stage: str, seconds: float, reason: str) -> None:
+    def show_wait(self, run_id: str, stage: str, seconds: float, reason: str) -> None:
         """A running stage is about to sleep inside its execution (quota, cooldown): show it
-        until when, while the stage stays running. Never fails the stage."""
+        until when, while the stage stays running (unlike `postpone`, which gives the stage
+        back to its queue). Never fails the stage."""
 
         def mutate(run: RunRecord, pipe: Any) -> None:
             record = run.stages[stage]
@@ -254,14 +258,25 @@ class Conductor:
         except Exception:
             logger.warning("could not show the wait of %s of run %s", stage, run_id, exc_info=True)
 
-    def fail(self, run_id: str, stage: str, error: str, *, owner: str | None = None) -> None:
-        """Fail a stage and end its run. With `owner`, only if that execution still holds the
-        stage (a lost execution that wakes up late changes nothing)."""
+    def fail(
+        self,
+        run_id: str,
+        stage: str,
+        error: str,
+        *,
+        owner: str | None = None,
+        figures: StageFigures | None = None,
+    ) -> None:
+        """Fail a stage and end its run, keeping what the failed execution cost and left behind
+        (`figures`: its model calls, tokens, test logs, diff). With `owner`, only if that
+        execution still holds the stage (a lost execution that wakes up late changes nothing)."""
 
         def mutate(run: RunRecord, pipe: Any) -> RunRecord | None:
             record = run.stages.setdefault(stage, StageRecord())
             if run.status.is_terminal or (owner is not None and record.owner != owner):
                 return None
+            if figures is not None:
+                _record_figures(record, figures)
             record.status, record.finished_at, record.error = StageStatus.FAILED, time.time(), error
             record.lease_until = None
             run.status, run.reason, run.current_stage = RunStatus.FAILED, f"{stage}: {error}", None
@@ -294,14 +309,16 @@ class Conductor:
         self.store.retire(run)
         return True
 
-    def stopped(self, run_id: str, stage: str, *, owner: str) -> None:
-        """The owner stopped a running stage because its run was cancelled."""
+    def stopped(
+        self, run_id: str, stage: str, *, owner: str, figures: StageFigures | None = None
+    ) -> None:
+        """The owner stopped a running stage because its run was cancelled; what it cost and
+        left behind is kept."""
 
         def mutate(run: RunRecord, pipe: Any) -> RunRecord:
             record = run.stages[stage]
             if record.owner == owner and record.status == StageStatus.RUNNING:
-                record.status, record.finished_at = StageStatus.CANCELLED, time.time()
-                record.error, record.lease_until = "stopped: the run was cancelled", None
+                _stop(record, figures)
             return run
 
         run: RunRecord = self.store.transact(run_id, mutate)
@@ -376,7 +393,38 @@ def _resume_point(run: RunRecord, names: list[str]) -> str:
     for name in names:
         if run.stages[name].status not in (StageStatus.DONE, StageStatus.SKIPPED):
             return name
-    raise RunStateError(f"run {run.id} has nothing left to run; name a stage to resume from")
+    raise RunStateError(
+        f"run {run.id} has nothing left to run: every stage ended {run.status.value} "
+        f"({', '.join(names)}); to run stages again, name the first with --from STAGE "
+        "(`from_stage=` from Python)"
+    )
+
+
+def _hold(status: RunStatus, record: StageRecord | None, owner: str) -> Hold:
+    """Where `owner` stands with a stage of a run in `status`."""
+    if status == RunStatus.CANCELLED:
+        return Hold.CANCELLED
+    if status.is_terminal or record is None or record.owner != owner:
+        return Hold.LOST
+    return Hold.HELD
+
+
+def _record_figures(record: StageRecord, figures: StageFigures) -> None:
+    """What an execution cost and left behind, on its stage's record (an attempt's own)."""
+    record.requests = figures.requests
+    record.prompt_tokens_total = figures.prompt_tokens_total
+    record.prompt_tokens_max = figures.prompt_tokens_max
+    record.output_tokens = figures.output_tokens
+    record.artifacts = dict(figures.artifacts)
+    record.quota_wait_s = round(record.quota_wait_s + figures.quota_wait_s, 3)
+
+
+def _stop(record: StageRecord, figures: StageFigures | None) -> None:
+    """Mark a running stage stopped because its run was cancelled."""
+    if figures is not None:
+        _record_figures(record, figures)
+    record.status, record.finished_at = StageStatus.CANCELLED, time.time()
+    record.error, record.lease_until = "stopped: the run was cancelled", None
 
 
 def _fresh(record: StageRecord | None) -> StageRecord:

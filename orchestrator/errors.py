@@ -1,4 +1,4 @@
-"""Errors raised by the orchestrator.
+"""Errors raised by the orchestrator, and the root of every error Baton raises on purpose.
 
     BatonError
     ├── ConfigError          (ValueError)
@@ -9,15 +9,26 @@
     ├── RunNotFoundError     (KeyError)
     └── RunStateError        (ValueError)
 
-Every class passes all of its arguments to ``super().__init__`` so that it survives pickling
-(Celery moves exceptions between processes).
+`BatonError` holds the message formatting every subclass shares: the first argument is the
+message a person reads, the rest are details the subclass keeps. All of them reach
+``Exception.__init__``, so that every subclass survives pickling (Celery moves exceptions
+between processes); a test pickles every subclass it can find.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class BatonError(Exception):
-    """Root of every error Baton raises on purpose."""
+    """Root of every error Baton raises on purpose. `str()` is its message."""
+
+    def __init__(self, message: str, *details: Any) -> None:
+        super().__init__(message, *details)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
 
 
 class ConfigError(BatonError, ValueError):
@@ -29,7 +40,6 @@ class IntakeError(BatonError, ValueError):
 
     def __init__(self, message: str, field: str | None = None) -> None:
         super().__init__(message, field)
-        self.message = message
         self.field = field
 
     def __str__(self) -> str:
@@ -52,11 +62,9 @@ class RunNotFoundError(BatonError, KeyError):
     """Raised when a run id names no run in the store."""
 
     def __init__(self, run_id: str) -> None:
-        super().__init__(run_id)
+        super().__init__(f"no run with id {run_id!r}")
+        self.args = (run_id,)  # what __init__ takes, for pickling
         self.run_id = run_id
-
-    def __str__(self) -> str:
-        return f"no run with id {self.run_id!r}"
 
 
 class RunStateError(BatonError, ValueError):

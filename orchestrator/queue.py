@@ -25,7 +25,7 @@ def stage_task_id(run_id: str, stage: str) -> str:
     return f"{run_id}.{stage}"
 
 
-def celery_config(redis_url: str, queue: QueueConfig) -> dict[str, Any]:
+def celery_config(redis_url: str | None, queue: QueueConfig) -> dict[str, Any]:
     """Settings that keep stages from being lost or run twice (shared/notes/celery-flower.md)."""
     transport = {"visibility_timeout": queue.visibility_timeout_s}
     return {
@@ -85,8 +85,9 @@ class ShadowNamedAMQP(AMQP):
         return message
 
 
-def celery_app(name: str, redis_url: str, queue: QueueConfig, **kwargs: Any) -> Celery:
-    """A Celery app configured for Baton, on the sending side or a worker's."""
+def celery_app(name: str, redis_url: str | None, queue: QueueConfig, **kwargs: Any) -> Celery:
+    """A Celery app configured for Baton, on the sending side or a worker's (no broker yet
+    without `redis_url`)."""
     app = Celery(name, amqp=ShadowNamedAMQP, **kwargs)
     app.conf.update(celery_config(redis_url, queue))
     return app

@@ -2,13 +2,50 @@
 
 Each is the compact, typed summary a stage hands to later stages. Big things (diffs, logs)
 never go here; they are artifacts, recorded beside the stage output.
+
+Some fields are not the model's to fill: Baton measures them itself (the tests before and
+after a change, the branch and commit it published) and puts them in place of whatever the
+model said. A schema declares such a field with `Measured(<Fact>)` in its annotation; the stage
+runner fills every declared field from what it measured (`measured_fields`).
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+
+class Fact(StrEnum):
+    """What Baton can measure about a stage's work itself."""
+
+    TESTS_BEFORE = "tests_before"
+    """The verification command on the code before the stage's change (a `TestRun`)."""
+    TESTS_AFTER = "tests_after"
+    """The verification command after the change (a `TestRun`)."""
+    PUBLISHED_BRANCH = "published_branch"
+    """The branch the change was pushed to."""
+    PUBLISHED_COMMIT = "published_commit"
+    """The commit that holds the change on that branch."""
+
+
+@dataclass(frozen=True)
+class Measured:
+    """Marks an output field as measured by Baton: `Annotated[str, Measured(Fact.X)]`."""
+
+    fact: Fact
+
+
+def measured_fields(schema: type[BaseModel]) -> dict[Fact, str]:
+    """The schema's measured fields: which field holds each fact it declares."""
+    found: dict[Fact, str] = {}
+    for name, info in schema.model_fields.items():
+        for mark in info.metadata:
+            if isinstance(mark, Measured):
+                found[mark.fact] = name
+    return found
 
 
 class _Output(BaseModel):
@@ -69,10 +106,10 @@ class Fix(_Output):
     files_changed: list[str] = Field(min_length=1)
     test_command: str
     tests_passed: bool
-    tests_before: TestRun | None = Field(
+    tests_before: Annotated[TestRun | None, Measured(Fact.TESTS_BEFORE)] = Field(
         None, description="Filled in by Baton: the test command on the unchanged code."
     )
-    tests_after: TestRun | None = Field(
+    tests_after: Annotated[TestRun | None, Measured(Fact.TESTS_AFTER)] = Field(
         None, description="Filled in by Baton: the test command after the change."
     )
 
@@ -80,8 +117,8 @@ class Fix(_Output):
 class PullRequest(_Output):
     """The published change."""
 
-    branch: str
-    commit: str
+    branch: Annotated[str, Measured(Fact.PUBLISHED_BRANCH)]
+    commit: Annotated[str, Measured(Fact.PUBLISHED_COMMIT)]
     title: str
     body: str
 

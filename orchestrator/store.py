@@ -89,6 +89,13 @@ class RunStore:
             for run_id, fields in zip(chunk, found, strict=True):
                 yield run_id, _parse_run(run_id, fields) if fields else None
 
+    def stage_state(self, run_id: str, stage: str) -> tuple[RunStatus, StageRecord | None]:
+        """The run's status and one stage's record, in one round trip (no transaction)."""
+        status, raw = self.redis.hmget(keys.run(run_id), ["status", keys.stage_field(stage)])
+        if status is None:
+            raise RunNotFoundError(run_id)
+        return RunStatus(status), StageRecord.model_validate_json(raw) if raw else None
+
     def exists(self, run_id: str) -> bool:
         return bool(self.redis.exists(keys.run(run_id)))
 

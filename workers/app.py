@@ -20,10 +20,12 @@ from celery.signals import celeryd_init, worker_process_shutdown, worker_ready, 
 
 import sandbox
 from orchestrator.conductor import Conductor
+from orchestrator.errors import ConfigError
 from orchestrator.queue import Dispatcher, celery_app
 from orchestrator.reconciler import Reconciler
 from orchestrator.store import RunStore
 from workers import metrics
+from workers.gemini import missing_key_message
 from workers.settings import WorkerSettings
 
 logger = logging.getLogger(__name__)
@@ -33,9 +35,19 @@ _reap_failed = False
 
 
 def create_app(settings: WorkerSettings) -> Celery:
-    return celery_app(
-        "baton", settings.require_redis_url(), settings.queue, include=["workers.tasks"]
-    )
+    """The worker's Celery app. It can be made (and this module imported) without
+    `BATON_REDIS_URL`; a worker refuses to start without it (`_require_redis`)."""
+    return celery_app("baton", settings.redis_url, settings.queue, include=["workers.tasks"])
+
+
+@celeryd_init.connect
+def _require_redis(**_: Any) -> None:
+    """A worker without a broker stops at once, saying why (SystemExit: Celery's signal
+    dispatch would only log an ordinary exception)."""
+    try:
+        settings.require_redis_url()
+    except ConfigError as exc:
+        raise SystemExit(f"baton worker: {exc}") from None
 
 
 @celeryd_init.connect
@@ -54,6 +66,16 @@ def _serve_metrics(**_: Any) -> None:
 @worker_process_shutdown.connect
 def _process_exited(pid: int, **_: Any) -> None:
     metrics.process_exited(pid)
+
+
+@worker_ready.connect
+def _say_what_is_missing(**_: Any) -> None:
+    """Said once, when the worker starts, rather than in the reason of every run it fails."""
+    if settings.google_api_key is None:
+        logger.error(
+            "%s; every stage will fail until it is set",
+            missing_key_message(settings.model_section()),
+        )
 
 
 @worker_ready.connect

@@ -9,9 +9,11 @@ from collections.abc import Sequence
 
 import click
 
+from orchestrator.errors import ConfigError
 from orchestrator.pipeline import load_pipeline
 from orchestrator.queue import check_time_limits
 from orchestrator.settings import Settings
+from workers.gemini import missing_key_message
 
 APP = "workers.app"
 """The Celery app a worker process loads."""
@@ -41,6 +43,8 @@ def worker(stages: str, pipeline: str, concurrency: int, loglevel: str) -> None:
     )
     settings = Settings()
     settings.require_redis_url()
+    if settings.google_api_key is None:
+        raise ConfigError(missing_key_message(settings.model_section()))
     check_time_limits(spec, settings.queue, settings.retry)
     label = "-".join(names) if stages != "all" else "all"
     argv = worker_argv(

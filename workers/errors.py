@@ -1,97 +1,167 @@
-"""Errors raised while executing a stage.
+"""Errors that end an execution of a stage, each with its own handling.
 
     BatonError (orchestrator.errors)
-    ├── RateLimitedError         (RuntimeError)  retryable: the task goes back on its queue
-    │   └── QuotaWaitError                       the fleet's quota would keep a call waiting long
-    ├── InfrastructureError      (RuntimeError)  retryable a few times: Docker or the like failed
-    ├── StageCancelledError      (RuntimeError)  the run was cancelled; the stage stopped
-    └── StageError               (RuntimeError)  the stage fails and the run ends
-        ├── ModelRejectedError                   400/401/403: retrying will not help
-        ├── ModelUnavailableError                5xx, timeouts, dropped connections, after backoff
-        ├── ModelCallLimitError                  the stage's model-call budget ran out
-        ├── PublishError                         the fix could not be pushed or its PR opened
-        └── StageOutputError     (ValueError)    the output failed its schema after one repair turn
+    └── ExecutionError          (RuntimeError)
+        ├── RateLimitedError                      a 429: back on the queue after `delay_s`
+        │   └── QuotaWaitError                    the fleet's quota would keep a call waiting
+        ├── InfrastructureError                   Docker (or the like) failed mid-stage
+        ├── StageCancelledError                   the run was cancelled; the stage stopped
+        ├── LeaseLostError                        another execution holds the stage now
+        └── StageError                            the stage fails and the run ends
+            ├── ModelRejectedError                400/401/403: retrying will not help
+            ├── ModelUnavailableError             5xx, timeouts, dropped connections
+            ├── ModelCallLimitError               the model-call budget ran out
+            ├── StageOutputError  (ValueError)    the output failed its schema
+            ├── TestsFailedError                  the tests still fail after the change
+            ├── PublishError                      the fix could not be pushed
+            ├── StageTimeLimitError (TimeoutError) the soft time limit passed
+            ├── InterruptedTooOftenError          its workers were lost too often
+            └── InternalError                     anything Baton did not expect
 
-Every class passes all of its arguments to ``super().__init__`` so that it pickles.
+Each class says how the stage task handles it (`retry`, a `Retry`) and why a metric counts it
+(`reason`, a `Reason`); the task, the model client and the metrics read both from the error
+instead of classifying it each in its own way. Anything else that ends an execution is turned
+into one of these once, where it is caught (`workers.tasks`, `workers.gemini.model_error`).
 """
 
 from __future__ import annotations
 
+from enum import StrEnum
+from typing import ClassVar, Literal, get_args
+
 from orchestrator.errors import BatonError
 
+Reason = Literal[
+    "rate_limited", "infrastructure", "cancelled", "lost", "stage_error", "model_rejected",
+    "model_unavailable", "model_call_limit", "output_invalid", "tests_failed", "publish_failed",
+    "time_limit", "internal",
+]  # fmt: skip
+"""Why an execution ended without its output: the `reason` label of
+`baton_stage_failures_total`."""
+FAILURE_REASONS: tuple[Reason, ...] = get_args(Reason)
 
-class RateLimitedError(BatonError, RuntimeError):
+
+class Retry(StrEnum):
+    """What the stage task does when an execution ends with an error."""
+
+    NONE = "none"
+    """Nothing: the stage fails and the run ends, the message its reason (or, for a
+    cancellation, the stage is recorded as stopped)."""
+    RATE_LIMITED = "rate_limited"
+    """Back on its queue after the error's `delay_s` (else a backoff), within the stage's
+    rate-limit budget; the stage shows `waiting` meanwhile."""
+    INFRASTRUCTURE = "infrastructure"
+    """Back on its queue after a short backoff, a bounded number of times."""
+    LOST = "lost"
+    """Nothing is recorded: another execution holds the stage now and decides."""
+
+
+class ExecutionError(BatonError, RuntimeError):
+    """Raised when an execution of a stage ends without its output; see the module docstring
+    for what each subclass means and how it is handled."""
+
+    retry: ClassVar[Retry] = Retry.NONE
+    reason: ClassVar[Reason] = "stage_error"
+
+
+class RateLimitedError(ExecutionError):
     """Raised when the model API answers 429; `delay_s` is the server's `retryDelay`, if any."""
+
+    retry = Retry.RATE_LIMITED
+    reason = "rate_limited"
 
     def __init__(self, message: str, delay_s: float | None = None) -> None:
         super().__init__(message, delay_s)
-        self.message = message
         self.delay_s = delay_s
-
-    def __str__(self) -> str:
-        return self.message
 
 
 class QuotaWaitError(RateLimitedError):
     """Raised when the fleet's quota or a 429 cooldown would keep a model call waiting longer
-    than a stage may sleep; `delay_s` is that wait, and the stage goes back on its queue with
-    that countdown (a `RateLimitedError`, so the Celery task already does this)."""
+    than a stage may sleep; `delay_s` is that wait, the countdown of the stage's retry."""
 
 
-class InfrastructureError(BatonError, RuntimeError):
+class InfrastructureError(ExecutionError):
     """Raised when something outside the stage failed mid-stage (the Docker daemon, say); the
     stage is tried again from the start, a bounded number of times."""
 
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
-
-    def __str__(self) -> str:
-        return self.message
+    retry = Retry.INFRASTRUCTURE
+    reason = "infrastructure"
 
 
-class StageCancelledError(BatonError, RuntimeError):
-    """Raised at a stage's next safe point (a model or tool call) once its run is cancelled."""
+class StageCancelledError(ExecutionError):
+    """Raised at a stage's next safe point (a model or tool call, a side effect) once its run
+    is cancelled."""
+
+    reason = "cancelled"
 
     def __init__(self, message: str = "the run was cancelled") -> None:
         super().__init__(message)
-        self.message = message
-
-    def __str__(self) -> str:
-        return self.message
 
 
-class StageError(BatonError, RuntimeError):
+class LeaseLostError(ExecutionError):
+    """Raised at a safe point when this execution no longer holds its stage (its lease lapsed
+    and another execution took the stage over)."""
+
+    retry = Retry.LOST
+    reason = "lost"
+
+
+class StageError(ExecutionError):
     """Raised when a stage cannot produce its output; its message becomes the run's reason."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
-
-    def __str__(self) -> str:
-        return self.message
 
 
 class ModelRejectedError(StageError):
     """Raised when the model API refuses a request (400, 401, 403): retrying will not help."""
 
+    reason = "model_rejected"
+
 
 class ModelUnavailableError(StageError):
-    """Raised when 5xx errors, timeouts or dropped connections outlast the bounded backoff."""
+    """Raised when 5xx answers, timeouts or dropped connections outlast the bounded backoff of
+    one model call (the model client retries what would become this error inside the call)."""
+
+    reason = "model_unavailable"
 
 
 class ModelCallLimitError(StageError):
     """Raised when a stage reaches its budget of model calls."""
 
+    reason = "model_call_limit"
+
 
 class StageOutputError(StageError, ValueError):
     """Raised when a stage's output does not match its schema after one repair turn."""
+
+    reason = "output_invalid"
 
 
 class TestsFailedError(StageError):
     """Raised when a fix's tests still fail after the change, so it is not handed on."""
 
+    __test__ = False  # not a pytest test class
+    reason = "tests_failed"
+
 
 class PublishError(StageError):
     """Raised when a fix cannot be published: the diff is empty or does not apply, the push or
     the pull request is refused. The message names the repository, the branch and the step."""
+
+    reason = "publish_failed"
+
+
+class StageTimeLimitError(StageError, TimeoutError):
+    """Raised when a stage runs past its soft time limit."""
+
+    reason = "time_limit"
+
+
+class InterruptedTooOftenError(StageError):
+    """Raised when the executions of a stage were lost (their workers died) too often."""
+
+    reason = "lost"
+
+
+class InternalError(StageError):
+    """Raised in place of an exception Baton did not expect; the message names its type."""
+
+    reason = "internal"

@@ -10,8 +10,9 @@ Instead:
   sends it again, a few times at most; otherwise → `RateLimitedError(delay_s)`, and the Celery
   task puts the stage back on its queue with a countdown of that delay
   (shared/notes/adk-genai.md §5).
-* 5xx, timeouts and dropped connections → retried here with tenacity (exponential backoff with
-  jitter, bounded), but only before the first chunk of a reply arrived.
+* 5xx, timeouts and dropped connections (what `model_error` calls `ModelUnavailableError`) →
+  retried here with tenacity (exponential backoff with jitter, bounded), but only before the
+  first chunk of a reply arrived.
 * 400/401/403/404 → `ModelRejectedError`, at once.
 """
 
@@ -42,7 +43,12 @@ from orchestrator.models import StageRecord
 from orchestrator.settings import ModelConfig, RetryConfig
 from workers import metrics
 from workers.budget import request_tokens
-from workers.errors import ModelRejectedError, ModelUnavailableError, RateLimitedError
+from workers.errors import (
+    ExecutionError,
+    ModelRejectedError,
+    ModelUnavailableError,
+    RateLimitedError,
+)
 from workers.governor import JITTER_S, REASONS, Governor, Permit, WaitCallback
 
 logger = logging.getLogger(__name__)
@@ -106,7 +112,7 @@ class BatonGemini(Gemini):
         started = False
 
         def retryable(exc: BaseException) -> bool:
-            return not started and is_transient(exc)
+            return not started and isinstance(model_error(exc), ModelUnavailableError)
 
         retrying = AsyncRetrying(
             stop=stop_after_attempt(self.transient_attempts),
@@ -208,13 +214,13 @@ def build_model(
     governor: Governor | None = None,
     on_wait: WaitCallback | None = None,
     stage: str = "",
+    http_client: httpx.AsyncClient | None = None,
 ) -> BatonGemini:
     """A Gemini model on the real google-genai client, with the client's own retries off;
-    its calls wait for `governor`'s quota when one is given."""
+    its calls wait for `governor`'s quota when one is given. `http_client` replaces the
+    HTTP client google-genai would make (one with another transport, say)."""
     if cfg.api_key is None:
-        raise ModelRejectedError(
-            "no Gemini API key: set GOOGLE_API_KEY (or BATON_GEMINI_BASE_URL to a fake server)"
-        )
+        raise ModelRejectedError(missing_key_message(cfg))
     tls = tls_context()
     http_options: dict[str, Any] = {
         "timeout": int(cfg.timeout_s * 1000),
@@ -222,6 +228,8 @@ def build_model(
         "client_args": {"verify": tls},
         "async_client_args": {"verify": tls, "ssl": tls},
     }
+    if http_client is not None:
+        http_options["httpx_async_client"] = http_client
     return BatonGemini(
         model=cfg.name,
         base_url=cfg.base_url,
@@ -257,29 +265,47 @@ async def close_model(model: Gemini) -> None:
     await model.api_client.aio.aclose()
 
 
-def is_transient(exc: BaseException) -> bool:
-    """5xx, 408, timeouts and dropped connections."""
-    if isinstance(exc, genai_errors.APIError):
-        return exc.code >= 500 or exc.code == 408
-    return isinstance(exc, _TRANSIENT_HTTP)
+def missing_key_message(cfg: ModelConfig) -> str:
+    """What to do when no API key is configured; the same words at a worker's start and in a
+    run's reason."""
+    if cfg.base_url:
+        return (
+            f"no Gemini API key: set GOOGLE_API_KEY (BATON_GEMINI_BASE_URL is {cfg.base_url}; "
+            "a fake server takes any non-empty key)"
+        )
+    return "no Gemini API key: set GOOGLE_API_KEY"
 
 
-def classify(exc: BaseException) -> Exception | None:
-    """Map a model-call failure to Baton's errors; None if it is not a model-call failure."""
+def model_error(exc: BaseException) -> ExecutionError | None:
+    """A model call's failure as Baton's error, which says how it is handled (a 429 goes back
+    on the queue, a 5xx or a dropped connection is transient, a 400 is final); None if `exc`
+    is not a model call's failure."""
     if isinstance(exc, genai_errors.APIError):
         if exc.code == 429:
             status = exc.status or "RESOURCE_EXHAUSTED"
             message = f"model rate limit (429 {status}): {_short(exc.message)}"
             return RateLimitedError(message, retry_delay_s(exc))
-        if is_transient(exc):
+        if exc.code >= 500 or exc.code == 408:
             return ModelUnavailableError(f"model unavailable after retries: {_describe(exc)}")
         return ModelRejectedError(
             f"the model API refused the request ({_describe(exc)}); check GOOGLE_API_KEY, "
             "BATON_MODEL and the request"
         )
     if isinstance(exc, _TRANSIENT_HTTP):
-        return ModelUnavailableError(f"model unreachable after retries: {_describe(exc)}")
+        return ModelUnavailableError(
+            f"model unreachable at {_host_of(exc)} after retries: {_describe(exc)}"
+        )
     return None
+
+
+def _host_of(exc: BaseException) -> str:
+    """The host a failed HTTP request went to, from httpx's request when it kept one."""
+    try:
+        request = exc.request  # type: ignore[attr-defined]
+    except (AttributeError, RuntimeError):  # httpx raises RuntimeError when it has none
+        return "the model API"
+    url = getattr(request, "url", None)
+    return f"{url.scheme}://{url.netloc.decode()}" if url is not None else "the model API"
 
 
 def retry_delay_s(exc: genai_errors.APIError) -> float | None:

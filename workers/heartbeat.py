@@ -1,4 +1,10 @@
-"""A running stage's heartbeat: renews its lease and notices when its run is cancelled."""
+"""A running stage's heartbeat: renews its lease and notices when the stage must stop (its run
+was cancelled, or another execution took the stage over).
+
+It renews every third of the lease, so it notices late by design; what must never happen after
+a cancel (a push, a recorded output) is fenced where it happens (`workers.execution`), not here.
+The heartbeat's job is to interrupt a stage that is blocked (in a model call, in a command in
+its sandbox) and to remove its sandbox."""
 
 from __future__ import annotations
 
@@ -10,6 +16,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from orchestrator.conductor import Conductor
+from orchestrator.execution import Hold
 
 logger = logging.getLogger(__name__)
 
@@ -19,8 +26,9 @@ T = TypeVar("T")
 class Heartbeat:
     """Renews the owner's lease every third of `lease_s` from a thread, for a `with` block.
 
-    When the run is found cancelled, `cancelled` is set and `on_cancel` runs once (it stops
-    whatever the stage is blocked in, such as its sandbox).
+    When the execution no longer holds its stage (`hold` is `CANCELLED` or `LOST`), `stopped`
+    is set and `on_stop` runs once (it stops whatever the stage is blocked in, such as its
+    sandbox).
     """
 
     def __init__(
@@ -31,15 +39,16 @@ class Heartbeat:
         *,
         owner: str,
         lease_s: float,
-        on_cancel: Callable[[], None],
+        on_stop: Callable[[], None],
     ) -> None:
         self._conductor = conductor
         self._run_id, self._stage, self._owner = run_id, stage, owner
         self._lease_s = lease_s
-        self._on_cancel = on_cancel
+        self._on_stop = on_stop
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.cancelled = threading.Event()
+        self.stopped = threading.Event()
+        self.hold = Hold.HELD
 
     def __enter__(self) -> Heartbeat:
         self._thread = threading.Thread(target=self._beat, name="baton-heartbeat", daemon=True)
@@ -59,16 +68,18 @@ class Heartbeat:
     def _beat(self) -> None:
         while not self._stop.wait(self._lease_s / 3):
             try:
-                cancelled = self._conductor.renew(
+                hold = self._conductor.renew(
                     self._run_id, self._stage, owner=self._owner, lease_s=self._lease_s
                 )
             except Exception:
                 logger.warning("could not renew the lease of %s", self._owner, exc_info=True)
                 continue
-            if cancelled and not self.cancelled.is_set():
-                logger.info("run %s was cancelled; stopping %s", self._run_id, self._stage)
-                self.cancelled.set()
-                self._on_cancel()
+            if hold != Hold.HELD and not self.stopped.is_set():
+                logger.info("stage %s of run %s: %s; stopping", self._stage, self._run_id, hold)
+                self.hold = hold
+                self.stopped.set()
+                self._on_stop()
+                return
 
 
 class Interruptible:

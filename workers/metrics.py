@@ -13,10 +13,11 @@ prometheus_client choose again; and this module imports prometheus_client only w
 is first used.
 
     baton_stage_duration_seconds{pipeline,stage,outcome}  histogram  one execution of a stage;
-                                          outcome: done, failed, retried, cancelled
+                                          outcome: done, failed, retried,
+                                          cancelled, lost
     baton_stages_in_progress{stage}       gauge (livesum)  executions running now (absent
                                           once every process that ran one has exited)
-    baton_stage_failures_total{stage,reason}   counter   reasons: `FAILURE_REASONS`
+    baton_stage_failures_total{stage,reason}   counter   reasons: `workers.errors.Reason`
     baton_model_calls_total{stage,model}       counter   requests sent to the model API
     baton_model_tokens_total{stage,model,kind} counter   kind: prompt or output, as replied
     baton_model_rate_limited_total{model}      counter   429 answers
@@ -39,25 +40,13 @@ from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, TypeVar, get_args
+from typing import TYPE_CHECKING, Literal, TypeVar
 from wsgiref.simple_server import WSGIServer
 
-from celery.exceptions import Retry, SoftTimeLimitExceeded
+from celery.exceptions import Retry
 
-import sandbox
 from orchestrator.errors import ConfigError
-from workers.errors import (
-    InfrastructureError,
-    ModelCallLimitError,
-    ModelRejectedError,
-    ModelUnavailableError,
-    PublishError,
-    RateLimitedError,
-    StageCancelledError,
-    StageError,
-    StageOutputError,
-    TestsFailedError,
-)
+from workers.errors import ExecutionError, Reason
 
 if TYPE_CHECKING:
     from prometheus_client import Counter, Gauge, Histogram
@@ -68,49 +57,15 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
-Outcome = Literal["done", "failed", "retried", "cancelled"]
-Reason = Literal[
-    "model_rejected", "model_unavailable", "model_call_limit", "output_invalid", "tests_failed",
-    "publish_failed", "rate_limited", "sandbox", "time_limit", "cancelled", "lost",
-    "stage_error", "internal",
-]  # fmt: skip
-FAILURE_REASONS: tuple[Reason, ...] = get_args(Reason)
-"""Why a stage did not finish; `failure_reason` maps an exception to one."""
+Outcome = Literal["done", "failed", "retried", "cancelled", "lost"]
 DURATION_BUCKETS_S = (1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600, 1200, 1800, 3600)
 LIFETIME_BUCKETS_S = (0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600, 1800)
 
 
 def failure_reason(exc: BaseException) -> Reason:
-    """Why a stage failed, from the exception that ended it. (`lost`, a stage whose worker was
-    lost too often, has no exception: the task records it as such.)"""
-    by_class: list[tuple[type[BaseException], Reason]] = [
-        (StageCancelledError, "cancelled"),
-        (RateLimitedError, "rate_limited"),
-        (ModelRejectedError, "model_rejected"),
-        (ModelUnavailableError, "model_unavailable"),
-        (ModelCallLimitError, "model_call_limit"),
-        (StageOutputError, "output_invalid"),
-        (PublishError, "publish_failed"),
-        (SoftTimeLimitExceeded, "time_limit"),
-        (TestsFailedError, "tests_failed"),
-    ]
-    for cls, reason in by_class:
-        if isinstance(exc, cls):
-            return reason
-    if _caused_by(exc, sandbox.SandboxError) or isinstance(exc, InfrastructureError):
-        return "sandbox"
-    if isinstance(exc, StageError):
-        return "stage_error"
-    return "internal"
-
-
-def _caused_by(exc: BaseException, cls: type[BaseException]) -> bool:
-    cause = exc.__cause__
-    while cause is not None:
-        if isinstance(cause, cls):
-            return True
-        cause = cause.__cause__
-    return False
+    """Why a stage did not finish: the error's own reason (`workers.errors`); `internal` for
+    anything that is not an `ExecutionError`."""
+    return exc.reason if isinstance(exc, ExecutionError) else "internal"
 
 
 # What the code records (one-liners at the places where things happen).

@@ -7,8 +7,12 @@ none, only the exit code is known and the counts are left empty.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
+from typing import Any
 
-from orchestrator.schemas import TestRun
+from pydantic import BaseModel
+
+from orchestrator.schemas import Fact, TestRun, measured_fields
 from workers.errors import StageError
 from workers.tools.code import TEST_ENV, split_command
 from workers.tools.errors import ToolError
@@ -79,14 +83,16 @@ def run_tests(workspace: Workspace, command: str, *, timeout_s: float) -> tuple[
     return test_run(command, result), log
 
 
-def evidence(verified: dict[str, object] | None) -> str:
-    """The test results a pull request carries, from the verified stage's output."""
-    if not verified or not verified.get("tests_after"):
+def evidence(schema: type[BaseModel], verified: Mapping[str, Any] | None) -> str:
+    """The test results a pull request carries, from the output of the stage that verified
+    (its `schema` says which fields hold the measured tests)."""
+    fields = measured_fields(schema)
+    if not verified or not verified.get(fields.get(Fact.TESTS_AFTER, "")):
         return ""
-    after = TestRun.model_validate(verified["tests_after"])
+    after = TestRun.model_validate(verified[fields[Fact.TESTS_AFTER]])
     lines = [f"Verified by Baton in a sandbox with `{after.command}`:"]
-    if verified.get("tests_before"):
-        before = TestRun.model_validate(verified["tests_before"])
-        lines.append(f"- before the change: {describe(before)}")
+    before = verified.get(fields.get(Fact.TESTS_BEFORE, ""))
+    if before:
+        lines.append(f"- before the change: {describe(TestRun.model_validate(before))}")
     lines.append(f"- after the change: {describe(after)}")
     return "\n".join(lines)

@@ -1,110 +1,88 @@
-"""Where a code stage works: a fresh sandbox holding the run's pinned commit, with the changes
-of the stages before it applied. What the stage changes leaves as the `workspace.diff`
-artifact, which carries its work to the stages after it."""
+"""Where a code stage works: a workspace holding the run's pinned commit, from a factory.
+
+`execute_stage` asks a `Sandboxes` factory for a workspace and never knows what is behind it.
+Baton's factory is `DockerSandboxes`: a fresh, hardened Docker sandbox per execution, the
+commit's tree copied in from the host's mirror of the repository. Tests use an in-process one
+(`testkit.sandboxes.LocalSandboxes`) through the same protocol.
+"""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass, field
+from typing import Protocol
 
 import sandbox
-from orchestrator.conductor import branch_label, session_id
-from orchestrator.models import ArtifactRef, RunRecord
-from orchestrator.pipeline import Pipeline, StageSpec
-from orchestrator.store import RunStore
 from workers import metrics
-from workers.errors import StageError
 from workers.mirrors import RepoCache
-from workers.tools.code import DIFF_ARTIFACT
 from workers.tools.container import ContainerWorkspace
-from workers.tools.errors import ToolError
+from workers.tools.workspace import Workspace
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class StageJob:
-    """Everything one execution of one stage needs."""
+class WorkspaceRequest:
+    """What one execution's workspace must hold and how it is contained."""
 
-    run: RunRecord
-    pipeline: Pipeline
-    spec: StageSpec
-    attempt: int
-    owner: str = ""
-    """The execution holding the stage (`<host>:<pid>:<task id>`)."""
-
-    @property
-    def labels(self) -> dict[str, str]:
-        return {
-            "branch": branch_label(self.run.pipeline, self.spec.name),
-            "session": session_id(self.run.id, self.spec.name, self.attempt),
-            "stage": self.spec.name,
-        }
+    repo: str
+    commit: str
+    stage: str
+    """The stage it is for (metrics, logs)."""
+    labels: Mapping[str, str] = field(default_factory=dict)
+    """Labels that find the workspace again (`baton.run`, `baton.stage`, `baton.attempt`)."""
+    network: str | None = None
+    """A named network the workspace may reach; None: no network at all."""
 
 
-class StoreArtifacts:
-    """The artifact sink of one stage: artifacts land in the run store under `<stage>/`."""
+class Sandboxes(Protocol):
+    """Opens a workspace at a commit for one execution and removes it afterwards."""
 
-    def __init__(self, store: RunStore, run_id: str, stage: str) -> None:
-        self._store, self._run_id, self._stage = store, run_id, stage
-        self.saved: dict[str, ArtifactRef] = {}
+    def open(self, request: WorkspaceRequest) -> AbstractContextManager[Workspace]:
+        """A workspace holding `request.commit` of `request.repo`, with `git diff` showing what
+        changed since; gone when the block ends.
 
-    def save(self, name: str, data: bytes, media_type: str = "text/plain") -> str:
-        ref = self._store.put_artifact(self._run_id, f"{self._stage}/{name}", data, media_type)
-        self.saved[name] = ref
-        return ref.uri
-
-
-@contextmanager
-def open_workspace(
-    job: StageJob, *, store: RunStore, repos: RepoCache, config: sandbox.SandboxConfig
-) -> Iterator[ContainerWorkspace]:
-    """A sandbox for this execution: the pinned commit, plus the upstream stages' changes."""
-    if job.spec.sandbox_network:
-        config = type(config).model_validate(
-            {**config.model_dump(), "network": job.spec.sandbox_network}
-        )
-    uid, gid = config.uid_gid
-    tree = repos.archive(job.run.repo, job.run.commit, uid=uid, gid=gid)
-    labels = {
-        "baton.run": job.run.id,
-        "baton.stage": job.spec.name,
-        "baton.attempt": str(job.attempt),
-    }
-    with metrics.sandbox_lifetime(
-        job.spec.name, sandbox.DockerSandbox.start(config, labels=labels)
-    ) as box:
-        box.put_archive(config.workspace, tree)
-        workspace = ContainerWorkspace(box, root=config.workspace)
-        workspace.commit_baseline()
-        upstream = upstream_diff(job)
-        if upstream is not None:
-            _apply(workspace, store.artifact(upstream).decode(), upstream, job)
-        logger.info(
-            "sandbox %s ready for %s of run %s (%d bytes of tree)",
-            box.id[:12], job.spec.name, job.run.id, len(tree),
-        )  # fmt: skip
-        yield workspace
+        Raises:
+            sandbox.SandboxError: no workspace could be made (retryable or not, by subclass).
+            RepoError: the commit cannot be found.
+        """
+        ...
 
 
-def upstream_diff(job: StageJob) -> ArtifactRef | None:
-    """The newest `workspace.diff` recorded by a stage before this one."""
-    for stage in job.pipeline.before(job.spec.name):
-        record = job.run.stages.get(stage.name)
-        if record and DIFF_ARTIFACT in record.artifacts:
-            return record.artifacts[DIFF_ARTIFACT]
-    return None
+class DockerSandboxes:
+    """A fresh Docker sandbox per workspace, hardened by `config`, the tree copied in from
+    the host's mirror of the repository."""
+
+    def __init__(self, mirrors: RepoCache, config: sandbox.SandboxConfig) -> None:
+        self.mirrors = mirrors
+        self.config = config
+
+    @contextmanager
+    def open(self, request: WorkspaceRequest) -> Iterator[Workspace]:
+        config = self.config
+        if request.network:
+            config = type(config).model_validate(
+                {**config.model_dump(), "network": request.network}
+            )
+        uid, gid = config.uid_gid
+        tree = self.mirrors.archive(request.repo, request.commit, uid=uid, gid=gid)
+        started = sandbox.DockerSandbox.start(config, labels=dict(request.labels))
+        with metrics.sandbox_lifetime(request.stage, started) as box:
+            box.put_archive(config.workspace, tree)
+            workspace = ContainerWorkspace(box, root=config.workspace)
+            workspace.commit_baseline()
+            logger.info(
+                "sandbox %s ready for %s (%d bytes of tree)", box.id[:12], request.stage, len(tree)
+            )
+            yield workspace
 
 
-def _apply(workspace: ContainerWorkspace, diff: str, ref: ArtifactRef, job: StageJob) -> None:
-    if not diff.strip():
-        return
+def remove_sandboxes(labels: Mapping[str, str]) -> None:
+    """Remove the sandboxes carrying all of `labels` at once (a cancelled stage's), saying so
+    in the log when the daemon cannot."""
     try:
-        workspace.apply_patch(diff)
-    except ToolError as exc:
-        raise StageError(
-            f"the changes of an earlier stage ({ref.uri}) do not apply to "
-            f"{job.run.commit[:12]}: {exc.message}"
-        ) from exc
+        sandbox.remove_labelled(dict(labels))
+    except sandbox.SandboxError as exc:
+        logger.warning("could not remove the sandboxes labelled %s: %s", dict(labels), exc)

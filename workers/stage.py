@@ -1,9 +1,12 @@
-"""Execute one stage of one run: plain functions, callable without Celery.
+"""Execute one stage: a plain function of its inputs, callable without Celery, Redis or Docker.
 
-The stage's session is seeded with the issue digest and only the upstream outputs its
-instruction references. Code stages work in a fresh sandbox (`workers.sandboxes`). Fields
-Baton measures itself — test results, the published branch and commit — replace whatever the
-model said about them.
+`execute_stage` takes the stage's resolved inputs (`workers.inputs.StageInputs`), sinks for what
+it produces (artifacts, audit entries, model usage), a factory of workspaces for code stages
+(`workers.sandboxes.Sandboxes`) and a fence it calls before anything that shows outside. It
+runs the stage's agent once in a fresh session, validates the reply (one repair turn), has
+Baton itself run the verification command before and after, and holds the output to its size
+budget. Fields the output schema declares as measured (`orchestrator.schemas.Measured`) are
+filled from what Baton measured, whatever the model said.
 """
 
 from __future__ import annotations
@@ -11,91 +14,92 @@ from __future__ import annotations
 import json
 import logging
 import tempfile
-import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from google.adk.models.base_llm import BaseLlm
 from pydantic import BaseModel, ValidationError
 
-import sandbox
-from orchestrator.conductor import StageResult
-from orchestrator.pipeline import ISSUE_KEY, StageSpec
-from orchestrator.store import RunStore
+from orchestrator.pipeline import StageSpec
+from orchestrator.schemas import Fact, TestRun, measured_fields
 from workers import output as outputs
 from workers import proof
-from workers.agent import AgentSpec, StageSession, Usage, build_agent
+from workers.agent import AgentSpec, AuditSink, StageSession, Usage, build_agent
 from workers.budget import json_chars
-from workers.errors import StageCancelledError, StageError, StageOutputError, TestsFailedError
-from workers.mirrors import RepoCache
+from workers.errors import StageError, StageOutputError, TestsFailedError
+from workers.inputs import StageInputs
 from workers.publish import Publisher
-from workers.sandboxes import StageJob, StoreArtifacts, open_workspace
+from workers.sandboxes import Sandboxes, WorkspaceRequest
+from workers.tools.artifacts import ArtifactSink
 from workers.tools.code import DIFF_ARTIFACT, build_tools
+from workers.tools.errors import ToolError
 from workers.tools.workspace import Workspace
 
 logger = logging.getLogger(__name__)
 
+__all__ = ["Fence", "StageOutput", "StageSinks", "execute_stage"]
+
 WRITE_TOOLS = frozenset({"edit_file", "apply_patch"})
 REPAIR_MODEL_CALLS = 2
 COMPACTOR = "compactor"
+MAX_VERIFY_TIMEOUT_S = 300.0
 
-__all__ = ["StageJob", "StageServices", "execute_stage", "seed_state"]
+Fence = Callable[[], None]
+"""Raises (`StageCancelledError`, `LeaseLostError`) when the execution must stop; called at
+every model and tool call and right before every side effect that shows outside the run."""
 
-Audit = Callable[[list[dict[str, Any]]], Any]
+
+def _open_fence() -> None:
+    """The fence of an execution nothing can stop (a test's, a replay's)."""
+
+
+@dataclass
+class StageSinks:
+    """Where an execution's products go. The caller owns them, so what an execution made
+    before it failed (its test logs, its model calls) is still there to record."""
+
+    artifacts: ArtifactSink
+    audit: AuditSink
+    usage: Usage = field(default_factory=Usage)
 
 
 @dataclass(frozen=True)
-class StageServices:
-    """What a worker process lends every stage it runs."""
+class StageOutput:
+    """The validated output of one execution."""
 
-    store: RunStore
-    repos: RepoCache
-    sandbox: sandbox.SandboxConfig
-    publisher: Publisher
-
-
-def seed_state(job: StageJob, store: RunStore) -> dict[str, Any]:
-    """The issue digest and the upstream outputs this stage's instruction references."""
-    wanted = [key for key in job.spec.inputs if key != ISSUE_KEY]
-    state: dict[str, Any] = store.outputs(job.run.id, wanted)
-    if ISSUE_KEY in job.spec.inputs:
-        state[ISSUE_KEY] = job.run.issue.digest()
-    return state
+    output: dict[str, Any]
+    compacted: str | None = None
+    """How an over-budget output was brought within budget: `summarized` or `truncated`."""
 
 
 async def execute_stage(
-    job: StageJob,
-    services: StageServices,
+    inputs: StageInputs,
     *,
     model: BaseLlm,
+    sinks: StageSinks,
+    sandboxes: Sandboxes | None = None,
+    publisher: Publisher | None = None,
+    fence: Fence = _open_fence,
     streaming: bool = False,
-    cancelled: threading.Event | None = None,
-) -> StageResult:
+) -> StageOutput:
     """Run the stage's agent once, validate (one repair turn), verify and size its output.
 
-    With `cancelled`, every model and tool call first checks it and stops the stage
-    (`StageCancelledError`) once it is set.
+    A stage with tools works in a workspace from `sandboxes`; a stage with the `publish` tool
+    publishes through `publisher`.
+
+    Raises:
+        ExecutionError: a subclass saying why the stage has no output (see `workers.errors`).
     """
-    spec, usage, store = job.spec, Usage(), services.store
-
-    def checkpoint() -> None:
-        if cancelled is not None and cancelled.is_set():
-            raise StageCancelledError()
-
+    spec = inputs.spec
     schema = spec.schema_class()
-    artifacts = StoreArtifacts(store, job.run.id, spec.name)
-    facts: dict[str, Any] = {}
-
-    def audit(entries: list[dict[str, Any]]) -> Any:
-        return store.audit(job.run.id, entries)
-
-    with _maybe_workspace(job, services) as workspace:
-        if spec.verify and workspace is not None:
-            facts["tests_before"] = _verify(job, store, workspace, artifacts, "before")
-        tools = _tools(job, services, workspace, artifacts, facts)
+    facts: dict[Fact, Any] = {}
+    with _workspace(inputs, sandboxes) as workspace:
+        if workspace is not None and inputs.verify_command:
+            facts[Fact.TESTS_BEFORE] = _verify(inputs, workspace, sinks.artifacts, "before")
+        tools = _tools(inputs, workspace, sinks.artifacts, facts, publisher, fence)
         agent = build_agent(
             AgentSpec(
                 name=spec.name,
@@ -104,52 +108,65 @@ async def execute_stage(
                 budget=spec.budget,
                 tools=tools,
                 json_reply=not tools,
-                checkpoint=checkpoint,
+                checkpoint=fence,
             ),
             model,
-            usage,
+            sinks.usage,
         )
         async with StageSession.open(
             agent,
-            session_id=job.labels["session"],
-            state=seed_state(job, store),
-            audit=audit,
-            labels=job.labels,
-            usage=usage,
+            session_id=inputs.labels["session"],
+            state=inputs.state,
+            audit=sinks.audit,
+            labels=inputs.labels,
+            usage=sinks.usage,
             streaming=streaming,
         ) as session:
             result = await _reply(session, spec, schema)
-        if spec.verify and workspace is not None:
-            facts["tests_after"] = _verify(job, store, workspace, artifacts, "after")
+        if workspace is not None and inputs.verify_command:
+            facts[Fact.TESTS_AFTER] = _verify(inputs, workspace, sinks.artifacts, "after")
         if workspace is not None and WRITE_TOOLS & set(spec.tools):
-            artifacts.save(DIFF_ARTIFACT, workspace.diff().encode(), "text/x-diff")
-    result, compacted = await _fit_budget(result, job, schema, model, usage, audit, streaming)
-    result = _with_facts(result, facts, schema)
+            sinks.artifacts.save(DIFF_ARTIFACT, workspace.diff().encode(), "text/x-diff")
     _require_passing_tests(spec, facts)
+    result, compacted = await _fit_budget(result, inputs, schema, model, sinks, streaming)
+    result = _with_facts(result, facts, schema)
     logger.info(
         "stage %s of run %s: %d model calls, %d prompt tokens, output %d chars",
-        spec.name, job.run.id, usage.requests, usage.prompt_tokens_total, json_chars(result),
+        spec.name, inputs.run_id, sinks.usage.requests, sinks.usage.prompt_tokens_total,
+        json_chars(result),
     )  # fmt: skip
-    return StageResult(
-        output=result,
-        requests=usage.requests,
-        prompt_tokens_total=usage.prompt_tokens_total,
-        prompt_tokens_max=usage.prompt_tokens_max,
-        output_tokens=usage.output_tokens,
-        compacted=compacted,
-        artifacts=artifacts.saved,
-    )
+    return StageOutput(output=result, compacted=compacted)
 
 
 @contextmanager
-def _maybe_workspace(job: StageJob, services: StageServices) -> Iterator[Workspace | None]:
-    """A sandboxed workspace for a stage with tools; none for one without."""
-    if not job.spec.tools:
+def _workspace(inputs: StageInputs, sandboxes: Sandboxes | None) -> Iterator[Workspace | None]:
+    """A workspace at the pinned commit with the upstream change applied, for a stage with
+    tools; none for one without."""
+    if not inputs.spec.tools:
         yield None
         return
-    with open_workspace(
-        job, store=services.store, repos=services.repos, config=services.sandbox
-    ) as workspace:
+    if sandboxes is None:
+        raise StageError(f"stage {inputs.spec.name!r} has tools but was given no sandboxes")
+    request = WorkspaceRequest(
+        repo=inputs.repo,
+        commit=inputs.commit,
+        stage=inputs.spec.name,
+        labels={
+            "baton.run": inputs.run_id,
+            "baton.stage": inputs.spec.name,
+            "baton.attempt": str(inputs.attempt),
+        },
+        network=inputs.spec.sandbox_network,
+    )
+    with sandboxes.open(request) as workspace:
+        if inputs.upstream_diff and inputs.upstream_diff.strip():
+            try:
+                workspace.apply_patch(inputs.upstream_diff)
+            except ToolError as exc:
+                raise StageError(
+                    f"the changes of an earlier stage do not apply to {inputs.commit[:12]}: "
+                    f"{exc.message}"
+                ) from exc
         yield workspace
 
 
@@ -171,38 +188,43 @@ async def _reply(session: StageSession, spec: StageSpec, schema: type[BaseModel]
 
 
 def _verify(
-    job: StageJob, store: RunStore, workspace: Workspace, artifacts: StoreArtifacts, when: str
-) -> dict[str, Any]:
+    inputs: StageInputs, workspace: Workspace, artifacts: ArtifactSink, when: str
+) -> TestRun:
     """Run the stage's verification command; the measured result, its log an artifact."""
-    assert job.spec.verify is not None
-    key, field = job.spec.verify.source
-    command = (store.output(job.run.id, key) or {}).get(field)
-    if not isinstance(command, str) or not command.strip():
-        raise StageError(f"stage {key!r} gave no {field!r} to verify {job.spec.name!r} with")
-    timeout_s = min(300.0, job.spec.budget.soft_time_limit_s / 4)
-    run, log = proof.run_tests(workspace, command, timeout_s=timeout_s)
+    assert inputs.verify_command is not None
+    timeout_s = min(MAX_VERIFY_TIMEOUT_S, inputs.spec.budget.soft_time_limit_s / 4)
+    run, log = proof.run_tests(workspace, inputs.verify_command, timeout_s=timeout_s)
     artifacts.save(f"tests-{when}.log", log.encode())
-    logger.info("tests %s %s of run %s: %s", when, job.spec.name, job.run.id, proof.describe(run))
-    return run.model_dump(mode="json")
+    logger.info("tests %s %s of run %s: %s", when, inputs.spec.name, inputs.run_id,
+                proof.describe(run))  # fmt: skip
+    return run
 
 
-def _require_passing_tests(spec: StageSpec, facts: dict[str, Any]) -> None:
-    if not (spec.verify and spec.verify.require_pass and "tests_after" in facts):
+def _require_passing_tests(spec: StageSpec, facts: dict[Fact, Any]) -> None:
+    after = facts.get(Fact.TESTS_AFTER)
+    if not (spec.verify and spec.verify.require_pass and isinstance(after, TestRun)):
         return
-    after = proof.TestRun.model_validate(facts["tests_after"])
     if not proof.succeeded(after):
-        before = proof.TestRun.model_validate(facts["tests_before"])
+        before = facts.get(Fact.TESTS_BEFORE)
+        was = proof.describe(before) if isinstance(before, TestRun) else "not run"
         raise TestsFailedError(
             f"the tests still fail after the change (`{after.command}`: {proof.describe(after)}; "
-            f"before: {proof.describe(before)}), so it is not handed on or published"
+            f"before: {was}), so it is not handed on or published"
         )
 
 
 def _with_facts(
-    result: dict[str, Any], facts: dict[str, Any], schema: type[BaseModel]
+    result: dict[str, Any], facts: dict[Fact, Any], schema: type[BaseModel]
 ) -> dict[str, Any]:
-    """The output with the fields Baton measured itself in place of the model's."""
-    known = {k: v for k, v in facts.items() if k in schema.model_fields}
+    """The output with the fields its schema declares measured filled from what Baton
+    measured, in place of the model's."""
+    known = {
+        name: facts[fact].model_dump(mode="json")
+        if isinstance(facts[fact], BaseModel)
+        else facts[fact]
+        for fact, name in measured_fields(schema).items()
+        if fact in facts
+    }
     if not known:
         return result
     try:
@@ -212,60 +234,55 @@ def _with_facts(
 
 
 def _tools(
-    job: StageJob,
-    services: StageServices,
+    inputs: StageInputs,
     workspace: Workspace | None,
-    artifacts: StoreArtifacts,
-    facts: dict[str, Any],
+    artifacts: ArtifactSink,
+    facts: dict[Fact, Any],
+    publisher: Publisher | None,
+    fence: Fence,
 ) -> list[Callable[..., Any]]:
     if workspace is None:
         return []
 
     def publish(title: str, body: str, diff: str) -> dict[str, Any]:
-        evidence = proof.evidence(_verified_tests(job, services.store))
+        if publisher is None:
+            raise ToolError("publishing is not available to this stage")
+        fence()  # nothing of a cancelled run is pushed
         with tempfile.TemporaryDirectory(prefix="baton-publish-") as tmp:
-            published = services.publisher.publish(
-                repo=job.run.repo,
-                commit=job.run.commit,
+            published = publisher.publish(
+                repo=inputs.repo,
+                commit=inputs.commit,
                 diff=diff.encode(),
-                branch=f"baton/{job.run.id}",
+                branch=f"baton/{inputs.run_id}",
                 title=title,
-                body=f"{body}\n\n{evidence}".strip(),
+                body=f"{body}\n\n{inputs.evidence}".strip(),
                 workdir=Path(tmp),
             )
-        facts.update(branch=published.branch, commit=published.commit)
+        facts[Fact.PUBLISHED_BRANCH] = published.branch
+        facts[Fact.PUBLISHED_COMMIT] = published.commit
         answer = published.model_dump(mode="json")
         artifacts.save("published.json", json.dumps(answer).encode(), "application/json")
         return answer
 
     return build_tools(
-        job.spec.tools,
+        inputs.spec.tools,
         workspace,
         artifacts,
-        test_timeout_s=min(300, job.spec.budget.soft_time_limit_s // 2),
+        test_timeout_s=min(300, inputs.spec.budget.soft_time_limit_s // 2),
         publish=publish,
     )
 
 
-def _verified_tests(job: StageJob, store: RunStore) -> dict[str, Any] | None:
-    """The measured tests of the newest earlier stage that verifies with them."""
-    for stage in job.pipeline.before(job.spec.name):
-        if stage.verify:
-            return store.output(job.run.id, stage.output_key)
-    return None
-
-
 async def _fit_budget(
     result: dict[str, Any],
-    job: StageJob,
+    inputs: StageInputs,
     schema: type[BaseModel],
     model: BaseLlm,
-    usage: Usage,
-    audit: Audit,
+    sinks: StageSinks,
     streaming: bool,
 ) -> tuple[dict[str, Any], str | None]:
     """An output over its budget is summarized by a model call, else cut with markers."""
-    limit = job.spec.budget.max_output_chars
+    limit = inputs.spec.budget.max_output_chars
     if json_chars(result) <= limit:
         return result, None
     agent = build_agent(
@@ -277,30 +294,29 @@ async def _fit_budget(
                 "line numbers, commands, decisions. Drop repetition and prose first."
             ),
             contract=outputs.contract(schema),
-            budget=job.spec.budget.model_copy(update={"max_model_calls": 2}),
+            budget=inputs.spec.budget.model_copy(update={"max_model_calls": 2}),
             json_reply=True,
         ),
         model,
-        usage,
+        sinks.usage,
     )
-    labels = {**job.labels, "session": job.labels["session"] + ":compact"}
+    labels = {**inputs.labels, "session": inputs.labels["session"] + ":compact"}
     try:
         async with StageSession.open(
             agent,
             session_id=labels["session"],
             state={},
-            audit=audit,
+            audit=sinks.audit,
             labels=labels,
-            usage=usage,
+            usage=sinks.usage,
             streaming=streaming,
         ) as session:
             text = await session.turn(json.dumps(result, ensure_ascii=False), max_model_calls=2)
         summary = outputs.parse(text, schema)
         if json_chars(summary) <= limit:
             return summary, "summarized"
-        logger.info(
-            "summary of %s still over budget (%d chars)", job.spec.name, json_chars(summary)
-        )
+        logger.info("summary of %s still over budget (%d chars)", inputs.spec.name,
+                    json_chars(summary))  # fmt: skip
     except StageError as exc:
-        logger.info("summarizing %s failed (%s); cutting instead", job.spec.name, exc)
+        logger.info("summarizing %s failed (%s); cutting instead", inputs.spec.name, exc)
     return outputs.truncate_to_budget(result, schema, limit), "truncated"

@@ -204,9 +204,12 @@ class FakeServer:
         return JSONResponse({"status": "ok", "agents": sorted(scenario.agents)})
 
 
-def create_app(scenario: Scenario, record_path: str | Path | None = None) -> Starlette:
-    """The fake server as an ASGI app; `record_path` also appends each entry to a JSONL file."""
-    server = FakeServer(scenario, Ledger(record_path))
+def create_app(
+    scenario: Scenario, record_path: str | Path | None = None, *, ledger: Ledger | None = None
+) -> Starlette:
+    """The fake server as an ASGI app; `record_path` also appends each entry to a JSONL file.
+    `ledger` is where it records (a fresh one by default)."""
+    server = FakeServer(scenario, ledger if ledger is not None else Ledger(record_path))
     routes = [
         Route("/{version}/models/{target}", server.model_call, methods=["POST"]),
         Route("/_fake/health", server.health, methods=["GET"]),

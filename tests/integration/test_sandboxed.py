@@ -16,16 +16,19 @@ from pydantic import SecretStr
 
 from demo import SENTRY_EVENT
 from orchestrator.models import RunStatus, StageStatus
+from orchestrator.pipeline import load_pipeline
 from orchestrator.store import RunStore
 from testkit import services
 from testkit.github import FakeGitHub
 from testkit.services import worker_env
+from testkit.sinks import MemoryArtifacts
 from workers.gemini import build_model, close_model
+from workers.inputs import StageInputs, resolve
 from workers.mirrors import RepoCache
 from workers.publish import Publisher
-from workers.sandboxes import StageJob
+from workers.sandboxes import DockerSandboxes
 from workers.settings import WorkerSettings
-from workers.stage import StageServices, execute_stage
+from workers.stage import StageOutput, StageSinks, execute_stage
 
 from .conftest import CANARY_KEY, Stack, demo_scenario, stack_settings
 
@@ -185,17 +188,14 @@ def test_running_the_pr_stage_twice_yields_one_branch_and_one_pull_request(
 
     with FakeGitHub.start(token="gh-token", default_branch="main") as github:
         repos = RepoCache(tmp_path / "cache")
-        services_ = StageServices(
-            store=run_store, repos=repos, sandbox=settings.sandbox_config(),
-            publisher=Publisher(repos, token=SecretStr("gh-token"), github_api_url=github.url),
-        )  # fmt: skip
-        from orchestrator.pipeline import load_pipeline
-
+        sandboxes = DockerSandboxes(repos, settings.sandbox_config())
+        publisher = Publisher(repos, token=SecretStr("gh-token"), github_api_url=github.url)
         pipeline = load_pipeline("fixer")
         results = []
         for attempt in (2, 3):
-            job = StageJob(pipeline_run, pipeline, pipeline.stage("pr"), attempt)
-            results.append(asyncio.run(_run_stage(job, services_, settings)))
+            inputs = resolve(pipeline_run, pipeline, pipeline.stage("pr"), attempt, run_store)
+            sinks = StageSinks(artifacts=MemoryArtifacts(run.id), audit=lambda entries: None)
+            results.append(asyncio.run(_run_stage(inputs, sinks, sandboxes, publisher, settings)))
 
     assert results[0].output["branch"] == results[1].output["branch"] == f"baton/{run.id}"
     assert results[0].output["commit"] == results[1].output["commit"]
@@ -206,10 +206,18 @@ def test_running_the_pr_stage_twice_yields_one_branch_and_one_pull_request(
     assert len(github.pulls) == 1
 
 
-async def _run_stage(job: StageJob, services_: StageServices, settings: WorkerSettings) -> Any:
+async def _run_stage(
+    inputs: StageInputs,
+    sinks: StageSinks,
+    sandboxes: DockerSandboxes,
+    publisher: Publisher,
+    settings: WorkerSettings,
+) -> StageOutput:
     model = build_model(settings.model_section(), settings.retry)
     try:
-        return await execute_stage(job, services_, model=model)
+        return await execute_stage(
+            inputs, model=model, sinks=sinks, sandboxes=sandboxes, publisher=publisher
+        )
     finally:
         await close_model(model)
 

@@ -9,8 +9,17 @@ import pytest
 import redis
 
 from orchestrator import keys
-from orchestrator.conductor import Conductor, StageResult, StageStart
-from orchestrator.models import Issue, IssueSource, RunStatus, StageStatus
+from orchestrator.conductor import Conductor
+from orchestrator.errors import RunStateError
+from orchestrator.execution import (
+    Completion,
+    Hold,
+    StageFigures,
+    StageResult,
+    StageStart,
+    StartAction,
+)
+from orchestrator.models import ArtifactRef, Issue, IssueSource, RunStatus, StageStatus
 from orchestrator.queue import Dispatcher
 from orchestrator.settings import QueueConfig
 from orchestrator.store import RunStore
@@ -35,10 +44,11 @@ def queued_task_ids(client: redis.Redis, queue: str) -> list[str]:
     return [json.loads(raw)["headers"]["id"] for raw in client.lrange(queue, 0, -1)]
 
 
+FIGURES = StageFigures(requests=2, prompt_tokens_total=300, prompt_tokens_max=200, output_tokens=40)
+
+
 def result(output: dict[str, object]) -> StageResult:
-    return StageResult(
-        output=output, requests=2, prompt_tokens_total=300, prompt_tokens_max=200, output_tokens=40
-    )
+    return StageResult(output=output, figures=FIGURES)
 
 
 TRIAGE_OK = {
@@ -76,11 +86,12 @@ def test_complete_records_output_and_enqueues_the_next_stage(
 ) -> None:
     run_id, _ = conductor.submit(ISSUE, repo="/r", commit="abc", pipeline="fixer")
     start = begin(conductor, run_id, "triage")
-    assert (start.action, start.attempt) == ("run", 1)
+    assert (start.action, start.attempt) == (StartAction.RUN, 1)
 
-    nxt = conductor.complete(run_id, "triage", result(TRIAGE_OK))
+    done = conductor.complete(run_id, "triage", result(TRIAGE_OK), owner="host:1:t")
 
-    assert nxt == "search"
+    assert done == Completion.RECORDED
+    assert conductor.store.get(run_id).current_stage == "search"
     assert conductor.store.output(run_id, "triage") == TRIAGE_OK
     record = conductor.store.get(run_id).stages["triage"]
     assert (record.status, record.requests, record.prompt_tokens_max) == (StageStatus.DONE, 2, 200)
@@ -157,7 +168,7 @@ def test_last_stage_done_ends_the_run_and_removes_temp_outputs(
 def test_wait_shows_until_when_and_begin_resumes(conductor: Conductor) -> None:
     run_id, _ = conductor.submit(ISSUE, repo="/r", commit="abc", pipeline="fixer")
     begin(conductor, run_id, "triage")
-    record = conductor.wait(run_id, "triage", delay_s=3.5, reason="429")
+    record = conductor.postpone(run_id, "triage", delay_s=3.5, reason="429")
     run = conductor.store.get(run_id)
 
     assert run.status == RunStatus.WAITING
@@ -229,11 +240,12 @@ def test_renewing_extends_only_the_owners_lease_and_reports_a_cancel(conductor: 
     begin(conductor, run_id, "triage", owner="host:1:a", lease_s=5)
     before = conductor.store.get(run_id).stages["triage"].lease_until
 
-    assert conductor.renew(run_id, "triage", owner="host:1:a", lease_s=100) is False
-    assert conductor.renew(run_id, "triage", owner="host:9:z", lease_s=1000) is False
+    assert conductor.renew(run_id, "triage", owner="host:1:a", lease_s=100) == Hold.HELD
+    assert conductor.renew(run_id, "triage", owner="host:9:z", lease_s=1000) == Hold.LOST
     after = conductor.store.get(run_id).stages["triage"].lease_until
     conductor.cancel(run_id, "stop")
-    assert conductor.renew(run_id, "triage", owner="host:1:a", lease_s=100) is True
+    assert conductor.renew(run_id, "triage", owner="host:1:a", lease_s=100) == Hold.CANCELLED
+    assert conductor.hold(run_id, "triage", owner="host:1:a") == Hold.CANCELLED
     assert before is not None and after is not None and 90 < after - before < 100
 
 
@@ -329,7 +341,7 @@ def test_a_429_after_the_run_was_cancelled_neither_revives_it_nor_retries(
     begin(conductor, run_id, "triage", owner="host:1:a")
     conductor.cancel(run_id, "stop")
 
-    assert conductor.wait(run_id, "triage", delay_s=5, reason="429", owner="host:1:a") is None
+    assert conductor.postpone(run_id, "triage", delay_s=5, reason="429", owner="host:1:a") is None
 
     run = conductor.store.get(run_id)
     assert (run.status, run.reason) == (RunStatus.CANCELLED, "stop")
@@ -342,8 +354,8 @@ def test_only_the_execution_holding_a_stage_may_put_it_to_wait(conductor: Conduc
     begin(conductor, run_id, "triage", owner="host:1:a", lease_s=-1)
     begin(conductor, run_id, "triage", owner="host:2:b")  # took over the lapsed lease
 
-    assert conductor.wait(run_id, "triage", delay_s=5, reason="429", owner="host:1:a") is None
-    record = conductor.wait(run_id, "triage", delay_s=5, reason="429", owner="host:2:b")
+    assert conductor.postpone(run_id, "triage", delay_s=5, reason="429", owner="host:1:a") is None
+    record = conductor.postpone(run_id, "triage", delay_s=5, reason="429", owner="host:2:b")
 
     assert record is not None and record.status == StageStatus.WAITING
     assert record.rate_limit_retries == 1
@@ -371,10 +383,80 @@ def test_a_wait_for_a_failure_outside_the_stage_counts_apart_from_429s(
 ) -> None:
     run_id, _ = conductor.submit(ISSUE, repo="/r", commit="abc", pipeline="fixer")
     begin(conductor, run_id, "triage")
-    conductor.wait(run_id, "triage", delay_s=2, reason="429")
+    conductor.postpone(run_id, "triage", delay_s=2, reason="429")
     begin(conductor, run_id, "triage")
-    record = conductor.wait(run_id, "triage", delay_s=5, reason="docker", rate_limited=False)
+    record = conductor.postpone(run_id, "triage", delay_s=5, reason="docker", rate_limited=False)
 
     assert record is not None
     assert (record.attempts, record.rate_limit_retries, record.infrastructure_retries) == (2, 1, 1)
     assert record.rate_limit_wait_s == 2
+
+
+def test_an_output_finished_after_the_cancel_is_not_recorded(
+    conductor: Conductor, redis_client: redis.Redis
+) -> None:
+    """The check and the write are one transaction: nothing lands once the run is cancelled."""
+    run_id, _ = conductor.submit(ISSUE, repo="/r", commit="abc", pipeline="fixer")
+    begin(conductor, run_id, "triage", owner="host:1:a")
+    conductor.cancel(run_id, "stop")
+
+    done = conductor.complete(run_id, "triage", result(TRIAGE_OK), owner="host:1:a")
+
+    assert done == Completion.CANCELLED
+    assert conductor.store.output(run_id, "triage") is None
+    record = conductor.store.get(run_id).stages["triage"]
+    assert (record.status, record.requests) == (StageStatus.CANCELLED, 2)
+    assert queued_task_ids(redis_client, "baton.search") == []
+    assert conductor.store.get(run_id).status == RunStatus.CANCELLED
+
+
+def test_an_output_from_an_execution_that_lost_the_stage_is_not_recorded(
+    conductor: Conductor,
+) -> None:
+    run_id, _ = conductor.submit(ISSUE, repo="/r", commit="abc", pipeline="fixer")
+    begin(conductor, run_id, "triage", owner="host:1:a", lease_s=-1)
+    begin(conductor, run_id, "triage", owner="host:2:b")
+
+    done = conductor.complete(run_id, "triage", result(TRIAGE_OK), owner="host:1:a")
+
+    assert done == Completion.LOST
+    assert conductor.hold(run_id, "triage", owner="host:1:a") == Hold.LOST
+    assert conductor.hold(run_id, "triage", owner="host:2:b") == Hold.HELD
+    assert conductor.store.output(run_id, "triage") is None
+    assert conductor.store.get(run_id).stages["triage"].owner == "host:2:b"
+
+
+def test_a_failed_stage_keeps_what_its_execution_cost_and_left_behind(
+    conductor: Conductor,
+) -> None:
+    run_id, _ = conductor.submit(ISSUE, repo="/r", commit="abc", pipeline="fixer")
+    begin(conductor, run_id, "triage", owner="host:1:a")
+    log = ArtifactRef(run_id=run_id, name="triage/tests-after.log", size_bytes=3, sha256="0" * 64)
+    figures = StageFigures(
+        requests=5, prompt_tokens_total=900, prompt_tokens_max=300, artifacts={"log": log}
+    )
+
+    conductor.fail(run_id, "triage", "the tests still fail", owner="host:1:a", figures=figures)
+
+    record = conductor.store.get(run_id).stages["triage"]
+    assert (record.status, record.requests, record.prompt_tokens_total) == (
+        StageStatus.FAILED,
+        5,
+        900,
+    )
+    assert record.artifacts == {"log": log}
+
+
+def test_resuming_a_run_with_nothing_left_says_how_to_run_stages_again(
+    conductor: Conductor,
+) -> None:
+    run_id, _ = conductor.submit(ISSUE, repo="/r", commit="abc", pipeline="fixer")
+    begin(conductor, run_id, "triage")
+    conductor.complete(run_id, "triage", result({**TRIAGE_OK, "actionable": False}))
+
+    with pytest.raises(RunStateError) as caught:
+        conductor.resume(run_id)
+
+    message = str(caught.value)
+    assert "--from STAGE" in message
+    assert "triage, search, plan, fix, pr" in message

@@ -73,7 +73,7 @@ def test_a_waiting_stage_long_past_its_retry_time_is_sent_again(
     conductor: Conductor, redis_client: redis.Redis
 ) -> None:
     run_id = started(conductor, lease_s=60)
-    conductor.wait(run_id, "triage", delay_s=5, reason="429")
+    conductor.postpone(run_id, "triage", delay_s=5, reason="429")
     redis_client.delete("baton.triage")
 
     assert Reconciler(conductor, QUEUE).sweep(now=time.time() + 30) == []

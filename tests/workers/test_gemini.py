@@ -15,7 +15,13 @@ from orchestrator.models import StageRecord
 from orchestrator.settings import ModelConfig, RetryConfig
 from workers import gemini
 from workers.errors import ModelRejectedError, ModelUnavailableError, RateLimitedError
-from workers.gemini import build_model, classify, close_model, rate_limit_countdown, retry_delay_s
+from workers.gemini import (
+    build_model,
+    close_model,
+    model_error,
+    rate_limit_countdown,
+    retry_delay_s,
+)
 
 
 def rate_limited(
@@ -65,7 +71,7 @@ def test_retry_after_may_be_an_http_date() -> None:
 
 
 def test_429_becomes_a_rate_limit_with_the_servers_delay() -> None:
-    mapped = classify(rate_limited([{"@type": RETRY_INFO, "retryDelay": "3s"}]))
+    mapped = model_error(rate_limited([{"@type": RETRY_INFO, "retryDelay": "3s"}]))
     assert isinstance(mapped, RateLimitedError)
     assert mapped.delay_s == 3.0
     assert "429 RESOURCE_EXHAUSTED" in str(mapped)
@@ -77,7 +83,7 @@ def test_429_becomes_a_rate_limit_with_the_servers_delay() -> None:
 )
 def test_client_errors_fail_at_once_with_a_clear_message(code: int, status: str) -> None:
     body = {"error": {"code": code, "message": "API key not valid", "status": status}}
-    mapped = classify(errors.ClientError(code, body))
+    mapped = model_error(errors.ClientError(code, body))
     assert isinstance(mapped, ModelRejectedError)
     assert f"{code} {status}: API key not valid" in str(mapped)
     assert "GOOGLE_API_KEY" in str(mapped)
@@ -94,11 +100,11 @@ def test_client_errors_fail_at_once_with_a_clear_message(code: int, status: str)
     ],
 )
 def test_transient_failures_that_outlast_backoff_are_unavailability(exc: Exception) -> None:
-    assert isinstance(classify(exc), ModelUnavailableError)
+    assert isinstance(model_error(exc), ModelUnavailableError)
 
 
 def test_other_exceptions_are_not_model_failures() -> None:
-    assert classify(KeyError("x")) is None
+    assert model_error(KeyError("x")) is None
 
 
 def test_countdown_is_the_delay_plus_small_positive_jitter() -> None:

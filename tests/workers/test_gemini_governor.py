@@ -18,7 +18,7 @@ from orchestrator import keys
 from orchestrator.settings import ModelConfig, QuotaConfig, RetryConfig
 from testkit.gemini import FakeGemini
 from workers.errors import QuotaWaitError, RateLimitedError
-from workers.gemini import BatonGemini, build_model, classify, close_model
+from workers.gemini import BatonGemini, build_model, close_model, model_error
 from workers.governor import Governor
 
 MODEL = "gemini-2.5-flash"
@@ -92,7 +92,7 @@ def test_a_429_on_a_stages_first_call_goes_to_celery_and_still_cools_the_fleet(
     cooling_ms = redis_client.pttl(keys.cooldown(MODEL))
     calls(model_for(fake, governor(redis_client)), 1)
 
-    mapped = classify(caught.value)
+    mapped = model_error(caught.value)
     assert isinstance(mapped, RateLimitedError) and mapped.delay_s == 3.0
     assert 2_500 < cooling_ms <= 3_000
     refused, other_worker = fake.requests()
@@ -145,7 +145,7 @@ def test_a_quota_wait_past_the_inline_limit_never_reaches_the_server(
     with pytest.raises(QuotaWaitError) as caught:
         calls(model, 2)
 
-    assert classify(caught.value) is None
+    assert model_error(caught.value) is None
     assert caught.value.delay_s is not None and 59.0 < caught.value.delay_s <= 61.0
     assert statuses(fake) == [200]
 

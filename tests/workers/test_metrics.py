@@ -7,6 +7,7 @@ a fresh interpreter (`run_script`), never in the test process.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -24,18 +25,20 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import sandbox
 from orchestrator.pipeline import load_pipeline
-from orchestrator.schemas import Plan
+from orchestrator.schemas import Fact, Plan, TestRun
+from workers import errors as workers_errors
 from workers import output, stage
 from workers.errors import (
-    InfrastructureError,
+    FAILURE_REASONS,
     ModelCallLimitError,
     PublishError,
     QuotaWaitError,
     StageCancelledError,
     StageError,
 )
-from workers.gemini import classify
-from workers.metrics import FAILURE_REASONS, failure_reason
+from workers.execution import as_execution_error
+from workers.gemini import model_error
+from workers.metrics import failure_reason
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -296,7 +299,7 @@ def api_error(code: int, status: str) -> genai_errors.APIError:
 
 
 def classified(exc: BaseException) -> BaseException:
-    mapped = classify(exc)
+    mapped = model_error(exc)
     assert mapped is not None
     return mapped
 
@@ -307,18 +310,16 @@ def raised(make: Callable[[], object]) -> BaseException:
     return caught.value
 
 
-def chained(outer: BaseException, cause: BaseException) -> BaseException:
-    try:
-        raise outer from cause
-    except BaseException as exc:
-        return exc
+def ended(exc: BaseException) -> BaseException:
+    """`exc` as the stage task sees it once it ended an execution of the fix stage."""
+    return as_execution_error(exc, load_pipeline("fixer").stage("fix"))
 
 
 def fix_with_failing_tests() -> None:
     fix = load_pipeline("fixer").stage("fix")
-    before = {"command": "pytest", "exit_code": 1, "passed": 2, "failed": 2}
-    after = {"command": "pytest", "exit_code": 1, "passed": 3, "failed": 1}
-    stage._require_passing_tests(fix, {"tests_before": before, "tests_after": after})
+    before = TestRun(command="pytest", exit_code=1, passed=2, failed=2)
+    after = TestRun(command="pytest", exit_code=1, passed=3, failed=1)
+    stage._require_passing_tests(fix, {Fact.TESTS_BEFORE: before, Fact.TESTS_AFTER: after})
 
 
 @pytest.mark.parametrize(
@@ -334,23 +335,13 @@ def fix_with_failing_tests() -> None:
         (lambda: raised(lambda: output.parse("not json", Plan)), "output_invalid"),
         (lambda: raised(fix_with_failing_tests), "tests_failed"),
         (lambda: PublishError("cannot push baton/x"), "publish_failed"),
-        (
-            lambda: chained(
-                StageError("no sandbox could be started: no image"),
-                sandbox.SandboxStartError("image missing"),
-            ),
-            "sandbox",
-        ),
-        (
-            lambda: chained(
-                InfrastructureError("the sandbox failed: gone"),
-                sandbox.SandboxUnavailableError("daemon restarted"),
-            ),
-            "sandbox",
-        ),
-        (lambda: SoftTimeLimitExceeded(), "time_limit"),
+        (lambda: ended(sandbox.SandboxStartError("image missing")), "stage_error"),
+        (lambda: ended(sandbox.SandboxUnavailableError("daemon restarted")), "infrastructure"),
+        (lambda: ended(SoftTimeLimitExceeded()), "time_limit"),
+        (lambda: ended(asyncio.CancelledError()), "cancelled"),
         (lambda: StageCancelledError(), "cancelled"),
         (lambda: StageError("stage 'fix' made 4 bad tool calls"), "stage_error"),
+        (lambda: ended(KeyError("stages")), "internal"),
         (lambda: KeyError("stages"), "internal"),
     ],
     ids=lambda v: v if isinstance(v, str) else "",
@@ -361,9 +352,14 @@ def test_a_failure_is_counted_under_the_reason_its_exception_names(
     assert failure_reason(make()) == reason
 
 
-def test_every_reason_is_a_known_label_value() -> None:
+def test_every_error_class_names_a_known_reason() -> None:
+    """Each `ExecutionError` subclass counts under one of the documented label values."""
+    classes = [workers_errors.ExecutionError]
+    for cls in classes:
+        classes.extend(cls.__subclasses__())
+    assert {cls.reason for cls in classes} <= set(FAILURE_REASONS)
     assert set(FAILURE_REASONS) == {
         "model_rejected", "model_unavailable", "model_call_limit", "output_invalid",
-        "tests_failed", "publish_failed", "rate_limited", "sandbox", "time_limit", "cancelled",
-        "lost", "stage_error", "internal",
+        "tests_failed", "publish_failed", "rate_limited", "infrastructure", "time_limit",
+        "cancelled", "lost", "stage_error", "internal",
     }  # fmt: skip

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.schemas import TestRun
+from orchestrator.schemas import Fix, Plan, TestRun
 from workers.proof import counts, describe, evidence, succeeded
 
 UNITTEST_FAIL = """..EE
@@ -61,10 +61,11 @@ def test_description_names_exit_code_and_counts() -> None:
 def test_evidence_names_the_command_and_both_runs() -> None:
     before = {"command": "pytest -q", "exit_code": 1, "passed": 3, "failed": 1, "timed_out": False}
     after = {**before, "exit_code": 0, "passed": 4, "failed": 0}
-    assert evidence({"tests_before": before, "tests_after": after}) == (
+    assert evidence(Fix, {"tests_before": before, "tests_after": after}) == (
         "Verified by Baton in a sandbox with `pytest -q`:\n"
         "- before the change: exit code 1, 3 passed, 1 failed\n"
         "- after the change: exit code 0, 4 passed, 0 failed"
     )
-    assert evidence(None) == ""
-    assert evidence({"summary": "no tests"}) == ""
+    assert evidence(Fix, None) == ""
+    assert evidence(Fix, {"summary": "no tests"}) == ""
+    assert evidence(Plan, {"tests_after": after}) == ""  # a schema that measures no tests

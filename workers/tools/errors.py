@@ -3,7 +3,7 @@
     BatonError (orchestrator.errors)
     └── ToolError    (RuntimeError)
 
-Every class passes all of its arguments to ``super().__init__`` so that it pickles.
+`BatonError` holds the message; every argument reaches ``Exception.__init__``, so it pickles.
 """
 
 from __future__ import annotations
@@ -16,10 +16,3 @@ class ToolError(BatonError, RuntimeError):
 
     So the message says what was wrong and what to do instead, in the model's terms.
     """
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
-
-    def __str__(self) -> str:
-        return self.message

@@ -1,4 +1,4 @@
-"""A code stage's workspace: a real sandbox holding the pinned commit and the upstream changes."""
+"""`DockerSandboxes`: a code stage's workspace in a real sandbox, holding the pinned commit."""
 
 from __future__ import annotations
 
@@ -9,13 +9,10 @@ from pathlib import Path
 import docker
 import pytest
 
-from orchestrator.models import Issue, IssueSource, RunRecord, StageRecord
-from orchestrator.pipeline import load_pipeline
-from orchestrator.store import RunStore
 from sandbox import SandboxConfig
 from workers.mirrors import RepoCache
-from workers.sandboxes import StageJob, open_workspace
-from workers.tools.code import DIFF_ARTIFACT
+from workers.sandboxes import DockerSandboxes, WorkspaceRequest
+from workers.tools.container import ContainerWorkspace
 from workers.tools.errors import ToolError
 
 IDENTITY = ["-c", "user.name=t", "-c", "user.email=t@t"]
@@ -40,23 +37,17 @@ def repo(tmp_path: Path) -> Path:
     return path
 
 
-def job_for(
-    repo: Path, stage: str, *, fix_diff: object = None, network: str | None = None
-) -> StageJob:
-    pipeline = load_pipeline("fixer")
-    spec = pipeline.stage(stage)
-    if network:
-        spec = spec.model_copy(update={"sandbox_network": network})
-    stages = {s.name: StageRecord() for s in pipeline.stages}
-    if fix_diff is not None:
-        stages["fix"] = StageRecord(artifacts={DIFF_ARTIFACT: fix_diff})
+def request_for(repo: Path, stage: str = "search", network: str | None = None) -> WorkspaceRequest:
     pinned = git(repo, "rev-parse", "HEAD~1").strip()
-    issue = Issue(source=IssueSource.TEXT, title="t")
-    run = RunRecord(
-        id="run-ws", pipeline="fixer", repo=str(repo), commit=pinned, issue=issue,
-        idempotency_key="k", stages=stages,
-    )  # fmt: skip
-    return StageJob(run, pipeline, spec, attempt=1)
+    labels = {"baton.run": "run-ws", "baton.stage": stage, "baton.attempt": "1"}
+    return WorkspaceRequest(
+        repo=str(repo), commit=pinned, stage=stage, labels=labels, network=network
+    )
+
+
+@pytest.fixture
+def sandboxes(tmp_path: Path) -> DockerSandboxes:
+    return DockerSandboxes(RepoCache(tmp_path / "cache"), SandboxConfig())
 
 
 @pytest.fixture
@@ -69,12 +60,10 @@ def network() -> Iterator[str]:
 
 
 def test_the_workspace_holds_the_pinned_commit_and_is_writable(
-    repo: Path, store: RunStore, tmp_path: Path
+    repo: Path, sandboxes: DockerSandboxes
 ) -> None:
-    job = job_for(repo, "search")
-    with open_workspace(
-        job, store=store, repos=RepoCache(tmp_path / "cache"), config=SandboxConfig()
-    ) as ws:
+    with sandboxes.open(request_for(repo)) as ws:
+        assert isinstance(ws, ContainerWorkspace)
         labels = docker.from_env().containers.get(ws.box.id).labels
         assert ws.read_text("app.py") == "def total(xs):\n    return sum(xs)\n"
         assert ws.diff() == ""
@@ -90,44 +79,37 @@ def test_the_workspace_holds_the_pinned_commit_and_is_writable(
         docker.from_env().containers.get(box_id)
 
 
-def test_the_changes_of_an_earlier_stage_are_applied(
-    repo: Path, store: RunStore, tmp_path: Path
+def test_an_earlier_stage_s_change_applies_and_is_the_diff_afterwards(
+    repo: Path, sandboxes: DockerSandboxes
 ) -> None:
     diff = (
         "diff --git a/app.py b/app.py\n--- a/app.py\n+++ b/app.py\n@@ -1,2 +1,2 @@\n"
         " def total(xs):\n-    return sum(xs)\n+    return sum(xs or [])\n"
     )
-    ref = store.put_artifact("run-ws", "fix/workspace.diff", diff.encode(), "text/x-diff")
-    job = job_for(repo, "pr", fix_diff=ref)
-    with open_workspace(
-        job, store=store, repos=RepoCache(tmp_path / "cache"), config=SandboxConfig()
-    ) as ws:
+    with sandboxes.open(request_for(repo, "pr")) as ws:
+        ws.apply_patch(diff)
         assert ws.read_text("app.py") == "def total(xs):\n    return sum(xs or [])\n"
+        assert "+    return sum(xs or [])" in ws.diff()
 
 
 def test_a_sandbox_has_no_network_unless_its_stage_names_one(
-    repo: Path, store: RunStore, tmp_path: Path, network: str
+    repo: Path, sandboxes: DockerSandboxes, network: str
 ) -> None:
     client = docker.from_env()
-    repos = RepoCache(tmp_path / "cache")
-    with open_workspace(
-        job_for(repo, "search"), store=store, repos=repos, config=SandboxConfig()
-    ) as ws:
+    with sandboxes.open(request_for(repo)) as ws:
+        assert isinstance(ws, ContainerWorkspace)
         default = client.containers.get(ws.box.id).attrs["HostConfig"]["NetworkMode"]
-    job = job_for(repo, "search", network=network)
-    with open_workspace(job, store=store, repos=repos, config=SandboxConfig()) as ws:
+    with sandboxes.open(request_for(repo, network=network)) as ws:
+        assert isinstance(ws, ContainerWorkspace)
         joined = client.containers.get(ws.box.id).attrs["HostConfig"]["NetworkMode"]
     client.close()
     assert (default, joined) == ("none", network)
 
 
 def test_list_files_in_a_sandbox_leaves_out_deleted_files_and_keeps_new_ones(
-    repo: Path, store: RunStore, tmp_path: Path
+    repo: Path, sandboxes: DockerSandboxes
 ) -> None:
-    job = job_for(repo, "search")
-    with open_workspace(
-        job, store=store, repos=RepoCache(tmp_path / "cache"), config=SandboxConfig()
-    ) as ws:
+    with sandboxes.open(request_for(repo)) as ws:
         before = ws.list_files()
         ws.write_text("lib/new.py", "x = 1\n")
         assert ws.run(["rm", "app.py"], timeout_s=10).exit_code == 0
@@ -138,12 +120,9 @@ def test_list_files_in_a_sandbox_leaves_out_deleted_files_and_keeps_new_ones(
 
 
 def test_writing_a_read_only_file_in_a_sandbox_is_a_tool_error_not_a_crash(
-    repo: Path, store: RunStore, tmp_path: Path
+    repo: Path, sandboxes: DockerSandboxes
 ) -> None:
-    job = job_for(repo, "fix")
-    with open_workspace(
-        job, store=store, repos=RepoCache(tmp_path / "cache"), config=SandboxConfig()
-    ) as ws:
+    with sandboxes.open(request_for(repo, "fix")) as ws:
         assert ws.run(["chmod", "0444", "app.py"], timeout_s=10).exit_code == 0
         with pytest.raises(ToolError, match=r"cannot write app\.py: .*[Pp]ermission denied"):
             ws.write_text("app.py", "changed\n")

@@ -1,0 +1,257 @@
+"""`execute_stage` as a function of its inputs: no Redis, no Docker, no network.
+
+The model is the real google-genai client (as a worker builds it) talking to the fake Gemini
+server inside this process (`testkit.gemini.InProcessGemini`); code stages work in host-side
+working copies of the demo's sample repository (`testkit.sandboxes.LocalSandboxes`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from demo import SCENARIO
+from demo.runner import make_sample_repo
+from orchestrator.git import resolve_commit
+from orchestrator.pipeline import ISSUE_KEY, StageBudget, load_pipeline
+from testkit.gemini.inprocess import InProcessGemini
+from testkit.sandboxes import LocalSandboxes
+from testkit.sinks import MemoryArtifacts
+from workers.errors import StageCancelledError, StageError, StageOutputError, TestsFailedError
+from workers.inputs import StageInputs
+from workers.mirrors import RepoCache
+from workers.publish import Publisher
+from workers.stage import StageOutput, StageSinks, execute_stage
+
+PIPELINE = load_pipeline("fixer")
+DEMO = json.loads(SCENARIO.read_text())
+TEST_COMMAND = "python3 -m unittest discover -s tests -t ."
+ISSUE = "Title: ZeroDivisionError in average_price_cents\nSource: text"
+
+
+def steps(agent: str) -> list[dict[str, Any]]:
+    return list(DEMO["agents"][agent]["steps"])
+
+
+def output_of(agent: str) -> dict[str, Any]:
+    final: dict[str, Any] = steps(agent)[-1]["json"]
+    return final
+
+
+class Harness:
+    """One stage execution's surroundings: a fake model, sinks, sandboxes, a remote."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.remote = make_sample_repo(tmp_path / "shopcart.git")
+        self.commit = resolve_commit(str(self.remote))
+        self.sandboxes = LocalSandboxes(tmp_path / "sandbox-cache")
+        self.publisher = Publisher(RepoCache(tmp_path / "publish-cache"))
+        self.artifacts = MemoryArtifacts(run_id="r1")
+        self.audit: list[dict[str, Any]] = []
+        self.sinks = StageSinks(artifacts=self.artifacts, audit=self.audit.extend)
+        self.fake = InProcessGemini()
+
+    def inputs(self, stage: str, **overrides: Any) -> StageInputs:
+        spec = PIPELINE.stage(stage)
+        state = {ISSUE_KEY: ISSUE}
+        for key in spec.inputs:
+            if key != ISSUE_KEY:
+                state[key] = output_of(key)
+        values: dict[str, Any] = {
+            "run_id": "r1", "pipeline": "fixer", "spec": spec, "attempt": 1,
+            "repo": str(self.remote), "commit": self.commit, "state": state,
+        }  # fmt: skip
+        return StageInputs(**{**values, **overrides})
+
+    def run(self, inputs: StageInputs, scripts: dict[str, Any], **kwargs: Any) -> StageOutput:
+        self.fake = InProcessGemini({"agents": scripts})
+        return asyncio.run(
+            execute_stage(
+                inputs,
+                model=self.fake.model(transient_attempts=1),
+                sinks=self.sinks,
+                sandboxes=self.sandboxes,
+                publisher=self.publisher,
+                **kwargs,
+            )
+        )
+
+    def branches(self) -> list[str]:
+        listed = subprocess.run(
+            ["git", "-C", str(self.remote), "for-each-ref", "--format=%(refname:short)"],
+            capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        return listed.stdout.split()
+
+
+@pytest.fixture
+def harness(tmp_path: Path) -> Harness:
+    return Harness(tmp_path)
+
+
+def fix_diff(harness: Harness) -> str:
+    """The demo fix's change, as the fix stage hands it on."""
+    harness.run(harness.inputs("fix", verify_command=TEST_COMMAND), {"fix": steps("fix")})
+    return harness.artifacts.data["workspace.diff"].decode()
+
+
+def test_a_stage_without_tools_returns_its_validated_output(harness: Harness) -> None:
+    out = harness.run(harness.inputs("triage"), {"triage": steps("triage")})
+
+    assert out.output == {**output_of("triage")}
+    assert out.compacted is None
+    assert harness.sinks.usage.requests == 1
+    assert harness.sandboxes.requests == []
+    system = harness.fake.requests()[0]["request"]["systemInstruction"]["parts"][0]["text"]
+    assert ISSUE in system
+    assert {e["session"] for e in harness.audit} == {"r1:triage:1"}
+
+
+def test_a_code_stage_works_in_a_workspace_of_the_pinned_commit(harness: Harness) -> None:
+    out = harness.run(harness.inputs("search"), {"search": steps("search")})
+
+    assert out.output["locations"][0]["path"] == "shopcart/cart.py"
+    (request,) = harness.sandboxes.requests
+    assert (request.repo, request.commit, request.network) == (
+        str(harness.remote),
+        harness.commit,
+        None,
+    )
+    assert request.labels == {"baton.run": "r1", "baton.stage": "search", "baton.attempt": "1"}
+    assert harness.sandboxes.open_now == 0
+    read = harness.fake.requests()[2]["request"]["contents"][-1]["parts"][0]
+    assert "def average_price_cents" in json.dumps(read["functionResponse"]["response"])
+
+
+def test_an_invalid_reply_gets_one_repair_turn(harness: Harness) -> None:
+    bad = {"json": {"actionable": "perhaps"}}
+    out = harness.run(harness.inputs("triage"), {"triage": [bad, steps("triage")[0]]})
+
+    assert out.output == output_of("triage")
+    repair = harness.fake.requests()[1]["request"]["contents"][-1]["parts"][0]["text"]
+    assert repair.startswith("Your reply could not be used: the reply does not match Triage")
+    assert harness.sinks.usage.requests == 2
+
+
+def test_a_reply_still_invalid_after_the_repair_turn_fails_the_stage(harness: Harness) -> None:
+    bad = {"json": {"actionable": "perhaps"}}
+
+    with pytest.raises(StageOutputError, match="invalid after one repair turn"):
+        harness.run(harness.inputs("triage"), {"triage": [bad]})
+    assert harness.sinks.usage.requests == 2
+
+
+def test_requests_are_trimmed_to_the_stage_budget(harness: Harness) -> None:
+    read = {"call": {"name": "read_file", "args": {"path": "shopcart/cart.py"}}}
+    spec = PIPELINE.stage("search")
+    budget = StageBudget(max_request_tokens=2_500, max_model_calls=12)
+    tight = spec.model_copy(update={"budget": budget})
+
+    out = harness.run(
+        harness.inputs("search", spec=tight), {"search": [read] * 8 + [steps("search")[-1]]}
+    )
+
+    assert out.output["root_cause"] == output_of("search")["root_cause"]
+    sizes = [entry["prompt_tokens"] for entry in harness.fake.requests()]
+    assert len(sizes) == 9
+    assert max(sizes) <= 2_500 * 1.1, sizes
+    assert sizes[-1] < sum(sizes[:4])  # without trimming the last request carries them all
+
+
+def test_the_fix_is_verified_before_and_after_and_measured_fields_replace_claims(
+    harness: Harness,
+) -> None:
+    claims = {**output_of("fix"), "tests_before": None, "tests_after": None}
+    fix = [*steps("fix")[:-1], {"json": claims}]
+
+    out = harness.run(harness.inputs("fix", verify_command=TEST_COMMAND), {"fix": fix})
+
+    before, after = out.output["tests_before"], out.output["tests_after"]
+    assert before["command"] == after["command"] == TEST_COMMAND
+    assert before["exit_code"] != 0 and before["failed"] == 2
+    assert after["exit_code"] == 0 and after["failed"] == 0
+    saved = harness.artifacts.data
+    assert "ZeroDivisionError" in saved["tests-before.log"].decode()
+    assert "if count == 0:" in saved["workspace.diff"].decode()
+
+
+def test_a_fix_whose_tests_still_fail_keeps_its_evidence(harness: Harness) -> None:
+    no_change = [steps("fix")[0], steps("fix")[-1]]
+
+    with pytest.raises(TestsFailedError, match="the tests still fail after the change"):
+        harness.run(harness.inputs("fix", verify_command=TEST_COMMAND), {"fix": no_change})
+
+    assert set(harness.artifacts.data) >= {"tests-before.log", "tests-after.log", "test-log-1.txt"}
+    assert harness.sinks.usage.requests == 2
+    assert harness.sinks.usage.prompt_tokens_total > 0
+    assert harness.sandboxes.open_now == 0
+
+
+def cancel_on_call(n: int) -> tuple[Callable[[], None], list[int]]:
+    """A fence that cancels the run at its `n`-th call (the calls are counted)."""
+    calls: list[int] = []
+
+    def fence() -> None:
+        calls.append(len(calls) + 1)
+        if len(calls) >= n:
+            raise StageCancelledError()
+
+    return fence, calls
+
+
+def test_a_cancel_stops_the_stage_at_its_next_safe_point(harness: Harness) -> None:
+    fence, calls = cancel_on_call(3)  # model call, tool call, then the second model call
+
+    with pytest.raises(StageCancelledError):
+        harness.run(harness.inputs("search"), {"search": steps("search")}, fence=fence)
+
+    assert calls == [1, 2, 3]
+    assert len(harness.fake.requests()) == 1
+    assert harness.sandboxes.open_now == 0
+
+
+def test_a_cancel_right_before_publishing_pushes_nothing(harness: Harness) -> None:
+    diff = fix_diff(harness)
+    # Safe points of the pr stage: model, show_diff, model, publish; then publish's own fence.
+    fence, calls = cancel_on_call(5)
+
+    with pytest.raises(StageCancelledError):
+        harness.run(harness.inputs("pr", upstream_diff=diff), {"pr": steps("pr")}, fence=fence)
+
+    assert calls == [1, 2, 3, 4, 5]
+    assert harness.branches() == ["main"]
+    assert "published.json" not in harness.artifacts.data
+
+
+def test_a_pr_stage_publishes_and_reports_the_branch_it_measured(harness: Harness) -> None:
+    diff = fix_diff(harness)
+    claims = {**output_of("pr"), "branch": "made-up", "commit": "0" * 40}
+    pr = [*steps("pr")[:-1], {"json": claims}]
+
+    out = harness.run(
+        harness.inputs("pr", upstream_diff=diff, evidence="Verified by Baton: 3 passed"),
+        {"pr": pr},
+    )
+
+    assert out.output["branch"] == "baton/r1"
+    assert "baton/r1" in harness.branches()
+    pushed = subprocess.run(
+        ["git", "-C", str(harness.remote), "log", "-1", "--format=%H%n%B", "baton/r1"],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    assert pushed.splitlines()[0] == out.output["commit"]
+    assert "Verified by Baton: 3 passed" in pushed
+
+
+def test_an_upstream_change_that_does_not_apply_fails_the_stage(harness: Harness) -> None:
+    broken = "--- a/shopcart/cart.py\n+++ b/shopcart/cart.py\n@@ -1,1 +1,1 @@\n-nope\n+nada\n"
+
+    with pytest.raises(StageError, match="the changes of an earlier stage do not apply"):
+        harness.run(harness.inputs("pr", upstream_diff=broken), {"pr": steps("pr")})
+    assert harness.fake.requests() == []

@@ -1,0 +1,190 @@
+"""One execution of a stage inside a worker: the stage runner wired to the run store.
+
+`Execution` resolves the stage's inputs from the store, gives `execute_stage` sinks that write
+to the store, a fence that checks the run in the store, and the worker's sandboxes and
+publisher; afterwards it says what the execution cost and left behind (`figures`), whether
+it finished or not. Anything that ends an execution is turned into an `ExecutionError` here,
+once (`failure`), so the task, the metrics and the run's reason all read the same answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from celery.exceptions import SoftTimeLimitExceeded
+
+import sandbox
+from orchestrator.conductor import Conductor
+from orchestrator.errors import RepoError
+from orchestrator.execution import Hold, StageFigures
+from orchestrator.models import ArtifactRef, RunRecord
+from orchestrator.pipeline import Pipeline, StageSpec
+from orchestrator.settings import ModelConfig, RetryConfig
+from orchestrator.store import RunStore
+from workers.agent import Usage
+from workers.errors import (
+    ExecutionError,
+    InfrastructureError,
+    InternalError,
+    LeaseLostError,
+    StageCancelledError,
+    StageError,
+    StageTimeLimitError,
+)
+from workers.gemini import BatonGemini, build_model, close_model, model_error
+from workers.governor import Governor
+from workers.inputs import resolve
+from workers.publish import Publisher
+from workers.sandboxes import Sandboxes
+from workers.stage import StageOutput, StageSinks, execute_stage
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class WorkerServices:
+    """What a worker process lends every execution it runs."""
+
+    conductor: Conductor
+    sandboxes: Sandboxes
+    publisher: Publisher
+    governor: Governor | None
+    model: ModelConfig
+    retry: RetryConfig
+    streaming: bool = False
+
+    @property
+    def store(self) -> RunStore:
+        return self.conductor.store
+
+
+class StoreArtifacts:
+    """The artifact sink of one execution: artifacts land in the run store under `<stage>/`,
+    and `saved` keeps what was stored."""
+
+    def __init__(self, store: RunStore, run_id: str, stage: str) -> None:
+        self._store, self._run_id, self._stage = store, run_id, stage
+        self.saved: dict[str, ArtifactRef] = {}
+
+    def save(self, name: str, data: bytes, media_type: str = "text/plain") -> str:
+        ref = self._store.put_artifact(self._run_id, f"{self._stage}/{name}", data, media_type)
+        self.saved[name] = ref
+        return ref.uri
+
+
+class Execution:
+    """One execution of `spec` for `run`, held by `owner`."""
+
+    def __init__(
+        self,
+        services: WorkerServices,
+        run: RunRecord,
+        pipeline: Pipeline,
+        spec: StageSpec,
+        *,
+        attempt: int,
+        owner: str,
+    ) -> None:
+        self.services = services
+        self.run, self.pipeline, self.spec = run, pipeline, spec
+        self.attempt, self.owner = attempt, owner
+        self.artifacts = StoreArtifacts(services.store, run.id, spec.name)
+        self.usage = Usage()
+        self.stopped_as: Hold = Hold.HELD
+        """Set by the heartbeat when it finds the execution must stop."""
+        self._model: BatonGemini | None = None
+
+    async def execute(self) -> StageOutput:
+        """Resolve the inputs and run the stage; raises an `ExecutionError` if it has no
+        output."""
+        store = self.services.store
+
+        def audit(entries: list[dict[str, Any]]) -> None:
+            store.audit(self.run.id, entries)
+
+        sinks = StageSinks(artifacts=self.artifacts, audit=audit, usage=self.usage)
+        try:
+            inputs = resolve(self.run, self.pipeline, self.spec, self.attempt, store)
+            self._model = self._build_model()
+            return await execute_stage(
+                inputs,
+                model=self._model,
+                sinks=sinks,
+                sandboxes=self.services.sandboxes,
+                publisher=self.services.publisher,
+                fence=self.fence,
+                streaming=self.services.streaming,
+            )
+        finally:
+            if self._model is not None:
+                await close_model(self._model)
+
+    def fence(self) -> None:
+        """Raise unless this execution still holds its stage of a run that goes on: read from
+        the store, so that a cancel is seen at once, not at the next heartbeat."""
+        hold = self.stopped_as
+        if hold == Hold.HELD:
+            hold = self.services.conductor.hold(self.run.id, self.spec.name, owner=self.owner)
+        if hold == Hold.CANCELLED:
+            raise StageCancelledError()
+        if hold == Hold.LOST:
+            raise LeaseLostError(f"another execution holds {self.spec.name} of {self.run.id} now")
+
+    def figures(self) -> StageFigures:
+        """What the execution cost and left behind so far."""
+        return StageFigures(
+            requests=self.usage.requests,
+            prompt_tokens_total=self.usage.prompt_tokens_total,
+            prompt_tokens_max=self.usage.prompt_tokens_max,
+            output_tokens=self.usage.output_tokens,
+            quota_wait_s=self._model.waited_s if self._model is not None else 0.0,
+            artifacts=dict(self.artifacts.saved),
+        )
+
+    def failure(self, exc: BaseException) -> ExecutionError:
+        """Why the execution ended, as an `ExecutionError`."""
+        error = as_execution_error(exc, self.spec, stopped_as=self.stopped_as)
+        if isinstance(error, InternalError):
+            logger.error("stage %s of run %s crashed", self.spec.name, self.run.id, exc_info=exc)
+        return error
+
+    def _build_model(self) -> BatonGemini:
+        conductor, run_id, stage = self.services.conductor, self.run.id, self.spec.name
+        return build_model(
+            self.services.model,
+            self.services.retry,
+            governor=self.services.governor,
+            on_wait=lambda seconds, why: conductor.show_wait(run_id, stage, seconds, why),
+            stage=stage,
+        )
+
+
+def as_execution_error(
+    exc: BaseException, spec: StageSpec, *, stopped_as: Hold = Hold.HELD
+) -> ExecutionError:
+    """Whatever ended an execution of `spec`, as the `ExecutionError` that says how it is
+    handled: Baton's own errors as they are, the heartbeat's interruption as a cancel (or a
+    lost lease), and the outside world's (Celery's time limit, Docker, git, the model API) as
+    the matching subclass; anything else is an `InternalError` naming its type."""
+    if isinstance(exc, ExecutionError):
+        return exc
+    if isinstance(exc, asyncio.CancelledError) or stopped_as != Hold.HELD:
+        if stopped_as == Hold.LOST:
+            return LeaseLostError(f"another execution holds {spec.name} now")
+        return StageCancelledError()
+    if isinstance(exc, SoftTimeLimitExceeded):
+        limit = spec.budget.soft_time_limit_s
+        return StageTimeLimitError(f"stage exceeded its soft time limit of {limit}s")
+    if isinstance(exc, sandbox.SandboxUnavailableError):
+        return InfrastructureError(f"the sandbox failed: {exc}")
+    if isinstance(exc, sandbox.SandboxStartError):
+        return StageError(f"no sandbox could be started: {exc}")
+    if isinstance(exc, RepoError):
+        return StageError(str(exc))
+    mapped = model_error(exc)
+    if mapped is not None:
+        return mapped
+    return InternalError(f"internal error: {type(exc).__name__}: {exc}")
