@@ -1,5 +1,5 @@
 # `make demo` and `make test` do all set-up themselves on a fresh Debian machine.
-.PHONY: setup demo test bench lint clean images
+.PHONY: setup demo unit test bench lint clean images
 
 BIN := .venv/bin
 
@@ -13,6 +13,11 @@ images: setup
 demo: setup
 	bash scripts/with-docker.sh $(BIN)/baton demo
 
+# The unit tier: no redis-server, no dockerd, no network (tests marked `integration` are left out).
+unit: setup
+	$(BIN)/pytest -q -m "not integration"
+
+# Everything: lint, then both tiers against real redis-server, Celery workers, dockerd, Chromium.
 test: lint
 	bash scripts/with-docker.sh $(BIN)/pytest -q
 

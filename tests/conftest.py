@@ -1,14 +1,36 @@
-"""Shared fixtures: a real redis-server for the whole session, a clean database per test."""
+"""Shared fixtures: a real redis-server for the whole session, a clean database per test; and
+the two tiers.
+
+A test belongs to the integration tier (marker `integration`) when it lives in a folder that
+runs real services (`tests/integration`, `tests/deploy`, `tests/sandbox`), when it asks for a
+fixture that starts one (`SERVICE_FIXTURES`), or when its module says so (`pytestmark`). The
+rest is the unit tier, `make unit`: no redis-server, no dockerd, no network.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import redis
 
 from orchestrator.store import RunStore
 from testkit import services
+
+
+TESTS = Path(__file__).resolve().parent
+SERVICE_FOLDERS = frozenset({"integration", "deploy", "sandbox"})
+"""Folders whose tests run real services: redis-server, Celery workers, dockerd, Chromium."""
+SERVICE_FIXTURES = frozenset({"redis_url", "unit_redis_url", "redis_client", "store"})
+"""Fixtures that start a service (a redis-server for the session)."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        folder = item.path.relative_to(TESTS).parts[0]
+        if folder in SERVICE_FOLDERS or SERVICE_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.integration)
 
 
 @pytest.fixture(scope="session")

@@ -168,3 +168,24 @@ def test_every_stages_model_client_shares_one_tls_context(monkeypatch: pytest.Mo
     assert len(made) == 1
     assert made[0] is gemini.tls_context()
     assert made[0].verify_mode is ssl.CERT_REQUIRED and made[0].check_hostname
+
+
+def test_an_unreachable_model_names_the_host_it_tried() -> None:
+    request = httpx.Request("POST", "https://gemini.example.invalid:8443/v1beta/models/m")
+    failure = httpx.ConnectError("[Errno -2] Name or service not known", request=request)
+
+    message = str(model_error(failure))
+
+    assert message.startswith("model unreachable at https://gemini.example.invalid:8443 ")
+    assert "Name or service not known" in message
+
+
+def test_a_missing_key_with_a_base_url_says_the_url_is_set_and_what_it_needs() -> None:
+    with_url = ModelConfig(base_url="http://127.0.0.1:8765")
+
+    with pytest.raises(ModelRejectedError) as caught:
+        build_model(with_url, RetryConfig())
+
+    assert "BATON_GEMINI_BASE_URL is http://127.0.0.1:8765" in str(caught.value)
+    assert "(or BATON_GEMINI_BASE_URL" not in str(caught.value)
+    assert gemini.missing_key_message(ModelConfig()) == "no Gemini API key: set GOOGLE_API_KEY"

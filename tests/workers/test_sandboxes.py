@@ -15,6 +15,8 @@ from workers.sandboxes import DockerSandboxes, WorkspaceRequest
 from workers.tools.container import ContainerWorkspace
 from workers.tools.errors import ToolError
 
+pytestmark = pytest.mark.integration  # real dockerd
+
 IDENTITY = ["-c", "user.name=t", "-c", "user.email=t@t"]
 
 

@@ -1,0 +1,31 @@
+"""`baton worker` checks what it needs before it starts Celery (no services involved)."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from orchestrator.cli import main
+
+
+def test_a_worker_without_a_model_key_refuses_to_start_and_says_so(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("BATON_REDIS_URL", "redis://127.0.0.1:1/0")
+    monkeypatch.setenv("BATON_GEMINI_BASE_URL", "http://127.0.0.1:8765")
+    monkeypatch.delenv("GOOGLE_API_KEY", raising=False)
+    monkeypatch.delenv("BATON_GOOGLE_API_KEY", raising=False)
+
+    result = CliRunner().invoke(main, ["worker", "--stages", "triage"])
+
+    assert result.exit_code == 2
+    assert "no Gemini API key: set GOOGLE_API_KEY" in result.output
+    assert "BATON_GEMINI_BASE_URL is http://127.0.0.1:8765" in result.output
+
+
+def test_the_commands_of_other_packages_are_listed() -> None:
+    result = CliRunner().invoke(main, ["--help"])
+
+    assert result.exit_code == 0
+    for command in ("worker", "demo", "fake-gemini", "enqueue", "cancel"):
+        assert f"  {command} " in result.output
