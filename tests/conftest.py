@@ -18,7 +18,6 @@ import redis
 from orchestrator.store import RunStore
 from testkit import services
 
-
 TESTS = Path(__file__).resolve().parent
 SERVICE_FOLDERS = frozenset({"integration", "deploy", "sandbox"})
 """Folders whose tests run real services: redis-server, Celery workers, dockerd, Chromium."""
