@@ -1,14 +1,17 @@
-"""Shared fixtures: a real redis-server for the whole session, a clean database per test."""
+"""Shared fixtures: a real redis-server for the whole session, a clean database per test; git
+for the tests' own set-up and checks, and upstream repositories made to order."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import shutil
+from collections.abc import Callable, Iterator
 
 import pytest
 import redis
 
 from orchestrator.store import RunStore
 from testkit import services
+from tests.repos import Git, Upstream
 
 
 @pytest.fixture(scope="session")
@@ -35,3 +38,26 @@ def redis_client(unit_redis_url: str) -> Iterator[redis.Redis]:
 @pytest.fixture
 def store(redis_client: redis.Redis) -> RunStore:
     return RunStore(redis_client, ttl_s=3600)
+
+
+@pytest.fixture(scope="session")
+def git() -> Git:
+    """Git for a test's own set-up and checks (`git(...)` text, `git.raw(...)` bytes), never
+    through the code under test."""
+    return Git()
+
+
+@pytest.fixture
+def make_upstream(
+    git: Git, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Callable[[], Upstream]]:
+    """Makes empty upstream repositories (a bare origin and a clone); removed after the test."""
+    made: list[Upstream] = []
+
+    def make() -> Upstream:
+        made.append(Upstream(git, tmp_path_factory.mktemp("upstream")))
+        return made[-1]
+
+    yield make
+    for upstream in made:
+        shutil.rmtree(upstream.base, ignore_errors=True)
