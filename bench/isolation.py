@@ -15,7 +15,6 @@ the server's own token counts per request. Then Baton alone with the upstream st
 from __future__ import annotations
 
 import asyncio
-import subprocess
 import tempfile
 import time
 import warnings
@@ -32,6 +31,7 @@ from pydantic import SecretStr
 from bench import record
 from bench.stack import API_KEY, bench_settings
 from orchestrator import api
+from orchestrator.git import COMMITTER, git_output
 from orchestrator.pipeline import StageBudget, load_pipeline
 from orchestrator.settings import ModelConfig, RetryConfig, Settings
 from testkit import services
@@ -64,12 +64,8 @@ def make_repo(dest: Path) -> Path:
         for i in range(1, reads(stage, max(VOLUMES)) + 1):
             line = f"{stage}-{i}-".ljust(LINE_CHARS - 1, "x")
             (blobs / f"{stage}_{i}.txt").write_text("\n".join([line] * FILE_LINES) + "\n")
-    for args in (
-        ["init", "-q", "-b", "main"],
-        ["add", "-A"],
-        ["-c", "user.name=b", "-c", "user.email=b@b", "commit", "-qm", "blobs"],
-    ):
-        subprocess.run(["git", "-C", str(dest), *args], check=True)
+    for args in (["init", "-q", "-b", "main"], ["add", "-A"], ["commit", "-qm", "blobs"]):
+        git_output(str(dest), ["-C", str(dest), *args], config=COMMITTER)
     return dest
 
 

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from orchestrator.git import run_git
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -15,10 +16,9 @@ DOC = ROOT / "docs" / "benchmarks.md"
 
 
 def commit() -> str:
-    done = subprocess.run(
-        ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-    )
-    return done.stdout.strip() or "unknown"
+    """The short sha of the checkout the benchmark ran from, or "unknown" outside a clone."""
+    done = run_git(["-C", str(ROOT), "rev-parse", "--short", "HEAD"])
+    return done.stdout.decode().strip() if done.returncode == 0 else "unknown"
 
 
 def save(name: str, figures: Mapping[str, Any], row: Sequence[str], detail: str) -> Path:

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 from pydantic import SecretStr
 
+from orchestrator.git import COMMITTER, git_output
 from orchestrator.settings import Settings
 
 API_KEY = "bench-key"
@@ -16,9 +16,8 @@ API_KEY = "bench-key"
 def empty_repo(path: Path) -> Path:
     """A git repository at `path` with one empty commit, for runs that never read it."""
     path.mkdir()
-    identity = ["-c", "user.name=b", "-c", "user.email=b@b"]
-    for args in (["init", "-q"], [*identity, "commit", "-q", "--allow-empty", "-m", "empty"]):
-        subprocess.run(["git", "-C", str(path), *args], check=True)
+    for args in (["init", "-q"], ["commit", "-q", "--allow-empty", "-m", "empty"]):
+        git_output(str(path), ["-C", str(path), *args], config=COMMITTER)
     return path
 
 

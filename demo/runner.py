@@ -24,7 +24,7 @@ from rich.text import Text
 
 from demo import SAMPLE_REPO, SCENARIO, SENTRY_EVENT
 from orchestrator import api
-from orchestrator.git import GIT_TIMEOUT_S, git_for
+from orchestrator.git import COMMITTER, git_output
 from orchestrator.models import RunRecord
 from orchestrator.pipeline import load_pipeline
 from orchestrator.report import follow, run_json, run_table
@@ -47,14 +47,13 @@ def make_sample_repo(dest: Path) -> Path:
     """A bare repository (the "remote") holding the sample package, one commit deep."""
     work = dest.with_name(dest.name + "-work")
     shutil.copytree(SAMPLE_REPO, work, ignore=shutil.ignore_patterns("__pycache__"))
-    identity = ["-c", "user.name=Baton Demo", "-c", "user.email=demo@localhost"]
     for args in (
         ["init", "-q", "-b", "main"],
         ["add", "-A"],
         ["commit", "-q", "-m", "shopcart: carts, items and the checkout summary"],
     ):
-        git_for(str(work), ["-C", str(work), *identity, *args], GIT_TIMEOUT_S)
-    git_for(str(work), ["clone", "-q", "--bare", str(work), str(dest)], GIT_TIMEOUT_S)
+        git_output(str(work), ["-C", str(work), *args], config=COMMITTER)
+    git_output(str(work), ["clone", "-q", "--bare", str(work), str(dest)])
     shutil.rmtree(work)
     return dest
 
@@ -128,7 +127,7 @@ def _outcome(run: RunRecord, store: RunStore, outputs: dict[str, Any]) -> Render
     diff_ref = run.stages["fix"].artifacts.get("workspace.diff")
     if not pr or diff_ref is None:
         return None
-    message = git_for(run.repo, ["-C", run.repo, "log", "-1", "--format=%B", pr["branch"]], 60)
+    message = git_output(run.repo, ["-C", run.repo, "log", "-1", "--format=%B", pr["branch"]])
     title, _, body = message.partition("\n")
     heading = Text.assemble(
         (title, "bold"),

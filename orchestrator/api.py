@@ -49,10 +49,10 @@ def submit(
     data = json.dumps(payload) if isinstance(payload, Mapping) else payload
     issue = parse_payload(data, IssueSource(source) if source else None)
     check_time_limits(load_pipeline(pipeline), settings.queue, settings.retry)
-    repo = git.repo_source(repo)
-    commit = git.resolve_commit(repo)
+    commit = git.resolve_commit(repo)  # refuses a path that is not a repository's root
+    source = git.repo_source(repo)
     with connect(settings) as conductor:
-        return conductor.submit(issue, repo=repo, commit=commit, pipeline=pipeline, force=force)
+        return conductor.submit(issue, repo=source, commit=commit, pipeline=pipeline, force=force)
 
 
 def enqueue(
@@ -72,7 +72,9 @@ def enqueue(
     Raises:
         IntakeError: the payload is malformed; the message names the field.
         PipelineError: the pipeline is unknown or invalid.
-        RepoError: the repository cannot be read.
+        RepoError: the repository cannot be read, or a local path is not the root of a git
+            repository (a folder inside one, a plain folder, a path that does not exist); the
+            message names the path first.
         ConfigError: BATON_REDIS_URL is not set.
     """
     run_id, _ = submit(

@@ -15,7 +15,7 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from orchestrator.git import GIT_TIMEOUT_S, git_env, git_message, redact, run_git
+from orchestrator.git import LOCAL_GIT_TIMEOUT_S, git_env, git_said, redact, run_git
 from testkit.process import first_lines, run_capped
 from workers.tools.errors import ToolError
 from workers.tools.workspace import (
@@ -139,7 +139,7 @@ class LocalWorkspace:
             if check.returncode == 0:
                 self._git("apply", *flags, "-", stdin=patch)
                 return
-            failures.append(git_message(check))
+            failures.append(git_said(check))
         raise ToolError(f"the patch does not apply; nothing changed: {failures[0]}")
 
     # -- helpers ------------------------------------------------------------------------------
@@ -162,15 +162,16 @@ class LocalWorkspace:
             raise ToolError(f"no file or directory {path!r}; list_files shows what exists")
         return full.relative_to(self.path.resolve()).as_posix()
 
-    def _git(self, *args: str, stdin: str | None = None) -> str:
+    def _git(self, *args: str, stdin: str = "") -> str:
+        """The output of a git command that must succeed; else a `ToolError` quoting git."""
         command = args[0]
         try:
-            result = run_git(["-C", self.root, *args], timeout_s=GIT_TIMEOUT_S, stdin=stdin)
+            result = run_git(["-C", self.root, *args], stdin=stdin)
         except subprocess.TimeoutExpired:
-            raise ToolError(f"git {command} took over {GIT_TIMEOUT_S:g} s") from None
+            raise ToolError(f"git {command} took over {LOCAL_GIT_TIMEOUT_S:g} s") from None
         if result.returncode != 0:
-            raise ToolError(f"git {command} failed: {redact(git_message(result))}")
-        return result.stdout
+            raise ToolError(f"git {command} failed: {redact(git_said(result))}")
+        return result.stdout.decode(errors="replace")
 
 
 def _git_grep_argv(pattern: str, where: str, glob: str | None) -> list[str]:

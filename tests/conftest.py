@@ -1,5 +1,6 @@
-"""Shared fixtures: a real redis-server for the whole session, a clean database per test; and
-the two tiers.
+"""Shared fixtures: a real redis-server for the whole session, a clean database per test; git
+for the tests' own set-up and checks, and upstream repositories made to order. And the two
+tiers.
 
 A test belongs to the integration tier (marker `integration`) when it lives in a folder that
 runs real services (`tests/integration`, `tests/deploy`, `tests/sandbox`), when it asks for a
@@ -9,7 +10,8 @@ rest is the unit tier, `make unit`: no redis-server, no dockerd, no network.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import shutil
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -17,6 +19,7 @@ import redis
 
 from orchestrator.store import RunStore
 from testkit import services
+from tests.repos import Git, Upstream
 
 TESTS = Path(__file__).resolve().parent
 SERVICE_FOLDERS = frozenset({"integration", "deploy", "sandbox"})
@@ -56,3 +59,26 @@ def redis_client(unit_redis_url: str) -> Iterator[redis.Redis]:
 @pytest.fixture
 def store(redis_client: redis.Redis) -> RunStore:
     return RunStore(redis_client, ttl_s=3600)
+
+
+@pytest.fixture(scope="session")
+def git() -> Git:
+    """Git for a test's own set-up and checks (`git(...)` text, `git.raw(...)` bytes), never
+    through the code under test."""
+    return Git()
+
+
+@pytest.fixture
+def make_upstream(
+    git: Git, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Callable[[], Upstream]]:
+    """Makes empty upstream repositories (a bare origin and a clone); removed after the test."""
+    made: list[Upstream] = []
+
+    def make() -> Upstream:
+        made.append(Upstream(git, tmp_path_factory.mktemp("upstream")))
+        return made[-1]
+
+    yield make
+    for upstream in made:
+        shutil.rmtree(upstream.base, ignore_errors=True)

@@ -18,9 +18,12 @@ from github.Repository import Repository
 from pydantic import SecretStr
 
 GITHUB_API_URL = "https://api.github.com"
-"""The REST API of github.com; GitHub Enterprise and the tests' fake server live elsewhere."""
+"""The REST API of github.com, the default of `BATON_GITHUB_API_URL`; GitHub Enterprise and the
+tests' fake server live elsewhere."""
 API_TIMEOUT_S = 30
 """Time limit of one REST request."""
+AUTH_HEADER_CONFIG = "http.https://github.com/.extraheader"
+"""The git configuration key of an HTTP header sent to `https://github.com/` and nowhere else."""
 _NAME = r"[A-Za-z0-9_.-]+"
 _REMOTES = [
     # https://github.com/owner/repo(.git), possibly with user info before the host
@@ -33,8 +36,9 @@ _REMOTES = [
 
 
 @dataclass(frozen=True)
-class PullRequest:
-    """A pull request on GitHub, and whether this call opened it."""
+class GitHubPullRequest:
+    """A pull request as GitHub's API reports it, and whether this call opened it (not the pr
+    stage's output, `orchestrator.schemas.PullRequest`)."""
 
     number: int
     url: str
@@ -51,8 +55,9 @@ def github_slug(remote: str) -> str | None:
     return None
 
 
-def uses_https(remote: str) -> bool:
-    """Whether git reaches `remote` at `https://github.com/`, where the token header goes."""
+def is_github_https_remote(remote: str) -> bool:
+    """Whether git reaches `remote` at `https://github.com/`, where the token header goes (an
+    https remote on another host is not one)."""
     parts = urlsplit(remote.strip())
     return parts.scheme.lower() == "https" and (parts.hostname or "") == "github.com"
 
@@ -64,17 +69,18 @@ def git_auth_config(token: SecretStr) -> dict[str, str]:
     it shows up neither in argv nor in a URL that git could echo.
     """
     basic = base64.b64encode(f"x-access-token:{token.get_secret_value()}".encode()).decode()
-    return {"http.https://github.com/.extraheader": f"AUTHORIZATION: basic {basic}"}
+    return {AUTH_HEADER_CONFIG: f"AUTHORIZATION: basic {basic}"}
 
 
 def secret_forms(token: SecretStr) -> list[str]:
     """Every form of `token` that could leak into text: as is, and inside the git header."""
-    value = git_auth_config(token)["http.https://github.com/.extraheader"]
+    value = git_auth_config(token)[AUTH_HEADER_CONFIG]
     return [token.get_secret_value(), value.rsplit(" ", 1)[-1]]
 
 
-class GitHub:
-    """GitHub's REST API at `api_url`, authenticated with `token` (no work until a call)."""
+class GitHubAPI:
+    """GitHub's REST API at `api_url`, authenticated with `token` (no work until a call); it
+    calls the API through PyGithub's `Github` client."""
 
     def __init__(self, token: SecretStr, *, api_url: str = GITHUB_API_URL) -> None:
         self.token = token
@@ -82,7 +88,7 @@ class GitHub:
 
     def open_pull_request(
         self, slug: str, *, branch: str, title: str, body: str, base: str | None = None
-    ) -> PullRequest:
+    ) -> GitHubPullRequest:
         """The pull request of `branch` into `base` (the default branch when None) of `slug`.
 
         An existing pull request from that branch, open or closed, is returned as it is; a new
@@ -93,7 +99,7 @@ class GitHub:
         with Github(base_url=self.api_url, auth=auth, timeout=API_TIMEOUT_S) as client:
             repo = client.get_repo(slug)
             head = f"{slug.split('/')[0]}:{branch}"
-            existing = _first_pull(repo, head)
+            existing = _existing_pull(repo, head)
             if existing:
                 return existing
             try:
@@ -102,14 +108,14 @@ class GitHub:
                 )
             except GithubException as exc:
                 # 422: one was opened between the look and the create (a concurrent re-run).
-                found = _first_pull(repo, head) if exc.status == 422 else None
+                found = _existing_pull(repo, head) if exc.status == 422 else None
                 if found:
                     return found
                 raise
-            return PullRequest(number=pull.number, url=pull.html_url, created=True)
+            return GitHubPullRequest(number=pull.number, url=pull.html_url, created=True)
 
 
-def _first_pull(repo: Repository, head: str) -> PullRequest | None:
+def _existing_pull(repo: Repository, head: str) -> GitHubPullRequest | None:
     for pull in repo.get_pulls(state="all", head=head):
-        return PullRequest(number=pull.number, url=pull.html_url, created=False)
+        return GitHubPullRequest(number=pull.number, url=pull.html_url, created=False)
     return None

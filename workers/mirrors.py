@@ -15,7 +15,6 @@ import fcntl
 import hashlib
 import io
 import shutil
-import subprocess
 import tarfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -23,23 +22,24 @@ from pathlib import Path
 
 from orchestrator.errors import RepoError
 from orchestrator.git import (
-    GIT_TIMEOUT_S,
-    NETWORK_TIMEOUT_S,
-    git_env,
+    COMMITTER,
+    NETWORK_GIT_TIMEOUT_S,
+    git_output,
+    git_output_bytes,
     redact,
     repo_source,
     run_git,
 )
-from orchestrator.git import git_for as _git
-
-COMMITTER = {"user.name": "Baton", "user.email": "baton@localhost"}
-"""The identity of commits made in working copies."""
 
 
 class RepoCache:
-    """Bare mirrors of the repositories runs work on, under one directory of this host."""
+    """Bare mirrors of the repositories runs work on, under one directory of this host.
 
-    def __init__(self, root: Path, *, network_timeout_s: float = NETWORK_TIMEOUT_S) -> None:
+    `network_timeout_s` limits each clone and fetch, and each archive (a large tree is as slow
+    to pack as to fetch).
+    """
+
+    def __init__(self, root: Path, *, network_timeout_s: float = NETWORK_GIT_TIMEOUT_S) -> None:
         self.root = root
         self.network_timeout_s = network_timeout_s
 
@@ -50,28 +50,28 @@ class RepoCache:
 
     def mirror(self, repo: str) -> Path:
         """Clone `repo` as a bare mirror, or refresh its mirror; returns the mirror's path."""
-        source, path = repo_source(repo), self.mirror_path(repo)
-        with self._locked(path):
-            self._sync(source, path, refresh=True)
-        return path
+        source, mirror = repo_source(repo), self.mirror_path(repo)
+        with self._locked(mirror):
+            self._sync(source, mirror, refresh=True)
+        return mirror
 
     def checkout(self, repo: str, commit: str, dest: Path) -> Path:
         """A working copy of `commit` in `dest` (absent or empty), detached at that commit.
 
         Its `origin` is the original repository, so `git push origin` publishes there, and it
-        has a committer identity of its own. Its objects live in the mirror: delete the
-        working copy before the cache, never the other way round.
+        commits as Baton (`COMMITTER`). Its objects live in the mirror: delete the working copy
+        before the cache, never the other way round.
         """
-        source, path = repo_source(repo), self.mirror_path(repo)
-        with self._locked(path):
-            self._ensure_commit(source, path, commit)
-            clone = ["clone", "--quiet", "--no-checkout", "--shared", str(path), str(dest)]
-            _git(source, clone, GIT_TIMEOUT_S)
+        source, mirror = repo_source(repo), self.mirror_path(repo)
+        with self._locked(mirror):
+            self._ensure_commit(source, mirror, commit)
+            clone = ["clone", "--quiet", "--no-checkout", "--shared", str(mirror), str(dest)]
+            git_output(source, clone)
         in_dest = ["-C", str(dest)]
-        _git(source, [*in_dest, "remote", "set-url", "origin", source], GIT_TIMEOUT_S)
+        git_output(source, [*in_dest, "remote", "set-url", "origin", source])
         for key, value in COMMITTER.items():
-            _git(source, [*in_dest, "config", key, value], GIT_TIMEOUT_S)
-        _git(source, [*in_dest, "checkout", "--quiet", "--detach", commit], GIT_TIMEOUT_S)
+            git_output(source, [*in_dest, "config", key, value])
+        git_output(source, [*in_dest, "checkout", "--quiet", "--detach", commit])
         return dest
 
     def archive(self, repo: str, commit: str, *, uid: int, gid: int) -> bytes:
@@ -80,17 +80,16 @@ class RepoCache:
         Raises:
             RepoError: the commit cannot be found or archived.
         """
-        source, path = repo_source(repo), self.mirror_path(repo)
-        with self._locked(path):
-            self._ensure_commit(source, path, commit)
-        done = subprocess.run(
-            ["git", "-C", str(path), "archive", "--format=tar", commit],
-            env=git_env(), capture_output=True, timeout=self.network_timeout_s, check=False,
-        )  # fmt: skip
-        if done.returncode != 0:
-            message = done.stderr.decode(errors="replace").strip()[-500:]
-            raise RepoError(f"git archive of {redact(source)} at {commit} failed: {message}")
-        return _owned_by(done.stdout, uid, gid)
+        source, mirror = repo_source(repo), self.mirror_path(repo)
+        with self._locked(mirror):
+            self._ensure_commit(source, mirror, commit)
+        tar = git_output_bytes(
+            source,
+            ["-C", str(mirror), "archive", "--format=tar", commit],
+            timeout_s=self.network_timeout_s,
+            failed=f"git archive of {redact(source)} at {commit} failed",
+        )
+        return _owned_by(tar, uid, gid)
 
     @contextmanager
     def _locked(self, mirror: Path) -> Iterator[None]:
@@ -100,35 +99,35 @@ class RepoCache:
             fcntl.flock(lock, fcntl.LOCK_EX)
             yield  # closing the file releases the lock
 
-    def _ensure_commit(self, source: str, path: Path, commit: str) -> None:
+    def _ensure_commit(self, source: str, mirror: Path, commit: str) -> None:
         """The mirror exists and has `commit`, fetched if it was missing (under the lock).
 
         Raises:
             RepoError: not even the origin has it.
         """
-        self._sync(source, path, refresh=False)
-        if not _has_commit(path, commit):
-            self._sync(source, path, refresh=True)
-        if not _has_commit(path, commit):
+        self._sync(source, mirror, refresh=False)
+        if not _has_commit(mirror, commit):
+            self._sync(source, mirror, refresh=True)
+        if not _has_commit(mirror, commit):
             raise RepoError(
                 f"commit {commit!r} is not in {redact(source)}, even after a fetch; "
                 "check the commit and that it was pushed"
             )
 
-    def _sync(self, source: str, path: Path, *, refresh: bool) -> None:
+    def _sync(self, source: str, mirror: Path, *, refresh: bool) -> None:
         """Clone the mirror if it is missing (atomically, via a rename); fetch if `refresh`."""
-        if (path / "HEAD").is_file():
+        if (mirror / "HEAD").is_file():
             if refresh:
-                fetch = ["-C", str(path), "fetch", "--quiet", "--prune", "origin"]
-                _git(source, fetch, self.network_timeout_s)
+                fetch = ["-C", str(mirror), "fetch", "--quiet", "--prune", "origin"]
+                git_output(source, fetch, timeout_s=self.network_timeout_s)
             return
-        partial = path.with_suffix(".partial")
+        partial = mirror.with_suffix(".partial")
         shutil.rmtree(partial, ignore_errors=True)  # left by a clone that died half-way
         clone = ["clone", "--quiet", "--mirror", source, str(partial)]
-        _git(source, clone, self.network_timeout_s)
+        git_output(source, clone, timeout_s=self.network_timeout_s)
         # Working copies borrow the mirror's objects: gc must never prune one of them.
-        _git(source, ["-C", str(partial), "config", "gc.auto", "0"], GIT_TIMEOUT_S)
-        partial.rename(path)
+        git_output(source, ["-C", str(partial), "config", "gc.auto", "0"])
+        partial.rename(mirror)
 
 
 def _has_commit(mirror: Path, commit: str) -> bool:

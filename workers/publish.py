@@ -32,10 +32,11 @@ from pydantic import BaseModel, ConfigDict, SecretStr
 
 from orchestrator.errors import RepoError
 from orchestrator.git import (
-    GIT_TIMEOUT_S,
-    MAX_GIT_MESSAGE_CHARS,
-    NETWORK_TIMEOUT_S,
-    git_env,
+    COMMITTER,
+    GIT_MISSING,
+    LOCAL_GIT_TIMEOUT_S,
+    NETWORK_GIT_TIMEOUT_S,
+    git_said,
     redact,
     repo_source,
     run_git,
@@ -43,14 +44,14 @@ from orchestrator.git import (
 from workers.errors import PublishError
 from workers.github import (
     GITHUB_API_URL,
-    GitHub,
-    PullRequest,
+    GitHubAPI,
+    GitHubPullRequest,
     git_auth_config,
     github_slug,
+    is_github_https_remote,
     secret_forms,
-    uses_https,
 )
-from workers.mirrors import COMMITTER, RepoCache
+from workers.mirrors import RepoCache
 
 logger = logging.getLogger(__name__)
 
@@ -109,19 +110,21 @@ class Publisher:
         the caller. Raises `PublishError`.
         """
         source = self._source(repo, branch)
-        git = _Git(source, branch, workdir / "publish", self._git_config(source), self._secrets())
-        subject, message = _message(title, body, git)
+        copy = _WorkingCopy(
+            source, branch, workdir / "publish", self._git_config(source), self._secrets()
+        )
+        subject, message = _commit_message(title, body, copy)
         if not diff.strip():
-            raise git.error("nothing to publish: the fix's diff is empty")
-        _check_branch_name(git)
-        self._checkout(git, commit)
-        tree = _apply(git, commit, diff)
-        remote = _remote_head(git)
-        if remote and _has_content(git, remote, tree=tree, parent=commit, message=message):
+            raise copy.error("nothing to publish: the fix's diff is empty")
+        _check_branch_name(copy)
+        self._checkout(copy, commit)
+        tree = _apply(copy, commit, diff)
+        remote = _remote_head(copy)
+        if remote and _has_content(copy, remote, tree=tree, parent=commit, message=message):
             fix, pushed = remote, False
         else:
-            fix = git.out("commit-tree", tree, "-p", commit, "-F", "-", stdin=message.encode())
-            _push(git, fix, expected=remote)
+            fix = copy.out("commit-tree", tree, "-p", commit, "-F", "-", stdin=message.encode())
+            _push(copy, fix, expected=remote)
             pushed = True
         logger.info(
             "published %s (%d-byte diff) as %s of %s: %s",
@@ -131,7 +134,7 @@ class Publisher:
             redact(source),
             "pushed" if pushed else "already there",
         )
-        pull = self._pull_request(git, fix, subject, body.strip())
+        pull = self._pull_request(copy, fix, subject, body.strip())
         return PublishResult(
             branch=branch,
             commit=fix,
@@ -151,45 +154,48 @@ class Publisher:
 
     def _git_config(self, source: str) -> dict[str, str]:
         """Configuration for every git command: no hooks, Baton's identity, GitHub auth."""
-        auth = git_auth_config(self.token) if self.token and uses_https(source) else {}
+        auth = git_auth_config(self.token) if self.token and is_github_https_remote(source) else {}
         return {**NO_HOOKS, **COMMITTER, **auth}
 
     def _secrets(self) -> list[str]:
         return secret_forms(self.token) if self.token else []
 
-    def _checkout(self, git: _Git, commit: str) -> None:
-        shutil.rmtree(git.path, ignore_errors=True)  # left by an attempt that died half-way
+    def _checkout(self, copy: _WorkingCopy, commit: str) -> None:
+        shutil.rmtree(copy.path, ignore_errors=True)  # left by an attempt that died half-way
         try:
-            self.repos.checkout(git.source, commit, git.path)
+            self.repos.checkout(copy.source, commit, copy.path)
         except RepoError as exc:
-            raise git.error(f"cannot check out commit {commit}: {exc}") from None
+            raise copy.error(f"cannot check out commit {commit}: {exc}") from None
 
-    def _pull_request(self, git: _Git, fix: str, title: str, body: str) -> PullRequest | None:
-        slug = github_slug(git.source)
+    def _pull_request(
+        self, copy: _WorkingCopy, fix: str, title: str, body: str
+    ) -> GitHubPullRequest | None:
+        slug = github_slug(copy.source)
         if not (slug and self.token):
             return None
-        github = GitHub(self.token, api_url=self.github_api_url)
+        github = GitHubAPI(self.token, api_url=self.github_api_url)
         try:
-            pull = github.open_pull_request(slug, branch=git.branch, title=title, body=body)
+            pull = github.open_pull_request(slug, branch=copy.branch, title=title, body=body)
         except GithubException as exc:
-            raise git.error(
+            raise copy.error(
                 f"the branch holds {fix[:12]}, but GitHub refused the pull request "
                 f"({exc.status}: {_github_said(exc)}); "
                 "check that the token may write pull requests of the repository"
             ) from None
         except requests.RequestException as exc:
-            raise git.error(
+            raise copy.error(
                 f"the branch holds {fix[:12]}, but GitHub at {self.github_api_url} is unreachable "
                 f"({type(exc).__name__}: {exc}); run the stage again"
             ) from None
         verb = "opened" if pull.created else "found"
-        logger.info("%s pull request #%d for %s of %s", verb, pull.number, git.branch, slug)
+        logger.info("%s pull request #%d for %s of %s", verb, pull.number, copy.branch, slug)
         return pull
 
 
 @dataclass(frozen=True)
-class _Git:
-    """Git in the working copy of one publication; its errors name the branch and repository.
+class _WorkingCopy:
+    """The working copy of one publication and git in it; its errors name the branch and the
+    repository.
 
     `config` reaches git through its environment (`GIT_CONFIG_COUNT`…), never through argv;
     `secrets` are cut out of every message git writes before it is quoted.
@@ -205,19 +211,12 @@ class _Git:
         self, *args: str, stdin: bytes = b"", network: bool = False
     ) -> subprocess.CompletedProcess[bytes]:
         """`git -C <copy> *args`; a failing command is returned, not raised."""
-        timeout_s = NETWORK_TIMEOUT_S if network else GIT_TIMEOUT_S
-        env = {**git_env(), **_config_env(self.config)}
+        timeout_s = NETWORK_GIT_TIMEOUT_S if network else LOCAL_GIT_TIMEOUT_S
+        argv = ["-C", str(self.path), *args]
         try:
-            return subprocess.run(
-                ["git", "-C", str(self.path), *args],
-                input=stdin,
-                env=env,
-                capture_output=True,
-                check=False,
-                timeout=timeout_s,
-            )
+            return run_git(argv, timeout_s=timeout_s, stdin=stdin, config=self.config)
         except FileNotFoundError:
-            raise self.error("git is not installed (or not on PATH); install git") from None
+            raise self.error(GIT_MISSING) from None
         except subprocess.TimeoutExpired:
             raise self.error(f"git {args[0]} took over {timeout_s:g} s") from None
 
@@ -232,43 +231,41 @@ class _Git:
         self, what: str, result: subprocess.CompletedProcess[bytes] | None = None
     ) -> PublishError:
         """A `PublishError` saying what failed, quoting git's words without any secret."""
-        said = f": {_said(result)}" if result else ""
+        said = f": {git_said(result)}" if result else ""
         text = f"cannot publish {self.branch} to {self.source}: {what}{said}"
-        for secret in self.secrets:
-            text = text.replace(secret, "***")
-        return PublishError(redact(text))
+        return PublishError(redact(text, self.secrets))
 
 
-def _message(title: str, body: str, git: _Git) -> tuple[str, str]:
+def _commit_message(title: str, body: str, copy: _WorkingCopy) -> tuple[str, str]:
     """The subject (the title on one line) and the whole commit message."""
     subject = " ".join(title.split())
     if not subject:
-        raise git.error("the title is empty; give the commit and pull request a title")
+        raise copy.error("the title is empty; give the commit and pull request a title")
     body = body.strip()
     return subject, f"{subject}\n\n{body}\n" if body else f"{subject}\n"
 
 
-def _check_branch_name(git: _Git) -> None:
-    if run_git(["check-ref-format", f"refs/heads/{git.branch}"]).returncode != 0:
-        raise git.error("that is not a valid branch name (see git check-ref-format)")
+def _check_branch_name(copy: _WorkingCopy) -> None:
+    if run_git(["check-ref-format", f"refs/heads/{copy.branch}"]).returncode != 0:
+        raise copy.error("that is not a valid branch name (see git check-ref-format)")
 
 
-def _apply(git: _Git, commit: str, diff: bytes) -> str:
+def _apply(copy: _WorkingCopy, commit: str, diff: bytes) -> str:
     """The tree of `commit` with `diff` applied (to the index only; binary patches too)."""
     flags = ["--cached", "--whitespace=nowarn"]
-    result = git.run("apply", *flags, "-", stdin=diff if diff.endswith(b"\n") else diff + b"\n")
+    result = copy.run("apply", *flags, "-", stdin=diff if diff.endswith(b"\n") else diff + b"\n")
     if result.returncode != 0:
-        raise git.error(f"the diff does not apply to commit {commit}", result)
-    tree = git.out("write-tree")
-    if tree == git.out("rev-parse", f"{commit}^{{tree}}"):
-        raise git.error(f"nothing to publish: the diff changes nothing in commit {commit}")
+        raise copy.error(f"the diff does not apply to commit {commit}", result)
+    tree = copy.out("write-tree")
+    if tree == copy.out("rev-parse", f"{commit}^{{tree}}"):
+        raise copy.error(f"nothing to publish: the diff changes nothing in commit {commit}")
     return tree
 
 
-def _remote_head(git: _Git) -> str:
+def _remote_head(copy: _WorkingCopy) -> str:
     """The commit `origin` holds on the branch, or "" when it has no such branch."""
-    ref = f"refs/heads/{git.branch}"
-    listed = git.out("ls-remote", "--refs", "origin", ref, network=True)
+    ref = f"refs/heads/{copy.branch}"
+    listed = copy.out("ls-remote", "--refs", "origin", ref, network=True)
     for line in listed.splitlines():
         sha, _, name = line.partition("\t")
         if name == ref:
@@ -276,42 +273,36 @@ def _remote_head(git: _Git) -> str:
     return ""
 
 
-def _has_content(git: _Git, commit: str, *, tree: str, parent: str, message: str) -> bool:
+def _has_content(copy: _WorkingCopy, commit: str, *, tree: str, parent: str, message: str) -> bool:
     """Whether `commit` (fetched from `origin` if need be) has this tree, parent and message."""
-    if git.run("cat-file", "-e", f"{commit}^{{commit}}").returncode != 0:
-        fetch = ["fetch", "--quiet", "--no-tags", "origin", f"refs/heads/{git.branch}"]
-        fetched = git.run(*fetch, network=True).returncode == 0
-        if not fetched or git.run("cat-file", "-e", f"{commit}^{{commit}}").returncode != 0:
+    if copy.run("cat-file", "-e", f"{commit}^{{commit}}").returncode != 0:
+        fetch = ["fetch", "--quiet", "--no-tags", "origin", f"refs/heads/{copy.branch}"]
+        fetched = copy.run(*fetch, network=True).returncode == 0
+        if not fetched or copy.run("cat-file", "-e", f"{commit}^{{commit}}").returncode != 0:
             return False  # the branch moved since ls-remote; the push's lease will catch it
-    raw = git.run("cat-file", "commit", commit).stdout.decode(errors="replace")
+    raw = copy.run("cat-file", "commit", commit).stdout.decode(errors="replace")
     headers, _, held = raw.partition("\n\n")
     fields = [tuple(line.split(" ", 1)) for line in headers.splitlines()]
     parents = [value for key, value in fields if key == "parent"]
     return ("tree", tree) in fields and parents == [parent] and held == message
 
 
-def _push(git: _Git, fix: str, *, expected: str) -> None:
+def _push(copy: _WorkingCopy, fix: str, *, expected: str) -> None:
     """Push `fix` as the branch, only if `origin` still holds `expected` ("" = no branch)."""
-    ref = f"refs/heads/{git.branch}"
+    ref = f"refs/heads/{copy.branch}"
     lease = f"--force-with-lease={ref}:{expected}"
-    result = git.run(
+    result = copy.run(
         "push", "--quiet", "--no-verify", lease, "origin", f"{fix}:{ref}", network=True
     )
     if result.returncode == 0:
         return
-    if "stale info" in _said(result):
-        raise git.error(
+    if "stale info" in git_said(result):
+        raise copy.error(
             "the branch changed on the remote while publishing (someone else pushed to it); "
             "nothing was pushed, look at the branch before running the stage again",
             result,
         )
-    raise git.error("git push failed; check that this host may push to the repository", result)
-
-
-def _said(result: subprocess.CompletedProcess[bytes]) -> str:
-    """What git said about a failure: the end of its stderr (or stdout)."""
-    text = (result.stderr or result.stdout).decode(errors="replace").strip()
-    return text[-MAX_GIT_MESSAGE_CHARS:] or f"exit code {result.returncode}"
+    raise copy.error("git push failed; check that this host may push to the repository", result)
 
 
 def _github_said(exc: GithubException) -> str:
@@ -319,12 +310,3 @@ def _github_said(exc: GithubException) -> str:
     data = exc.data if isinstance(exc.data, dict) else {"message": str(exc.data)}
     details = [e.get("message", "") for e in data.get("errors", []) if isinstance(e, dict)]
     return "; ".join(str(part) for part in [data.get("message"), *details] if part)
-
-
-def _config_env(config: Mapping[str, str]) -> dict[str, str]:
-    """`config` as git reads it from the environment (`GIT_CONFIG_COUNT`, `…_KEY_n`, …)."""
-    env = {"GIT_CONFIG_COUNT": str(len(config))}
-    for n, (key, value) in enumerate(config.items()):
-        env[f"GIT_CONFIG_KEY_{n}"] = key
-        env[f"GIT_CONFIG_VALUE_{n}"] = value
-    return env

@@ -9,6 +9,7 @@ from pydantic import AliasChoices, Field, SecretStr
 
 from orchestrator.settings import Settings
 from sandbox import SandboxConfig
+from workers.github import GITHUB_API_URL
 
 
 class WorkerSettings(Settings):
@@ -21,8 +22,8 @@ class WorkerSettings(Settings):
     )
     """Opens pull requests on GitHub remotes; used on the worker host only, never in a sandbox,
     a prompt, a log line or an artifact."""
-    github_api_url: str = "https://api.github.com"
-    """`BATON_GITHUB_API_URL`, for GitHub Enterprise."""
+    github_api_url: str = GITHUB_API_URL
+    """`BATON_GITHUB_API_URL`, for GitHub Enterprise (github.com's API unless set)."""
     health_file: Path | None = None
     """`BATON_HEALTH_FILE`: touched when the worker is ready and at every housekeeping round
     (`BATON_QUEUE__RECONCILE_EVERY_S`), for liveness and readiness probes."""

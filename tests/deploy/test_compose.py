@@ -29,6 +29,7 @@ from orchestrator import api
 from orchestrator.models import RunRecord, RunStatus, StageStatus
 from orchestrator.settings import FAKE_API_KEY, Settings
 from sandbox.image import ensure_image as ensure_sandbox_image
+from tests.repos import Git
 
 COMPOSE_FILES = (ROOT / "compose.yaml", Path(__file__).with_name("compose.test.yaml"))
 STAGES = ("triage", "search", "plan", "fix", "pr")
@@ -136,7 +137,7 @@ def test_compose_defaults_to_the_image_tags_make_images_builds(tmp_path: Path) -
 
 @pytest.mark.timeout(2400)
 def test_compose_stack_fixes_the_demo_issue_end_to_end_and_leaves_nothing_behind(
-    stack: Stack, baton_image: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    stack: Stack, baton_image: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, git: Git
 ) -> None:
     client = docker.from_env()
     services = _services(stack, client, baton_image)
@@ -155,7 +156,7 @@ def test_compose_stack_fixes_the_demo_issue_end_to_end_and_leaves_nothing_behind
             STAGES, StageStatus.DONE
         )
         _check_each_stage_ran_in_its_own_service(stack, client, run)
-        pushed = _git(repo, "rev-parse", f"baton/{run_id}^")
+        pushed = git("rev-parse", f"baton/{run_id}^", cwd=repo)
         assert pushed == run.commit  # one commit on top of the pinned one
         _check_workers_healthy(stack, client)
         _check_metrics(stack)
@@ -290,9 +291,3 @@ def _containers(client: docker.DockerClient, project: str, service: str) -> list
             ]
         }
     )
-
-
-def _git(repo: Path, *args: str) -> str:
-    return subprocess.run(
-        ["git", "-C", str(repo), *args], capture_output=True, text=True, check=True
-    ).stdout.strip()

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 from typing import Any
 
 from demo import SENTRY_EVENT
 from orchestrator.models import RunStatus
 from orchestrator.store import RunStore
+from tests.repos import Git
 
 from .conftest import Stack, demo_scenario, stack_settings, start_worker
 
@@ -21,21 +21,20 @@ def with_agents(**scripts: list[dict[str, Any]]) -> dict[str, Any]:
     return scenario
 
 
-def add_big_file(bare: Path, scratch: Path) -> None:
+def add_big_file(git: Git, bare: Path, scratch: Path) -> None:
     """Push a commit with a 30 KB file to the sample repository."""
-    subprocess.run(["git", "clone", "-q", str(bare), str(scratch)], check=True)
+    git("clone", "-q", bare, scratch)
     lines = [f"LINE_{i:04d} = '{'x' * 90}'" for i in range(300)]
     (scratch / "shopcart" / "catalog.py").write_text("\n".join(lines) + "\n")
-    identity = ["-c", "user.name=t", "-c", "user.email=t@t"]
-    for args in (["add", "-A"], [*identity, "commit", "-qm", "catalog"], ["push", "-q"]):
-        subprocess.run(["git", "-C", str(scratch), *args], check=True)
+    for args in (["add", "-A"], ["commit", "-qm", "catalog"], ["push", "-q"]):
+        git(*args, cwd=scratch)
 
 
 def test_a_huge_tool_output_reaches_the_model_cut_with_a_marker(
-    stack: Stack, tmp_path: Path
+    stack: Stack, tmp_path: Path, git: Git
 ) -> None:
     repo = stack.sample_repo()
-    add_big_file(repo, tmp_path / "scratch")
+    add_big_file(git, repo, tmp_path / "scratch")
     search = demo_scenario()["agents"]["search"]["steps"]
     read_big = {"call": {"name": "read_file", "args": {"path": "shopcart/catalog.py"}}}
     stack.fake.set_scenario(with_agents(search=[read_big, *search[1:]]))

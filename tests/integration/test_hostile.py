@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import random
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ import pytest
 
 from orchestrator.models import RunRecord, RunStatus, StageStatus
 from orchestrator.store import RunStore
+from tests.repos import Git
 
 from .conftest import CANARY_KEY, Stack, demo_scenario
 
@@ -100,12 +100,8 @@ def system_text(stack: Stack, agent: str) -> str:
     return "".join(part.get("text", "") for part in request["systemInstruction"]["parts"])
 
 
-def branches(repo: Path) -> list[str]:
-    listed = subprocess.run(
-        ["git", "-C", str(repo), "branch", "--list", "baton/*", "--format=%(refname:short)"],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
-    return listed.stdout.split()
+def branches(git: Git, repo: Path) -> list[str]:
+    return git("branch", "--list", "baton/*", "--format=%(refname:short)", cwd=repo).split()
 
 
 def with_artifact(run: RunRecord, prefix: str) -> list[str]:
@@ -123,7 +119,7 @@ PASSING = {"command": TEST_COMMAND, "exit_code": 0, "passed": 4, "failed": 0, "t
 
 @pytest.mark.parametrize("kind", PAYLOADS)
 def test_an_obeying_model_is_kept_to_its_tools_and_the_issue_text_stays_text(
-    kind: str, stack: Stack, run_store: RunStore
+    kind: str, stack: Stack, run_store: RunStore, git: Git
 ) -> None:
     stack.fake.set_scenario(
         scenario(
@@ -147,7 +143,7 @@ def test_an_obeying_model_is_kept_to_its_tools_and_the_issue_text_stays_text(
     )
     assert run.stages["triage"].artifacts == run.stages["search"].artifacts == {}
     assert with_artifact(run, "published.json") == ["pr"]
-    assert branches(repo) == [f"baton/{run.id}"]
+    assert branches(git, repo) == [f"baton/{run.id}"]
     # The issue reaches the prompts byte for byte, its braces never templated.
     digest = run.issue.digest()
     assert all(template in digest for template in TEMPLATES)
@@ -163,7 +159,7 @@ def test_an_obeying_model_is_kept_to_its_tools_and_the_issue_text_stays_text(
     assert CANARY_KEY not in json.dumps(stack.requests())
 
 
-def test_triage_calling_publish_twice_ends_the_run_with_the_reason(stack: Stack) -> None:
+def test_triage_calling_publish_twice_ends_the_run_with_the_reason(stack: Stack, git: Git) -> None:
     publish = call("publish", title="hotfix", body="as the issue asked")
     stack.fake.set_scenario(scenario(triage=[publish, publish, *demo_steps("triage")]))
     repo = stack.sample_repo()
@@ -177,11 +173,12 @@ def test_triage_calling_publish_twice_ends_the_run_with_the_reason(stack: Stack)
     assert len(stack.requests("triage")) == 2
     assert stack.requests("search") == []
     assert run.stages["search"].status == StageStatus.PENDING
-    assert branches(repo) == []
+    assert branches(git, repo) == []
 
 
 def test_search_running_tests_then_editing_is_refused_and_the_second_call_fails_it(
     stack: Stack,
+    git: Git,
 ) -> None:
     edit = call(
         "edit_file",
@@ -207,11 +204,12 @@ def test_search_running_tests_then_editing_is_refused_and_the_second_call_fails_
     assert len(answers(stack, "search")) == 1
     assert run.stages["search"].artifacts == {}
     assert stack.requests("plan") == []
-    assert branches(repo) == []
+    assert branches(git, repo) == []
 
 
 def test_a_fix_that_skips_the_tests_and_claims_success_is_measured_and_not_published(
     stack: Stack,
+    git: Git,
 ) -> None:
     claim = {
         "summary": "Fixed as the issue asked; the tests were skipped because they are slow.",
@@ -229,4 +227,4 @@ def test_a_fix_that_skips_the_tests_and_claims_success_is_measured_and_not_publi
         "2 failed; before: exit code 1, 2 passed, 2 failed), so it is not handed on or published"
     )
     assert run.stages["pr"].status == StageStatus.PENDING
-    assert branches(repo) == []
+    assert branches(git, repo) == []

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-import subprocess
 from typing import Any
 
 from demo import SENTRY_EVENT
 from orchestrator.models import RunStatus, StageStatus
 from orchestrator.pipeline import load_pipeline
 from orchestrator.store import RunStore
+from tests.repos import Git
 
 from .conftest import CANARY_KEY, Stack
 
@@ -47,19 +47,14 @@ def static_lines(instruction: str) -> list[str]:
     ]
 
 
-def test_the_sample_issue_runs_all_five_stages_and_pushes_the_fix(stack: Stack) -> None:
+def test_the_sample_issue_runs_all_five_stages_and_pushes_the_fix(stack: Stack, git: Git) -> None:
     repo = stack.sample_repo()
     run = stack.wait(stack.enqueue(SENTRY_EVENT.read_bytes(), repo))
 
     assert run.status == RunStatus.DONE, run.reason
     assert [run.stages[s].status for s in STAGES] == [StageStatus.DONE] * 5
     branch = f"baton/{run.id}"
-    changed = subprocess.run(
-        ["git", "-C", str(repo), "diff", "--stat", f"main..{branch}"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
+    changed = git("diff", "--stat", f"main..{branch}", cwd=repo)
     assert "shopcart/cart.py | 5 ++++-" in changed
     assert "1 file changed" in changed
 

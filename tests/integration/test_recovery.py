@@ -25,6 +25,7 @@ from orchestrator.settings import Settings
 from orchestrator.store import RunStore
 from testkit import services
 from testkit.services import worker_env
+from tests.repos import Git
 
 from .conftest import Stack, demo_scenario, stack_settings
 
@@ -45,13 +46,6 @@ def containers(*labels: str) -> list[str]:
     return listed.stdout.split()
 
 
-def git(repo: Path, *args: str) -> str:
-    done = subprocess.run(
-        ["git", "-C", str(repo), *args], capture_output=True, text=True, check=True
-    )
-    return done.stdout
-
-
 @pytest.fixture
 def own_db(
     redis_url: str, stack: Stack, tmp_path: Path, request: pytest.FixtureRequest
@@ -67,7 +61,7 @@ def own_db(
 
 
 def test_resume_after_a_failed_fix_reruns_only_fix_and_pr(
-    stack: Stack, run_store: RunStore
+    stack: Stack, run_store: RunStore, git: Git
 ) -> None:
     scenario = demo_scenario()
     scenario["agents"]["fix"]["steps"][1]["call"]["args"]["new_text"] = "        return -1\n"
@@ -86,7 +80,7 @@ def test_resume_after_a_failed_fix_reruns_only_fix_and_pr(
     assert {entry["agent"] for entry in stack.requests()} == {"fix", "pr"}
     assert [run.stages[s].attempts for s in STAGES] == [1, 1, 1, 2, 1]
     assert run_store.output(run.id, "plan") is not None
-    assert git(repo, "branch", "--list", "baton/*").strip() == f"baton/{run.id}"
+    assert git("branch", "--list", "baton/*", cwd=repo) == f"baton/{run.id}"
 
 
 def test_cancel_during_a_sandboxed_stage_leaves_no_container_and_a_cancelled_run(
@@ -143,7 +137,9 @@ def test_sigterm_lets_the_running_stage_finish_and_the_run_goes_on_later(own_db:
 
 
 @pytest.mark.timeout(900)
-def test_a_soak_with_workers_killed_at_random_loses_and_duplicates_nothing(own_db: Stack) -> None:
+def test_a_soak_with_workers_killed_at_random_loses_and_duplicates_nothing(
+    own_db: Stack, git: Git
+) -> None:
     runs_wanted, kills_wanted = 30, 10
     own_db.fake.set_scenario({**demo_scenario(), "latency_ms": 150})
     # Kills every few seconds hit several stages each; 5 losses of one stage are allowed.
@@ -178,13 +174,15 @@ def test_a_soak_with_workers_killed_at_random_loses_and_duplicates_nothing(own_d
 
     store = RunStore.from_url(own_db.settings.require_redis_url())
     runs = [store.get(r) for r in run_ids]
-    branches = git(remote, "for-each-ref", "--format=%(refname:short)", "refs/heads/baton/").split()
+    branches = git(
+        "for-each-ref", "--format=%(refname:short)", "refs/heads/baton/", cwd=remote
+    ).split()
     assert kills >= kills_wanted
     failed = [(r.id, r.reason) for r in runs if r.status != RunStatus.DONE]
     assert failed == []
     assert sorted(branches) == sorted(f"baton/{r.id}" for r in runs)
     for run in runs:
-        assert git(remote, "rev-list", "--count", f"main..baton/{run.id}").strip() == "1"
+        assert git("rev-list", "--count", f"main..baton/{run.id}", cwd=remote) == "1"
         done = [e for e in store.audit_log(run.id) if e["kind"] == "stage_done"]
         assert sorted(e["branch"] for e in done) == sorted(f"fixer.{s}" for s in STAGES)
         assert all(store.output(run.id, s) is not None for s in STAGES)

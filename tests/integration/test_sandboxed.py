@@ -22,6 +22,7 @@ from testkit import services
 from testkit.github import FakeGitHub
 from testkit.services import worker_env
 from testkit.sinks import MemoryArtifacts
+from tests.repos import Git
 from workers.gemini import build_model, close_model
 from workers.inputs import StageInputs, resolve
 from workers.mirrors import RepoCache
@@ -36,13 +37,6 @@ STAGES = ["triage", "search", "plan", "fix", "pr"]
 GITHUB_CANARY = "ghp_CanaryTokenThatMustNeverLeak0000000000"
 
 
-def git(repo: Path, *args: str) -> str:
-    done = subprocess.run(
-        ["git", "-C", str(repo), *args], capture_output=True, text=True, check=True
-    )
-    return done.stdout
-
-
 def containers(label: str) -> list[str]:
     listed = subprocess.run(["docker", "ps", "-aq", "--filter", f"label={label}"],
                             capture_output=True, text=True, check=True)  # fmt: skip
@@ -50,7 +44,7 @@ def containers(label: str) -> list[str]:
 
 
 def test_the_fix_is_proven_in_the_sandbox_and_the_branch_holds_exactly_that_change(
-    stack: Stack, run_store: RunStore
+    stack: Stack, run_store: RunStore, git: Git
 ) -> None:
     repo = stack.sample_repo()
     run = stack.wait(stack.enqueue(SENTRY_EVENT.read_bytes(), repo))
@@ -74,11 +68,13 @@ def test_the_fix_is_proven_in_the_sandbox_and_the_branch_holds_exactly_that_chan
         "timed_out": False,
     }
     branch = f"baton/{run.id}"
-    pushed = git(repo, "diff", "--binary", "--src-prefix=a/", "--dst-prefix=b/", "main", branch)
+    pushed = git.raw(
+        "diff", "--binary", "--src-prefix=a/", "--dst-prefix=b/", "main", branch, cwd=repo
+    ).decode()
     diff = run_store.artifact(run.stages["fix"].artifacts["workspace.diff"]).decode()
     assert pushed == diff
-    assert git(repo, "rev-list", "--count", f"main..{branch}").strip() == "1"
-    message = git(repo, "log", "-1", "--format=%B", branch)
+    assert git("rev-list", "--count", f"main..{branch}", cwd=repo) == "1"
+    message = git("log", "-1", "--format=%B", branch, cwd=repo)
     assert message.startswith(
         "Fix ZeroDivisionError in Cart.average_price_cents for an empty cart\n"
     )
@@ -89,7 +85,7 @@ def test_the_fix_is_proven_in_the_sandbox_and_the_branch_holds_exactly_that_chan
     assert containers(f"baton.run={run.id}") == []
 
 
-def test_a_fix_whose_tests_still_fail_is_not_published(stack: Stack) -> None:
+def test_a_fix_whose_tests_still_fail_is_not_published(stack: Stack, git: Git) -> None:
     scenario = demo_scenario()
     steps = scenario["agents"]["fix"]["steps"]
     steps[1]["call"]["args"]["new_text"] = "        return -1\n"  # a wrong fix
@@ -102,7 +98,7 @@ def test_a_fix_whose_tests_still_fail_is_not_published(stack: Stack) -> None:
     assert run.reason.startswith("fix: the tests still fail after the change (`python3 -m unittest")
     assert "exit code 1, 2 passed, 2 failed" in run.reason
     assert run.stages["pr"].status == StageStatus.PENDING
-    assert git(repo, "branch", "--list", "baton/*") == ""
+    assert git("branch", "--list", "baton/*", cwd=repo) == ""
 
 
 def test_no_secret_reaches_a_container_a_model_request_an_artifact_or_the_audit_log(
@@ -172,7 +168,7 @@ def test_a_worker_killed_mid_stage_leaves_no_container_once_the_reaper_ran(
 
 
 def test_running_the_pr_stage_twice_yields_one_branch_and_one_pull_request(
-    stack: Stack, run_store: RunStore, tmp_path: Path, monkeypatch: Any
+    stack: Stack, run_store: RunStore, tmp_path: Path, monkeypatch: Any, git: Git
 ) -> None:
     remote = "https://github.com/octo/widgets.git"
     bare = stack.sample_repo()
@@ -199,7 +195,7 @@ def test_running_the_pr_stage_twice_yields_one_branch_and_one_pull_request(
 
     assert results[0].output["branch"] == results[1].output["branch"] == f"baton/{run.id}"
     assert results[0].output["commit"] == results[1].output["commit"]
-    assert git(bare, "for-each-ref", "--format=%(refname)", "refs/heads/baton/").split() == [
+    assert git("for-each-ref", "--format=%(refname)", "refs/heads/baton/", cwd=bare).split() == [
         f"refs/heads/baton/{run.id}"
     ]
     assert len(github.posts()) == 1

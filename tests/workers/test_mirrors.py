@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import os
 import subprocess
 import sys
 import tarfile
@@ -14,54 +13,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator.errors import RepoError
-from orchestrator.git import resolve_commit
+from tests.repos import Git, Upstream
 from workers.mirrors import RepoCache
-
-IDENTITY = {
-    "GIT_AUTHOR_NAME": "Test",
-    "GIT_AUTHOR_EMAIL": "test@example.com",
-    "GIT_COMMITTER_NAME": "Test",
-    "GIT_COMMITTER_EMAIL": "test@example.com",
-}
-
-
-def git(*args: str, cwd: Path | None = None) -> str:
-    """Git for the tests' own set-up and checks, never through the code under test."""
-    env = {**os.environ, **IDENTITY}
-    done = subprocess.run(
-        ["git", *args], cwd=cwd, env=env, check=True, capture_output=True, text=True
-    )
-    return done.stdout.strip()
-
-
-class Upstream:
-    """A user's repository: a bare `origin` and a clone that commits and pushes to it."""
-
-    def __init__(self, base: Path) -> None:
-        self.bare, self.work = base / "origin.git", base / "work"
-        git("init", "--quiet", "--bare", "--initial-branch=main", str(self.bare))
-        git("clone", "--quiet", str(self.bare), str(self.work))
-
-    def commit(self, files: dict[str, str], message: str = "change") -> str:
-        for name, text in files.items():
-            (self.work / name).parent.mkdir(parents=True, exist_ok=True)
-            (self.work / name).write_text(text)
-        git("add", "--all", cwd=self.work)
-        git("commit", "--quiet", "-m", message, cwd=self.work)
-        git("push", "--quiet", "origin", "HEAD:main", cwd=self.work)
-        return git("rev-parse", "HEAD", cwd=self.work)
-
-
-@pytest.fixture
-def make_upstream(tmp_path: Path) -> Callable[[], Upstream]:
-    """Makes repositories under the test's tmp_path (removed with it)."""
-    made: list[Upstream] = []
-
-    def make() -> Upstream:
-        made.append(Upstream(tmp_path / f"upstream-{len(made)}"))
-        return made[-1]
-
-    return make
 
 
 @pytest.fixture
@@ -70,7 +23,7 @@ def cache(tmp_path: Path) -> RepoCache:
 
 
 def test_mirror_is_cloned_once_then_refreshed_so_a_new_commit_can_be_checked_out(
-    make_upstream: Callable[[], Upstream], cache: RepoCache, tmp_path: Path
+    make_upstream: Callable[[], Upstream], cache: RepoCache, tmp_path: Path, git: Git
 ) -> None:
     upstream = make_upstream()
     upstream.commit({"a.txt": "one\n"})
@@ -100,7 +53,7 @@ def test_checkout_fetches_a_commit_the_mirror_does_not_have_yet(
 
 
 def test_checkout_is_detached_at_a_pinned_older_commit(
-    make_upstream: Callable[[], Upstream], cache: RepoCache, tmp_path: Path
+    make_upstream: Callable[[], Upstream], cache: RepoCache, tmp_path: Path, git: Git
 ) -> None:
     upstream = make_upstream()
     older = upstream.commit({"a.txt": "one\n"})
@@ -109,7 +62,7 @@ def test_checkout_is_detached_at_a_pinned_older_commit(
     copy = cache.checkout(str(upstream.bare), older, tmp_path / "copy")
 
     assert git("rev-parse", "HEAD", cwd=copy) == older
-    on_a_branch = subprocess.run(["git", "symbolic-ref", "--quiet", "HEAD"], cwd=copy, check=False)
+    on_a_branch = git.run("symbolic-ref", "--quiet", "HEAD", cwd=copy, check=False)
     assert on_a_branch.returncode == 1, "HEAD should be detached"
     assert (copy / "a.txt").read_text() == "one\n"
     assert not (copy / "b.txt").exists()
@@ -117,7 +70,7 @@ def test_checkout_is_detached_at_a_pinned_older_commit(
 
 
 def test_checkout_pushes_to_the_original_repository_as_baton(
-    make_upstream: Callable[[], Upstream], cache: RepoCache, tmp_path: Path
+    make_upstream: Callable[[], Upstream], cache: RepoCache, tmp_path: Path, git: Git
 ) -> None:
     upstream = make_upstream()
     commit = upstream.commit({"a.txt": "one\n"})
@@ -177,7 +130,7 @@ def test_credentials_in_a_url_never_appear_in_an_error(cache: RepoCache) -> None
 
 
 def test_four_threads_mirroring_at_once_share_one_mirror(
-    make_upstream: Callable[[], Upstream], cache: RepoCache
+    make_upstream: Callable[[], Upstream], cache: RepoCache, git: Git
 ) -> None:
     upstream = make_upstream()
     commit = upstream.commit({"a.txt": "one\n"})
@@ -191,7 +144,7 @@ def test_four_threads_mirroring_at_once_share_one_mirror(
 
 
 def test_two_processes_mirroring_at_once_share_one_mirror(
-    make_upstream: Callable[[], Upstream], cache: RepoCache
+    make_upstream: Callable[[], Upstream], cache: RepoCache, git: Git
 ) -> None:
     upstream = make_upstream()
     commit = upstream.commit({"a.txt": "one\n"})
@@ -211,50 +164,6 @@ def test_two_processes_mirroring_at_once_share_one_mirror(
     assert len(printed) == 1
     mirror = Path(printed.pop())
     assert git("rev-parse", "refs/heads/main", cwd=mirror) == commit
-
-
-@pytest.mark.parametrize("ref", ["HEAD", "main"])
-def test_resolve_commit_of_a_local_path_gives_the_full_sha(
-    make_upstream: Callable[[], Upstream], ref: str
-) -> None:
-    upstream = make_upstream()
-    upstream.commit({"a.txt": "one\n"})
-    newest = upstream.commit({"a.txt": "two\n"})
-
-    assert resolve_commit(str(upstream.work), ref) == newest
-
-
-def test_resolve_commit_of_an_older_ref_in_a_local_path(
-    make_upstream: Callable[[], Upstream],
-) -> None:
-    upstream = make_upstream()
-    older = upstream.commit({"a.txt": "one\n"})
-    upstream.commit({"a.txt": "two\n"})
-
-    assert resolve_commit(str(upstream.work), "HEAD~1") == older
-
-
-@pytest.mark.parametrize("ref", ["HEAD", "main", "refs/heads/main"])
-def test_resolve_commit_of_a_url_asks_the_remote(
-    make_upstream: Callable[[], Upstream], ref: str
-) -> None:
-    upstream = make_upstream()
-    upstream.commit({"a.txt": "one\n"})
-    newest = upstream.commit({"a.txt": "two\n"})
-
-    assert resolve_commit(upstream.bare.as_uri(), ref) == newest
-
-
-@pytest.mark.parametrize("use_url", [False, True])
-def test_resolve_commit_of_an_unknown_ref_raises_repo_error(
-    make_upstream: Callable[[], Upstream], use_url: bool
-) -> None:
-    upstream = make_upstream()
-    upstream.commit({"a.txt": "one\n"})
-    repo = upstream.bare.as_uri() if use_url else str(upstream.bare)
-
-    with pytest.raises(RepoError, match="no-such-branch"):
-        resolve_commit(repo, "no-such-branch")
 
 
 def test_an_archive_holds_the_commit_tree_owned_by_the_sandbox_user(

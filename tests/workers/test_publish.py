@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import logging
-import os
 import pickle
 import subprocess
 from collections.abc import Callable, Iterator
@@ -15,106 +14,37 @@ import pytest
 from pydantic import SecretStr
 
 from testkit.github import FakeGitHub
+from tests.repos import Git, Upstream
 from workers.errors import PublishError
 from workers.github import git_auth_config, github_slug
 from workers.mirrors import RepoCache
 from workers.publish import Publisher, PublishResult
 
-IDENTITY = {
-    "GIT_AUTHOR_NAME": "Test",
-    "GIT_AUTHOR_EMAIL": "test@example.com",
-    "GIT_COMMITTER_NAME": "Test",
-    "GIT_COMMITTER_EMAIL": "test@example.com",
-}
 TOKEN = "ghp_TestTokenThatMustNeverLeak0123456789"
 GITHUB_REMOTE = "https://github.com/octo/widgets.git"
 BINARY = bytes(range(256)) * 4
 
 
-def git(*args: str, cwd: Path | None = None) -> str:
-    """Git for the tests' own set-up and checks, never through the code under test."""
-    return git_bytes(*args, cwd=cwd).decode().strip()
-
-
-def git_bytes(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> bytes:
-    env = {**os.environ, **IDENTITY, **(env or {})}
-    return subprocess.run(["git", *args], cwd=cwd, env=env, check=True, capture_output=True).stdout
-
-
-class Upstream:
-    """A user's repository: a bare `origin` and a clone with two commits; `pinned` is the first.
-
-    Runs are pinned to the older commit, so a branch built on `main` instead would show.
-    """
-
-    def __init__(self, base: Path) -> None:
-        self.base = base
-        self.bare, self.work = base / "origin.git", base / "work"
-        self.scratches = 0
-        git("init", "--quiet", "--bare", "--initial-branch=main", str(self.bare))
-        git("clone", "--quiet", str(self.bare), str(self.work))
-        files = {"app.py": b"def answer():\n    return 41\n", "logo.bin": BINARY}
-        self.pinned = self.commit(files, "first")
-        self.commit({"README.md": b"later work on main\n"}, "second")
-
-    def commit(self, files: dict[str, bytes], message: str) -> str:
-        for name, data in files.items():
-            (self.work / name).write_bytes(data)
-        git("add", "--all", cwd=self.work)
-        git("commit", "--quiet", "-m", message, cwd=self.work)
-        git("push", "--quiet", "origin", "HEAD:main", cwd=self.work)
-        return git("rev-parse", "HEAD", cwd=self.work)
-
-    def diff(self, files: dict[str, bytes], base: str | None = None) -> bytes:
-        """`git diff --binary` of a scratch clone at `base` (the pinned commit) after edits."""
-        self.scratches += 1
-        scratch = self.base / f"scratch-{self.scratches}"
-        git("clone", "--quiet", str(self.bare), str(scratch))
-        git("checkout", "--quiet", "--detach", base or self.pinned, cwd=scratch)
-        for name, data in files.items():
-            (scratch / name).write_bytes(data)
-        git("add", "--intent-to-add", "--all", cwd=scratch)
-        return git_bytes("diff", "--binary", "HEAD", cwd=scratch)
-
-    def redate(self, branch: str) -> str:
-        """Replace the branch's head on the origin with a copy made years ago: same tree, parent
-        and message, another date, so another sha."""
-        tree, parent, message = (
-            git("log", "-1", f"--format={field}", branch, cwd=self.bare)
-            for field in ("%T", "%P", "%B")
-        )
-        dated = {
-            "GIT_AUTHOR_DATE": "2001-02-03T04:05:06",
-            "GIT_COMMITTER_DATE": "2001-02-03T04:05:06",
-        }
-        raw = git_bytes("commit-tree", tree, "-p", parent, "-m", message, cwd=self.bare, env=dated)
-        old = raw.decode().strip()
-        git("update-ref", f"refs/heads/{branch}", old, cwd=self.bare)
-        return old
-
-    def commits_on(self, branch: str) -> list[str]:
-        """The commits of `branch` on the origin that the pinned commit does not have."""
-        return git("rev-list", f"{self.pinned}..{branch}", cwd=self.bare).split()
-
-    def branches(self) -> list[str]:
-        return git("for-each-ref", "--format=%(refname)", "refs/heads/", cwd=self.bare).split()
-
-
-@pytest.fixture
-def make_upstream(tmp_path: Path) -> Callable[[], Upstream]:
-    """Makes repositories under the test's tmp_path (removed with it)."""
-    made: list[Upstream] = []
-
-    def make() -> Upstream:
-        made.append(Upstream(tmp_path / f"upstream-{len(made)}"))
-        return made[-1]
-
-    return make
+def redate(git: Git, upstream: Upstream, branch: str) -> str:
+    """Replace the branch's head on the origin with a copy made years ago: same tree, parent and
+    message, another date, so another sha."""
+    tree, parent, message = (
+        git("log", "-1", f"--format={field}", branch, cwd=upstream.bare)
+        for field in ("%T", "%P", "%B")
+    )
+    dated = {"GIT_AUTHOR_DATE": "2001-02-03T04:05:06", "GIT_COMMITTER_DATE": "2001-02-03T04:05:06"}
+    old = git("commit-tree", tree, "-p", parent, "-m", message, cwd=upstream.bare, env=dated)
+    git("update-ref", f"refs/heads/{branch}", old, cwd=upstream.bare)
+    return old
 
 
 @pytest.fixture
 def upstream(make_upstream: Callable[[], Upstream]) -> Upstream:
-    return make_upstream()
+    """A repository with two commits on `main`; runs are pinned to the first."""
+    made = make_upstream()
+    made.commit({"app.py": b"def answer():\n    return 41\n", "logo.bin": BINARY}, "first")
+    made.commit({"README.md": b"later work on main\n"}, "second")
+    return made
 
 
 @pytest.fixture
@@ -150,7 +80,7 @@ def publish(
 
 
 def test_publish_pushes_one_commit_holding_exactly_the_diff_on_top_of_the_pinned_commit(
-    upstream: Upstream, publisher: Publisher, tmp_path: Path
+    upstream: Upstream, publisher: Publisher, tmp_path: Path, git: Git
 ) -> None:
     diff = upstream.diff(FIX)
 
@@ -158,7 +88,7 @@ def test_publish_pushes_one_commit_holding_exactly_the_diff_on_top_of_the_pinned
 
     assert result == PublishResult(branch="baton/run-1", commit=result.commit, pushed=True)
     assert upstream.commits_on("baton/run-1") == [result.commit]
-    on_origin = git_bytes("diff", "--binary", upstream.pinned, "baton/run-1", cwd=upstream.bare)
+    on_origin = git.raw("diff", "--binary", upstream.pinned, "baton/run-1", cwd=upstream.bare)
     assert on_origin == diff
     shown = git("show", "baton/run-1:app.py", cwd=upstream.bare)
     assert shown == "def answer():\n    return 42"
@@ -175,11 +105,11 @@ def test_publish_pushes_one_commit_holding_exactly_the_diff_on_top_of_the_pinned
     ["the same workdir", "a new workdir", "another host's cache", "a leftover working copy"],
 )
 def test_publishing_the_same_diff_again_pushes_nothing_and_returns_the_same_commit(
-    second_attempt: str, upstream: Upstream, publisher: Publisher, tmp_path: Path
+    second_attempt: str, upstream: Upstream, publisher: Publisher, tmp_path: Path, git: Git
 ) -> None:
     diff = upstream.diff(FIX)
     first = publish(publisher, upstream, diff, tmp_path / "run")
-    earlier = upstream.redate("baton/run-1")
+    earlier = redate(git, upstream, "baton/run-1")
     workdir, again = tmp_path / "run", publisher
     if second_attempt == "a new workdir":
         workdir = tmp_path / "rerun"
@@ -197,7 +127,7 @@ def test_publishing_the_same_diff_again_pushes_nothing_and_returns_the_same_comm
 
 
 def test_a_different_diff_for_the_same_branch_replaces_the_earlier_attempt(
-    upstream: Upstream, publisher: Publisher, tmp_path: Path
+    upstream: Upstream, publisher: Publisher, tmp_path: Path, git: Git
 ) -> None:
     first = publish(publisher, upstream, upstream.diff(FIX), tmp_path / "run")
     better = upstream.diff({"app.py": b"ANSWER = 42\n\n\ndef answer():\n    return ANSWER\n"})
@@ -207,12 +137,16 @@ def test_a_different_diff_for_the_same_branch_replaces_the_earlier_attempt(
     assert second.pushed is True
     assert second.commit != first.commit
     assert upstream.commits_on("baton/run-1") == [second.commit]
-    on_origin = git_bytes("diff", "--binary", upstream.pinned, "baton/run-1", cwd=upstream.bare)
+    on_origin = git.raw("diff", "--binary", upstream.pinned, "baton/run-1", cwd=upstream.bare)
     assert on_origin == better
 
 
 def test_a_push_made_by_someone_else_meanwhile_is_not_overwritten(
-    upstream: Upstream, publisher: Publisher, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    upstream: Upstream,
+    publisher: Publisher,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    git: Git,
 ) -> None:
     publish(publisher, upstream, upstream.diff(FIX), tmp_path / "run")
     git("fetch", "--quiet", "origin", "baton/run-1", cwd=upstream.work)
@@ -253,7 +187,7 @@ def test_an_empty_diff_is_refused_and_nothing_is_pushed(
 
 
 def test_a_diff_that_does_not_apply_is_refused_with_the_branch_and_gits_message(
-    upstream: Upstream, publisher: Publisher, tmp_path: Path
+    upstream: Upstream, publisher: Publisher, tmp_path: Path, git: Git
 ) -> None:
     newer = git("rev-parse", "main", cwd=upstream.bare)
     upstream.commit({"app.py": b"def answer():\n    return 'rewritten on main'\n"}, "third")
@@ -282,7 +216,7 @@ def test_an_invalid_branch_name_is_refused_before_anything_is_cloned(
 
 
 def test_binary_and_non_utf8_files_survive_publishing(
-    upstream: Upstream, publisher: Publisher, tmp_path: Path
+    upstream: Upstream, publisher: Publisher, tmp_path: Path, git: Git
 ) -> None:
     changed = {
         "logo.bin": BINARY[::-1],
@@ -293,7 +227,7 @@ def test_binary_and_non_utf8_files_survive_publishing(
     publish(publisher, upstream, upstream.diff(changed), tmp_path / "run")
 
     for name, data in changed.items():
-        assert git_bytes("show", f"baton/run-1:{name}", cwd=upstream.bare) == data
+        assert git.raw("show", f"baton/run-1:{name}", cwd=upstream.bare) == data
 
 
 def test_publish_error_pickles_so_it_can_cross_celery() -> None:

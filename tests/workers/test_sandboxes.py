@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,6 +9,7 @@ import docker
 import pytest
 
 from sandbox import SandboxConfig
+from tests.repos import Git
 from workers.mirrors import RepoCache
 from workers.sandboxes import DockerSandboxes, WorkspaceRequest
 from workers.tools.container import ContainerWorkspace
@@ -17,30 +17,23 @@ from workers.tools.errors import ToolError
 
 pytestmark = pytest.mark.integration  # real dockerd
 
-IDENTITY = ["-c", "user.name=t", "-c", "user.email=t@t"]
-
-
-def git(repo: Path, *args: str) -> str:
-    return subprocess.run(
-        ["git", "-C", str(repo), *args], capture_output=True, text=True, check=True
-    ).stdout
-
 
 @pytest.fixture
-def repo(tmp_path: Path) -> Path:
+def repo(tmp_path: Path, git: Git) -> Path:
+    """A repository whose pinned commit (`HEAD~1`) is not its newest."""
     path = tmp_path / "repo"
     path.mkdir()
     (path / "app.py").write_text("def total(xs):\n    return sum(xs)\n")
-    git(path, "init", "-q")
-    git(path, "add", "-A")
-    git(path, *IDENTITY, "commit", "-qm", "one")
+    git("init", "-q", cwd=path)
+    git("add", "-A", cwd=path)
+    git("commit", "-qm", "one", cwd=path)
     (path / "app.py").write_text("def total(xs):\n    return sum(xs) + 1\n")
-    git(path, *IDENTITY, "commit", "-qam", "two (not the pinned one)")
+    git("commit", "-qam", "two (not the pinned one)", cwd=path)
     return path
 
 
 def request_for(repo: Path, stage: str = "search", network: str | None = None) -> WorkspaceRequest:
-    pinned = git(repo, "rev-parse", "HEAD~1").strip()
+    pinned = Git()("rev-parse", "HEAD~1", cwd=repo)
     labels = {"baton.run": "run-ws", "baton.stage": stage, "baton.attempt": "1"}
     return WorkspaceRequest(
         repo=str(repo), commit=pinned, stage=stage, labels=labels, network=network

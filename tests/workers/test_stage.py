@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from orchestrator.pipeline import ISSUE_KEY, StageBudget, load_pipeline
 from testkit.gemini.inprocess import InProcessGemini
 from testkit.sandboxes import LocalSandboxes
 from testkit.sinks import MemoryArtifacts
+from tests.repos import Git
 from workers.errors import StageCancelledError, StageError, StageOutputError, TestsFailedError
 from workers.inputs import StageInputs
 from workers.mirrors import RepoCache
@@ -83,11 +83,7 @@ class Harness:
         )
 
     def branches(self) -> list[str]:
-        listed = subprocess.run(
-            ["git", "-C", str(self.remote), "for-each-ref", "--format=%(refname:short)"],
-            capture_output=True, text=True, check=True,
-        )  # fmt: skip
-        return listed.stdout.split()
+        return Git()("for-each-ref", "--format=%(refname:short)", cwd=self.remote).split()
 
 
 @pytest.fixture
@@ -241,10 +237,7 @@ def test_a_pr_stage_publishes_and_reports_the_branch_it_measured(harness: Harnes
 
     assert out.output["branch"] == "baton/r1"
     assert "baton/r1" in harness.branches()
-    pushed = subprocess.run(
-        ["git", "-C", str(harness.remote), "log", "-1", "--format=%H%n%B", "baton/r1"],
-        capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
+    pushed = Git()("log", "-1", "--format=%H%n%B", "baton/r1", cwd=harness.remote)
     assert pushed.splitlines()[0] == out.output["commit"]
     assert "Verified by Baton: 3 passed" in pushed
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import pickle
 import shlex
 import subprocess
@@ -19,16 +18,11 @@ from google.adk.tools import FunctionTool
 
 from testkit.sinks import MemoryArtifacts
 from testkit.workspace import LocalWorkspace
+from tests.repos import Upstream
 from workers.mirrors import RepoCache
 from workers.tools.code import TOOL_NAMES, build_tools
 from workers.tools.errors import ToolError
 
-IDENTITY = {
-    "GIT_AUTHOR_NAME": "Test",
-    "GIT_AUTHOR_EMAIL": "test@example.com",
-    "GIT_COMMITTER_NAME": "Test",
-    "GIT_COMMITTER_EMAIL": "test@example.com",
-}
 CART = "def total(prices):\n    return sum(prices)\n\n\ndef count(items):\n    return len(items)\n"
 TEST_CART = (
     "from shopcart.cart import total\n\n\ndef test_total():\n    assert total([1, 2]) == 3\n"
@@ -41,15 +35,6 @@ FILES = {
 }
 BRANCH = "baton/run-1"
 PYTHON = shlex.quote(sys.executable)
-
-
-def git(*args: str, cwd: Path | None = None) -> str:
-    """Git for the tests' own set-up and checks, never through the code under test."""
-    env = {**os.environ, **IDENTITY}
-    done = subprocess.run(
-        ["git", *args], cwd=cwd, env=env, check=True, capture_output=True, text=True
-    )
-    return done.stdout.strip()
 
 
 @dataclass
@@ -70,20 +55,11 @@ class Checkout:
 
 
 @pytest.fixture
-def make_checkout(tmp_path: Path) -> Callable[..., Checkout]:
+def make_checkout(tmp_path: Path, make_upstream: Callable[[], Upstream]) -> Callable[..., Checkout]:
     """Makes a bare `origin` holding FILES and a working copy of it via `RepoCache.checkout`."""
     cache = RepoCache(tmp_path / "cache")
-    origin = tmp_path / "origin.git"
-    git("init", "--quiet", "--bare", "--initial-branch=main", str(origin))
-    seed = tmp_path / "seed"
-    git("clone", "--quiet", str(origin), str(seed))
-    for name, text in FILES.items():
-        (seed / name).parent.mkdir(parents=True, exist_ok=True)
-        (seed / name).write_text(text)
-    git("add", "--all", cwd=seed)
-    git("commit", "--quiet", "-m", "shop", cwd=seed)
-    git("push", "--quiet", "origin", "HEAD:main", cwd=seed)
-    base = git("rev-parse", "HEAD", cwd=seed)
+    upstream = make_upstream()
+    origin, base = upstream.bare, upstream.commit(FILES, "shop")
     made: list[Checkout] = []
 
     def make(*, test_timeout_s: float = 30, max_output_bytes: int = 64_000) -> Checkout:

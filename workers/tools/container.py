@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from pathlib import PurePosixPath
 
+from orchestrator.git import COMMITTER, LOCAL_GIT_TIMEOUT_S, git_config_env
 from sandbox import DockerSandbox, SandboxError
 from workers.tools.errors import ToolError
 from workers.tools.workspace import (
@@ -26,11 +27,10 @@ from workers.tools.workspace import (
     rg_argv,
 )
 
-GIT_TIMEOUT_S = 120.0
 MAX_DIFF_BYTES = 8_000_000
 """A diff larger than this is refused rather than handed on cut."""
 PATCH_PATH = "/tmp/.baton-patch.diff"
-IDENTITY = ["-c", "user.name=Baton", "-c", "user.email=baton@localhost"]
+"""Where `apply_patch` puts a patch inside the sandbox for git to read."""
 
 
 class ContainerWorkspace:
@@ -96,7 +96,7 @@ class ContainerWorkspace:
 
     def diff(self) -> str:
         self._git("add", "--intent-to-add", "--all")
-        result = self._exec(["git", *DIFF_ARGS], max_output_bytes=MAX_DIFF_BYTES)
+        result = self._run_git(*DIFF_ARGS, max_output_bytes=MAX_DIFF_BYTES)
         if result.exit_code != 0:
             raise ToolError(f"git diff failed: {result.output.strip()[-500:]}")
         if result.truncated:
@@ -109,7 +109,7 @@ class ContainerWorkspace:
         self.box.write_file(PATCH_PATH, (patch if patch.endswith("\n") else patch + "\n").encode())
         failures = []
         for flags in APPLY_FLAGS:
-            check = self._exec(["git", "apply", *flags, "--check", PATCH_PATH])
+            check = self._run_git("apply", *flags, "--check", PATCH_PATH)
             if check.exit_code == 0:
                 self._git("apply", *flags, PATCH_PATH)
                 return
@@ -120,7 +120,7 @@ class ContainerWorkspace:
         """Make the files now in the workspace the `HEAD` that diffs are taken against."""
         self._git("init", "-q")
         self._git("add", "--all")
-        self._git(*IDENTITY, "commit", "-q", "--no-verify", "-m", "baseline")
+        self._git("commit", "-q", "--no-verify", "-m", "baseline", env=git_config_env(COMMITTER))
 
     # -- helpers ------------------------------------------------------------------------------
 
@@ -133,11 +133,26 @@ class ContainerWorkspace:
             raise ToolError(f"no file or directory {path!r}; list_files shows what exists")
         return relative
 
-    def _git(self, *args: str) -> str:
-        result = self._exec(["git", *args], timeout_s=GIT_TIMEOUT_S)
+    def _git(self, *args: str, env: Mapping[str, str] | None = None) -> str:
+        """The output of a git command that must succeed; else a `ToolError` quoting git."""
+        result = self._run_git(*args, env=env)
+        if result.timed_out:
+            raise ToolError(f"git {args[0]} took over {LOCAL_GIT_TIMEOUT_S:g} s")
         if result.exit_code != 0:
             raise ToolError(f"git {args[0]} failed: {result.output.strip()[-500:]}")
         return result.output
+
+    def _run_git(
+        self,
+        *args: str,
+        env: Mapping[str, str] | None = None,
+        max_output_bytes: int | None = None,
+    ) -> CommandResult:
+        """`git *args` in the workspace, within the time limit of all local git."""
+        argv = ["git", *args]
+        return self._exec(
+            argv, timeout_s=LOCAL_GIT_TIMEOUT_S, env=env, max_output_bytes=max_output_bytes
+        )
 
     def _exec(
         self,

@@ -1,0 +1,81 @@
+"""The sandbox workspace's git, without Docker: a stand-in for the sandbox runs each command on
+this host, in a folder, and records how it was asked to run it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+from sandbox import DockerSandbox, ExecResult
+from tests.repos import Git
+from workers.tools.container import ContainerWorkspace
+
+
+@dataclass
+class HostBox:
+    """The part of `DockerSandbox` a `ContainerWorkspace` uses, on a folder of this host."""
+
+    folder: Path
+    calls: list[dict[str, Any]] = field(default_factory=list)
+
+    def exec(
+        self,
+        argv: Sequence[str],
+        *,
+        timeout_s: float | None = None,
+        workdir: str | None = None,
+        env: Mapping[str, str] | None = None,
+        max_output_bytes: int | None = None,
+    ) -> ExecResult:
+        self.calls.append({"argv": list(argv), "timeout_s": timeout_s, "env": dict(env or {})})
+        done = subprocess.run(
+            list(argv),
+            cwd=self.folder,
+            env={"PATH": os.environ["PATH"], "HOME": str(self.folder), **(env or {})},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            check=False,
+        )
+        return ExecResult(
+            exit_code=done.returncode,
+            output=done.stdout.decode(),
+            timed_out=False,
+            oom_killed=False,
+            truncated=False,
+            duration_s=0.0,
+        )
+
+    def write_file(self, path: str, data: bytes) -> None:
+        (self.folder / path).write_bytes(data)
+
+
+def test_every_git_command_in_the_sandbox_runs_under_the_local_git_time_limit(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "app.py").write_text("x = 1\n")
+    box = HostBox(tmp_path)
+    workspace = ContainerWorkspace(cast(DockerSandbox, box), root=str(tmp_path))
+
+    workspace.commit_baseline()
+    workspace.write_text("app.py", "x = 2\n")
+    workspace.diff()
+    workspace.list_files()
+
+    git_calls = [call for call in box.calls if call["argv"][0] == "git"]
+    assert len(git_calls) >= 5
+    assert {call["timeout_s"] for call in git_calls} == {120.0}
+
+
+def test_the_sandbox_baseline_is_committed_as_baton(tmp_path: Path, git: Git) -> None:
+    (tmp_path / "app.py").write_text("x = 1\n")
+    workspace = ContainerWorkspace(cast(DockerSandbox, HostBox(tmp_path)), root=str(tmp_path))
+
+    workspace.commit_baseline()
+
+    assert git("log", "-1", "--format=%an <%ae>|%cn <%ce>|%s", cwd=tmp_path) == (
+        "Baton <baton@localhost>|Baton <baton@localhost>|baseline"
+    )
