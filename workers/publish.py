@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import shutil
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -101,13 +101,16 @@ class Publisher:
         title: str,
         body: str,
         workdir: Path,
+        fence: Callable[[], None] | None = None,
     ) -> PublishResult:
         """Commit `diff` on top of `commit` as `branch` of `repo`, push it, open a pull request.
 
         `title` is the commit's subject and the pull request's title, `body` the rest of the
         message and the pull request's description. The working copy is made in
         `workdir / "publish"` (replacing one a failed attempt left there); deleting it is up to
-        the caller. Raises `PublishError`.
+        the caller. `fence` is called right before the push and again right after it, before
+        the pull request: if it raises after the push (the run was cancelled meanwhile), the
+        branch just pushed is deleted again and its exception goes on. Raises `PublishError`.
         """
         source = self._source(repo, branch)
         copy = _WorkingCopy(
@@ -124,8 +127,12 @@ class Publisher:
             fix, pushed = remote, False
         else:
             fix = copy.out("commit-tree", tree, "-p", commit, "-F", "-", stdin=message.encode())
+            if fence is not None:
+                fence()
             _push(copy, fix, expected=remote)
             pushed = True
+        if fence is not None:
+            _fenced(copy, fix, fence, pushed=pushed, expected=remote)
         logger.info(
             "published %s (%d-byte diff) as %s of %s: %s",
             fix[:12],
@@ -303,6 +310,36 @@ def _push(copy: _WorkingCopy, fix: str, *, expected: str) -> None:
             result,
         )
     raise copy.error("git push failed; check that this host may push to the repository", result)
+
+
+def _fenced(
+    copy: _WorkingCopy, fix: str, fence: Callable[[], None], *, pushed: bool, expected: str
+) -> None:
+    """Call `fence` after the push; if it raises, take back what this call pushed (the branch
+    goes back to `expected`, or away) and let its exception go on."""
+    try:
+        fence()
+    except BaseException:
+        if pushed:
+            _withdraw(copy, fix, back_to=expected)
+        raise
+
+
+def _withdraw(copy: _WorkingCopy, fix: str, *, back_to: str) -> None:
+    """Undo a push of `fix`, only if `origin` still holds it: the branch returns to `back_to`
+    ("" deletes it). A failure is logged, not raised: the fence's reason matters more."""
+    ref = f"refs/heads/{copy.branch}"
+    target = f"{back_to}:{ref}" if back_to else f":{ref}"
+    result = copy.run(
+        "push", "--quiet", "--no-verify", f"--force-with-lease={ref}:{fix}", "origin", target,
+        network=True,
+    )  # fmt: skip
+    if result.returncode != 0:
+        logger.warning("could not take back %s of %s: %s", copy.branch, redact(copy.source),
+                       git_said(result))  # fmt: skip
+    else:
+        logger.info("took back %s of %s after the run was cancelled", copy.branch,
+                    redact(copy.source))  # fmt: skip
 
 
 def _github_said(exc: GithubException) -> str:

@@ -257,6 +257,7 @@ def _tools(
                 title=title,
                 body=f"{body}\n\n{inputs.evidence}".strip(),
                 workdir=Path(tmp),
+                fence=fence,
             )
         facts[Fact.PUBLISHED_BRANCH] = published.branch
         facts[Fact.PUBLISHED_COMMIT] = published.commit

@@ -426,3 +426,68 @@ def test_the_token_reaches_git_only_through_its_environment_and_never_a_log_or_e
     for text in [*errors, *logged, *(" ".join(argv) for argv, _ in commands)]:
         assert TOKEN not in text
         assert encoded not in text
+
+
+# -- the fence of a cancelled run ---------------------------------------------------------------
+
+
+class Cancelled(Exception):
+    """What a fence raises in these tests once the run is cancelled."""
+
+
+def fence_failing_at(n: int) -> tuple[Callable[[], None], list[int]]:
+    """A fence that raises `Cancelled` from its `n`-th call on; the calls are counted."""
+    calls: list[int] = []
+
+    def fence() -> None:
+        calls.append(len(calls) + 1)
+        if len(calls) >= n:
+            raise Cancelled()
+
+    return fence, calls
+
+
+def test_a_fence_that_fails_before_the_push_pushes_nothing(
+    upstream: Upstream, publisher: Publisher, tmp_path: Path
+) -> None:
+    fence, calls = fence_failing_at(1)
+
+    with pytest.raises(Cancelled):
+        publisher.publish(
+            repo=str(upstream.bare), commit=upstream.pinned, diff=upstream.diff(FIX),
+            branch="baton/run-1", title="t", body="b", workdir=tmp_path, fence=fence,
+        )  # fmt: skip
+
+    assert calls == [1]
+    assert upstream.branches() == ["refs/heads/main"]
+
+
+def test_a_cancel_that_lands_during_the_push_takes_the_branch_back(
+    upstream: Upstream, publisher: Publisher, tmp_path: Path
+) -> None:
+    fence, calls = fence_failing_at(2)  # passes before the push, fails right after it
+
+    with pytest.raises(Cancelled):
+        publisher.publish(
+            repo=str(upstream.bare), commit=upstream.pinned, diff=upstream.diff(FIX),
+            branch="baton/run-1", title="t", body="b", workdir=tmp_path, fence=fence,
+        )  # fmt: skip
+
+    assert calls == [1, 2]
+    assert upstream.branches() == ["refs/heads/main"]
+
+
+def test_taking_a_push_back_restores_what_the_branch_held_before(
+    upstream: Upstream, publisher: Publisher, tmp_path: Path
+) -> None:
+    earlier = publish(publisher, upstream, upstream.diff(FIX), tmp_path / "first")
+    other = upstream.diff({"app.py": b"def answer():\n    return 43\n"})
+    fence, _ = fence_failing_at(2)
+
+    with pytest.raises(Cancelled):
+        publisher.publish(
+            repo=str(upstream.bare), commit=upstream.pinned, diff=other,
+            branch="baton/run-1", title="t", body="b", workdir=tmp_path / "second", fence=fence,
+        )  # fmt: skip
+
+    assert upstream.commits_on("baton/run-1") == [earlier.commit]
