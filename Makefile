@@ -13,9 +13,10 @@ images: setup
 demo: setup
 	bash scripts/with-docker.sh $(BIN)/baton demo
 
-# The unit tier: no redis-server, no dockerd, no network (tests marked `integration` are left out).
+# The unit tier: no redis-server, no dockerd, no network (tests marked `integration` are left
+# out), on both cores; property tests run a fifth of their examples (tests/tiers.py).
 unit: setup
-	$(BIN)/pytest -q -m "not integration"
+	$(BIN)/pytest -q -m "not integration" -n 2 --hypothesis-profile=unit
 
 # Everything: lint, then both tiers against real redis-server, Celery workers, dockerd, Chromium.
 test: lint

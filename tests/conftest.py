@@ -19,6 +19,7 @@ import redis
 
 from orchestrator.store import RunStore
 from testkit import services
+from tests import tiers  # noqa: F401  (registers the `unit` Hypothesis profile)
 from tests.repos import Git, Upstream
 
 TESTS = Path(__file__).resolve().parent

@@ -30,6 +30,7 @@ from demo.runner import make_sample_repo
 from orchestrator.errors import IntakeError, PayloadTooLargeError
 from orchestrator.intake import IntakeLimits, parse_payload
 from orchestrator.models import Issue, IssueSource
+from tests.tiers import examples
 
 # --- Payload pieces ------------------------------------------------------------------------------
 
@@ -454,7 +455,7 @@ def parse_watched(
 
 
 @pytest.mark.parametrize("shape", SHAPES)
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(data=st.data(), limits=small_limits, ascii_only=st.booleans())
 def test_a_well_formed_report_becomes_a_valid_issue_within_every_limit(
     shape: str, data: st.DataObject, limits: IntakeLimits, ascii_only: bool
@@ -470,7 +471,7 @@ def test_a_well_formed_report_becomes_a_valid_issue_within_every_limit(
     assert named == detected
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=examples(80), deadline=None)
 @given(text=plain_texts, limits=small_limits)
 def test_plain_text_becomes_an_issue_titled_by_its_first_line(
     text: str, limits: IntakeLimits
@@ -482,7 +483,7 @@ def test_plain_text_becomes_an_issue_titled_by_its_first_line(
     assert "\n" not in issue.title
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(case=retyped())
 def test_a_value_of_the_wrong_type_is_ignored_or_refused_naming_its_field(
     case: tuple[Any, str],
@@ -498,7 +499,7 @@ def test_a_value_of_the_wrong_type_is_ignored_or_refused_naming_its_field(
         assert_valid(issue, IntakeLimits())
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(
     tags=st.dictionaries(texts, junk, min_size=1, max_size=4)
     | st.lists(st.lists(junk, min_size=2, max_size=2) | junk, min_size=1, max_size=4),
@@ -519,7 +520,7 @@ def test_tags_of_any_key_and_value_are_kept_clean_or_refused_naming_the_tag(
         assert_valid(issue, IntakeLimits())
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(
     data=mangled_payloads(),
     source=st.none() | st.sampled_from(IssueSource),
