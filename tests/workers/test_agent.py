@@ -51,7 +51,9 @@ def read_file(path: str) -> dict[str, Any]:
     return {"path": path, "content": path[-1] * FILE_CHARS}
 
 
-def run_stage(fake: FakeGemini, messages: list[str]) -> tuple[list[str], list[dict[str, Any]]]:
+def run_stage(
+    fake: FakeGemini, messages: list[str], *, streaming: bool
+) -> tuple[list[str], list[dict[str, Any]]]:
     """One `search` stage session with a small request budget, one turn per message; the
     replies and the audit entries."""
     fake.reset()
@@ -75,6 +77,7 @@ def run_stage(fake: FakeGemini, messages: list[str]) -> tuple[list[str], list[di
                 audit=audit.extend,
                 labels={"stage": "search"},
                 usage=usage,
+                streaming=streaming,
             ) as session:
                 return [await session.turn(text, max_model_calls=20) for text in messages]
         finally:
@@ -117,10 +120,11 @@ def opening_text(request: dict[str, Any]) -> str:
     return " ".join(part.get("text", "") for part in request["contents"][0]["parts"])
 
 
+@pytest.mark.parametrize("streaming", [False, True])
 def test_a_trimmed_tool_loop_sends_every_kept_call_back_with_its_signature(
-    fake: FakeGemini,
+    fake: FakeGemini, streaming: bool
 ) -> None:
-    [reply], audit = run_stage(fake, ["Do the search stage now."])
+    [reply], audit = run_stage(fake, ["Do the search stage now."], streaming=streaming)
 
     entries = fake.requests()
     received = received_signatures(audit)
@@ -136,10 +140,12 @@ def test_a_trimmed_tool_loop_sends_every_kept_call_back_with_its_signature(
         assert None not in sent.values()
 
 
+@pytest.mark.parametrize("streaming", [False, True])
 def test_a_second_turn_in_the_session_sends_the_first_turns_calls_back_unchanged(
-    fake: FakeGemini,
+    fake: FakeGemini, streaming: bool
 ) -> None:
-    replies, audit = run_stage(fake, ["Do the search stage now.", "Repeat your answer as JSON."])
+    messages = ["Do the search stage now.", "Repeat your answer as JSON."]
+    replies, audit = run_stage(fake, messages, streaming=streaming)
 
     entries = fake.requests()
     received = received_signatures(audit)
