@@ -14,6 +14,10 @@ from orchestrator.errors import ConfigError
 
 FAKE_API_KEY = "fake-gemini-key"
 """The key Baton hands the real client when it talks to the bundled fake server."""
+DEFAULT_MODEL = "gemini-3.8-flash"
+"""The model stages use unless `BATON_MODEL` names another: the newest generally available
+Gemini 3 Flash model (Google's agentic workhorse), which requires thought signatures back on
+function calls."""
 
 
 class _Section(BaseModel):
@@ -23,7 +27,7 @@ class _Section(BaseModel):
 class ModelConfig(_Section):
     """How stages reach Gemini."""
 
-    name: str = "gemini-2.5-flash"
+    name: str = DEFAULT_MODEL
     """Model name sent to the API."""
     base_url: str | None = None
     """Override of the API's base URL (the fake server's address in tests and the demo)."""
@@ -100,7 +104,7 @@ class Settings(BaseSettings):
     """`GOOGLE_API_KEY`; unset means the demo plays its scenario on the fake Gemini server."""
     gemini_base_url: str | None = None
     """`BATON_GEMINI_BASE_URL`; where the google-genai client sends requests."""
-    model: str = "gemini-2.5-flash"
+    model: str = DEFAULT_MODEL
     """`BATON_MODEL`."""
     model_timeout_s: float = 120.0
     """`BATON_MODEL_TIMEOUT_S`."""
@@ -113,7 +117,7 @@ class Settings(BaseSettings):
     retry: RetryConfig = RetryConfig()
     queue: QueueConfig = QueueConfig()
     quotas: dict[str, QuotaConfig] = {}
-    """`BATON_QUOTAS='{"gemini-2.5-flash": {"requests_per_minute": 60}}'`: per model."""
+    """`BATON_QUOTAS='{"gemini-3.8-flash": {"requests_per_minute": 60}}'`: per model."""
     default_quota: QuotaConfig = QuotaConfig()
     """The quota of a model `quotas` does not name (`BATON_DEFAULT_QUOTA__REQUESTS_PER_MINUTE`)."""
 

@@ -1,6 +1,7 @@
 """The dependency rule of shared/DESIGN.md: workers → orchestrator, workers → sandbox; the
 orchestrator never imports workers; sandbox imports nothing else from the project; and none of
-them imports (or names) the test kit or the demo, which stand outside the product."""
+them imports (or names) the test kit or the demo, which stand outside the product. The fake
+Gemini server stands in for an outside service, so it imports nothing of Baton either."""
 
 from __future__ import annotations
 
@@ -81,6 +82,7 @@ def named_packages(package: str) -> dict[str, set[str]]:
         ("sandbox", {"sandbox"}),
         ("workers", {"workers", "orchestrator", "sandbox"}),
         ("testkit", {"testkit", "orchestrator", "workers", "sandbox"}),
+        ("testkit/gemini", {"testkit"}),
         ("demo", {"demo", "testkit", "orchestrator", "workers", "sandbox"}),
     ],
 )

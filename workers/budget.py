@@ -21,7 +21,7 @@ TRIM_NOTE = (
     "[Baton: left out {turns} earlier model turns and their tool results to fit this stage's "
     "request budget; call the tools again if you need what they returned.]"
 )
-"""Added to the user message of a trimmed request. The fake Gemini server reads the count."""
+"""Added to the user message of a trimmed request, so that the model knows to call again."""
 MIN_STRING_CHARS = 80
 """`shrink_to_fit` never cuts a string below this many characters."""
 _MARKER_ROOM = 40

@@ -11,6 +11,7 @@ A scenario is JSON::
         ]},
         "*": [{"text": "ok"}]
      },
+     "thought_signatures": "required",
      "faults": [{"agent": "search", "requests": [1], "status": 429, "retry_delay_s": 3}],
      "quota": {"requests_per_minute": 60, "tokens_per_minute": 100000, "window_s": 60},
      "latency_ms": 0}
@@ -19,10 +20,27 @@ Agents. The agent of a request is the name ADK puts in the system instruction, e
 `x-baton-agent` header, else `"default"`; an agent with no script plays `"*"`. A script is
 `{"steps": [...]}` or just the list. Each step is exactly one of `text` (a text reply), `json`
 (a text reply holding that value as JSON), `call` (one function call) or `calls` (several
-function calls in one reply). The step a request gets is the number of `role: "model"` entries
-in its `contents`, so a retried or redelivered request replays the same step; past the end of
-the script the last step repeats. In a `text` or `json` step, `{{fn:NAME.FIELD}}` is replaced by
-FIELD of the newest response of function NAME in the request (e.g. the commit a tool made).
+function calls in one reply), and may set `thought`, its thought summary (default: "I will
+call NAME, NAME." or "I will answer in text."). Past the end of the script the last step
+repeats. In a `text` or `json` step, `{{fn:NAME.FIELD}}` is replaced by FIELD of the newest
+response of function NAME in the request (e.g. the commit a tool made).
+
+Steps. The step a request gets depends on its contents alone, so a retried or redelivered
+request replays the same step: one past the step of its newest model content that carries a
+signature this server issued for it, plus the model contents after that one; without one, the
+number of `role: "model"` contents. A conversation whose middle the client left out (to fit a
+token budget, say) so moves on from where its newest signed reply was.
+
+Thinking. Like Gemini 3, the model thinks before every reply: the thought summary's tokens are
+counted as `thoughtsTokenCount`, and the summary itself is sent as a first `thought` part only
+when the request sets `generationConfig.thinkingConfig.includeThoughts` (`tokens` has every
+count). `thought_signatures` says what the server does with signatures (see `signatures`):
+
+* `"required"` (the default, Gemini 3): replies carry them, and a request whose current turn
+  holds a function call without its signature, or with one altered or not issued by this
+  server, is refused with 400 `INVALID_ARGUMENT` before the quota and the fault rules see it;
+* `"optional"` (Gemini 2.5): replies carry them, nothing is checked;
+* `"off"`: replies carry none, nothing is checked.
 
 Quota. With `quota`, each model has a sliding window (`window_s`, default 60) over the
 requests it answered with 200, counted from when they arrived: a request that would take the
@@ -94,6 +112,8 @@ class Step(_Model):
     """A reply with one function call."""
     calls: list[FunctionCall] | None = Field(None, min_length=1)
     """A reply with several function calls."""
+    thought: str | None = None
+    """The thought summary of this step; None: one sentence saying what the reply does."""
 
     @model_validator(mode="after")
     def _exactly_one_kind(self) -> Step:
@@ -115,8 +135,17 @@ class Step(_Model):
             return [{"text": compact_json(self.json_value)}]
         if self.text is not None:
             return [{"text": self.text}]
-        calls = [self.call] if self.call is not None else (self.calls or [])
-        return [{"functionCall": call.model_dump()} for call in calls]
+        return [{"functionCall": call.model_dump()} for call in self._calls()]
+
+    def thought_summary(self) -> str:
+        """What the model thought before this reply."""
+        if self.thought is not None:
+            return self.thought
+        names = [call.name for call in self._calls()]
+        return f"I will call {', '.join(names)}." if names else "I will answer in text."
+
+    def _calls(self) -> list[FunctionCall]:
+        return [self.call] if self.call is not None else (self.calls or [])
 
 
 class AgentScript(_Model):
@@ -196,6 +225,8 @@ class Scenario(_Model):
 
     agents: dict[str, AgentScript] = Field(default_factory=dict)
     """Script per agent name; `"*"` serves agents without one."""
+    thought_signatures: Literal["required", "optional", "off"] = "required"
+    """Signatures issued and checked (Gemini 3), issued only (Gemini 2.5), or neither."""
     faults: list[FaultRule] = Field(default_factory=list)
     """Fault rules, first match wins."""
     quota: Quota | None = None

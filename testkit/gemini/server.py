@@ -5,15 +5,19 @@ Model endpoints, as google-genai calls them with `base_url` set:
     POST /{version}/models/{model}:generateContent
     POST /{version}/models/{model}:streamGenerateContent?alt=sse
 
-A streamed text reply comes in at least two chunks, each with `usageMetadata` counting the reply
-so far, the last with `finishReason`; a function-call reply comes in one chunk.
+A request is answered in this order: its thought signatures are checked (`signatures`; a 400
+when the current turn's are missing or corrupted), the model's quota admits it or refuses it
+with a 429 (`quota`), the fault rules may inject a fault (`faults`), and then the agent's
+script plays the request's step (`scenario`) as a reply whose shape `wire` describes, signed
+and counted as `tokens` says. A streamed text reply comes in at least two chunks; any other
+reply in one.
 
 Admin endpoints, for tests and the demo:
 
     GET  /_fake/health     {"status": "ok"}
     GET  /_fake/requests   the recorded entries (see `ledger`), oldest first
     POST /_fake/reset      forget recorded entries, restart the request counters, empty the
-                           quota windows
+                           quota windows and the implicit cache
     PUT  /_fake/faults     replace the fault rules (body: a list of rules)
     PUT  /_fake/scenario   replace the scenario, its fault rules and quota included
 
@@ -27,6 +31,7 @@ import json
 import logging
 import math
 import re
+import secrets
 import time
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
@@ -40,16 +45,15 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from testkit.gemini import tokens, wire
+from testkit.gemini.cache import PrefixCache
 from testkit.gemini.faults import FaultBook
 from testkit.gemini.ledger import Ledger
 from testkit.gemini.quota import Answered, QuotaBook
-from testkit.gemini.scenario import FaultRule, Scenario
-from workers.budget import TRIM_NOTE
+from testkit.gemini.scenario import FaultRule, Scenario, Step
+from testkit.gemini.signatures import Signer
 
 logger = logging.getLogger(__name__)
 
-LEFT_OUT = re.compile(re.escape(TRIM_NOTE.split("{turns}")[0]) + r"(\d+)")
-"""The count of model turns in Baton's trimming note (`workers.budget.TRIM_NOTE`)."""
 FUNCTION_REF = re.compile(r"\{\{fn:(\w+)\.(\w+)\}\}")
 """`{{fn:NAME.FIELD}}` in a scripted text: a field of a function response in the request."""
 
@@ -59,8 +63,8 @@ AGENT_HEADER = "x-baton-agent"
 """Header naming the agent when the system instruction does not."""
 DEFAULT_AGENT = "default"
 """The agent of a request that names none."""
-STREAM_CHUNK_CHARS = 200
-"""Largest piece of text in one streamed chunk."""
+SECRET_BYTES = 32
+"""Length of the secret each server signs with, drawn when it is created."""
 
 _RULES = TypeAdapter(list[FaultRule])
 
@@ -68,7 +72,18 @@ _RULES = TypeAdapter(list[FaultRule])
 class _Answer(NamedTuple):
     response: Response
     status: int
-    candidates_tokens: int = 0
+    usage: tokens.Usage
+
+
+class _Request(NamedTuple):
+    """What the server made of one model request."""
+
+    body: Mapping[str, Any]
+    model: str
+    agent: str
+    step: int
+    stream: bool
+    prompt_tokens: int
 
 
 class _DroppedResponse(Response):
@@ -81,13 +96,16 @@ class _DroppedResponse(Response):
 
 
 class FakeServer:
-    """The server's state (scenario, fault counters, record) and its endpoints."""
+    """The server's state (scenario, fault counters, quota windows, record, signing secret,
+    implicit cache) and its endpoints."""
 
-    def __init__(self, scenario: Scenario, ledger: Ledger) -> None:
+    def __init__(self, scenario: Scenario, ledger: Ledger, secret: bytes) -> None:
         self._scenario = scenario
         self._faults = FaultBook(scenario.faults)
         self._quota = QuotaBook(scenario.quota)
         self._ledger = ledger
+        self._signer = Signer(secret)
+        self._cache = PrefixCache()
 
     async def model_call(self, request: Request) -> Response:
         """Answer `generateContent` or `streamGenerateContent` for one model."""
@@ -102,76 +120,101 @@ class FakeServer:
             return _error(400, "Invalid JSON payload received: expected a JSON object.")
 
         received_s = time.time()
-        agent = agent_name(body, request.headers)
-        step = model_turns(body)
-        stream = method == "streamGenerateContent"
-        prompt = tokens.prompt_tokens(body)
-        admitted = self._quota.admit(model, received_s, prompt)
-        if isinstance(admitted, Answered):
-            number, rule = self._faults.next_request(agent)
-            await asyncio.sleep(self._latency_ms(rule) / 1000)
-            answer = self._answer(rule, agent, model, (step, body), stream, prompt)
-            self._quota.settle(model, admitted, answer.status, prompt + answer.candidates_tokens)
-        else:
-            number, answer = 0, _Answer(_over_quota(admitted), status=429)
+        asked = self._read(body, model, agent_name(body, request.headers), method)
+        number, answer = await self._respond(asked, received_s)
+        usage = answer.usage
         self._ledger.append(
             {
                 "ts": received_s,
-                "agent": agent,
+                "agent": asked.agent,
                 "model": model,
-                "stream": stream,
-                "step": step,
+                "stream": asked.stream,
+                "step": asked.step,
                 "status": answer.status,
-                "prompt_tokens": prompt,
-                "candidates_tokens": answer.candidates_tokens,
+                "prompt_tokens": usage.prompt,
+                "candidates_tokens": usage.candidates,
+                "thoughts_tokens": usage.thoughts,
+                "cached_tokens": usage.cached,
                 "request_chars": len(tokens.compact_json(body)),
                 "request": body,
             }
         )
         logger.info(
-            "agent=%s request=%d step=%d status=%d prompt_tokens=%d candidates_tokens=%d",
-            agent,
-            number,
-            step,
-            answer.status,
-            prompt,
-            answer.candidates_tokens,
-        )
+            "agent=%s request=%d step=%d status=%d prompt_tokens=%d candidates_tokens=%d "
+            "thoughts_tokens=%d cached_tokens=%d",
+            asked.agent, number, asked.step, answer.status, usage.prompt, usage.candidates,
+            usage.thoughts, usage.cached,
+        )  # fmt: skip
         return answer.response
+
+    def _read(self, body: Mapping[str, Any], model: str, agent: str, method: str) -> _Request:
+        step = self._signer.step_of(body, model=model, agent=agent)
+        stream = method == "streamGenerateContent"
+        return _Request(body, model, agent, step, stream, tokens.prompt_tokens(body))
+
+    async def _respond(self, asked: _Request, received_s: float) -> tuple[int, _Answer]:
+        """The request's number among its agent's (0 when it never reached the fault rules)
+        and its answer."""
+        unanswered = tokens.Usage(asked.prompt_tokens)
+        if self._scenario.thought_signatures == "required":
+            problem = self._signer.problem(asked.body, model=asked.model, agent=asked.agent)
+            if problem is not None:
+                return 0, _Answer(_error(400, problem), 400, unanswered)
+        admitted = self._quota.admit(asked.model, received_s, asked.prompt_tokens)
+        if not isinstance(admitted, Answered):
+            return 0, _Answer(_over_quota(admitted), 429, unanswered)
+        number, rule = self._faults.next_request(asked.agent)
+        await asyncio.sleep(self._latency_ms(rule) / 1000)
+        answer = self._answer(rule, asked)
+        used = answer.usage.prompt + answer.usage.candidates
+        self._quota.settle(asked.model, admitted, answer.status, used)
+        if answer.status == 200:
+            self._cache.remember(asked.model, asked.agent, asked.body)
+        return number, answer
 
     def _latency_ms(self, rule: FaultRule | None) -> int:
         if rule is not None and rule.latency_ms is not None:
             return rule.latency_ms
         return self._scenario.latency_ms
 
-    def _answer(
-        self,
-        rule: FaultRule | None,
-        agent: str,
-        model: str,
-        request: tuple[int, Mapping[str, Any]],
-        stream: bool,
-        prompt: int,
-    ) -> _Answer:
+    def _answer(self, rule: FaultRule | None, asked: _Request) -> _Answer:
+        unanswered = tokens.Usage(asked.prompt_tokens)
         if rule is not None and rule.drop:
-            return _Answer(_DroppedResponse(), status=0)
+            return _Answer(_DroppedResponse(), 0, unanswered)
         if rule is not None and rule.status is not None:
-            return _Answer(_fault(rule.status, rule), status=rule.status)
-        script = self._scenario.script_for(agent)
+            return _Answer(_fault(rule.status, rule), rule.status, unanswered)
+        script = self._scenario.script_for(asked.agent)
         if script is None:
             message = (
-                f'fake-gemini: the scenario has no script for agent "{agent}" and no "*" script'
+                f'fake-gemini: the scenario has no script for agent "{asked.agent}" and no "*" '
+                "script"
             )
-            return _Answer(_error(400, message), status=400)
-        step, body = request
-        parts = fill_references(script.step(step).parts(), body)
-        candidates = tokens.count(parts)
-        if stream:
-            events = stream_events(parts, model, prompt)
+            return _Answer(_error(400, message), 400, unanswered)
+        step = script.step(asked.step)
+        parts, usage = self._reply(step, asked)
+        if asked.stream:
+            events = wire.stream_events(parts, asked.model, usage)
             response: Response = StreamingResponse(_emit(events), media_type="text/event-stream")
         else:
-            response = JSONResponse(wire.reply(parts, model, wire.usage(prompt, candidates)))
-        return _Answer(response, status=200, candidates_tokens=candidates)
+            response = JSONResponse(wire.reply(parts, asked.model, usage))
+        return _Answer(response, 200, usage)
+
+    def _reply(self, step: Step, asked: _Request) -> tuple[list[dict[str, Any]], tokens.Usage]:
+        """The reply's parts (thought part, answer, signature) and its token counts."""
+        answer = fill_references(step.parts(), asked.body)
+        thought = step.thought_summary()
+        parts = [{"text": thought, "thought": True}] if wants_thoughts(asked.body) else []
+        parts += answer
+        if self._scenario.thought_signatures != "off":
+            parts = self._signer.sign(parts, model=asked.model, agent=asked.agent, step=asked.step)
+        cached = self._cache.cached_contents(asked.model, asked.agent, asked.body)
+        usage = tokens.Usage(
+            prompt=asked.prompt_tokens,
+            candidates=tokens.count(answer),
+            thoughts=tokens.text_tokens(thought),
+            cached=tokens.prompt_tokens(asked.body, cached) if cached else 0,
+        )
+        return parts, usage
 
     async def health(self, request: Request) -> Response:
         return JSONResponse({"status": "ok"})
@@ -183,6 +226,7 @@ class FakeServer:
         self._ledger.clear()
         self._faults.reset()
         self._quota.reset()
+        self._cache.reset()
         return JSONResponse({"status": "ok"})
 
     async def set_faults(self, request: Request) -> Response:
@@ -208,8 +252,12 @@ def create_app(
     scenario: Scenario, record_path: str | Path | None = None, *, ledger: Ledger | None = None
 ) -> Starlette:
     """The fake server as an ASGI app; `record_path` also appends each entry to a JSONL file.
-    `ledger` is where it records (a fresh one by default)."""
-    server = FakeServer(scenario, ledger if ledger is not None else Ledger(record_path))
+    `ledger` is where it records (a fresh one by default).
+
+    Each app signs with a secret of its own: another server's signatures are corrupted to it.
+    """
+    ledger = ledger if ledger is not None else Ledger(record_path)
+    server = FakeServer(scenario, ledger, secrets.token_bytes(SECRET_BYTES))
     routes = [
         Route("/{version}/models/{target}", server.model_call, methods=["POST"]),
         Route("/_fake/health", server.health, methods=["GET"]),
@@ -233,18 +281,11 @@ def agent_name(body: Mapping[str, Any], headers: Mapping[str, str]) -> str:
     return headers.get(AGENT_HEADER) or DEFAULT_AGENT
 
 
-def model_turns(body: Mapping[str, Any]) -> int:
-    """How many replies of the model the conversation holds: the step it is at.
-
-    A request Baton trimmed says in its first content how many model turns it left out; they
-    count too, so a trimmed conversation moves on instead of replaying its first steps.
-    """
-    contents = [c for c in body.get("contents") or [] if isinstance(c, dict)]
-    seen = sum(1 for content in contents if content.get("role") == "model")
-    first = contents[0].get("parts") or [] if contents else []
-    texts = " ".join(p.get("text") or "" for p in first if isinstance(p, dict))
-    left_out = sum(int(n) for n in LEFT_OUT.findall(texts))
-    return seen + left_out
+def wants_thoughts(body: Mapping[str, Any]) -> bool:
+    """Whether the request asks to see the model's thoughts
+    (`generationConfig.thinkingConfig.includeThoughts`)."""
+    thinking = wire.field(wire.field(body, "generationConfig"), "thinkingConfig")
+    return wire.field(thinking, "includeThoughts") is True
 
 
 def fill_references(parts: list[dict[str, Any]], body: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -267,29 +308,6 @@ def fill_references(parts: list[dict[str, Any]], body: Mapping[str, Any]) -> lis
         {**part, "text": FUNCTION_REF.sub(value, part["text"])} if "text" in part else part
         for part in parts
     ]
-
-
-def stream_events(parts: list[dict[str, Any]], model: str, prompt: int) -> list[bytes]:
-    """The SSE events of a streamed reply."""
-    if len(parts) != 1 or set(parts[0]) != {"text"}:
-        usage = wire.usage(prompt, tokens.count(parts))
-        return [wire.sse_event(wire.reply(parts, model, usage))]
-    pieces = split_text(parts[0]["text"])
-    events = []
-    for index, piece in enumerate(pieces):
-        so_far = "".join(pieces[: index + 1])
-        usage = wire.usage(prompt, tokens.count([{"text": so_far}]))
-        final = index == len(pieces) - 1
-        events.append(wire.sse_event(wire.reply([{"text": piece}], model, usage, final=final)))
-    return events
-
-
-def split_text(text: str) -> list[str]:
-    """`text` in at least two pieces of at most `STREAM_CHUNK_CHARS` (the last may be empty)."""
-    count = max(2, math.ceil(len(text) / STREAM_CHUNK_CHARS))
-    size = max(1, math.ceil(len(text) / count))
-    pieces = [text[start : start + size] for start in range(0, len(text), size)]
-    return pieces + [""] * (2 - len(pieces))
 
 
 async def _emit(events: list[bytes]) -> AsyncIterator[bytes]:

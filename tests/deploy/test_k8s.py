@@ -24,6 +24,7 @@ import yaml
 
 from orchestrator.pipeline import StageSpec, load_pipeline
 from orchestrator.queue import check_time_limits
+from orchestrator.settings import DEFAULT_MODEL
 from workers.settings import WorkerSettings
 
 K8S = Path(__file__).resolve().parents[2] / "k8s"
@@ -678,7 +679,7 @@ def test_the_config_map_holds_only_settings_baton_reads(monkeypatch: pytest.Monk
     assert settings.metrics_dir == Path("/tmp/baton-metrics")
     assert settings.queue.reconcile_every_s == 30
     assert settings.sandbox_config().memory_mb == 1024
-    assert settings.quotas["gemini-2.5-flash"].requests_per_minute == 60
+    assert settings.quotas[DEFAULT_MODEL].requests_per_minute == 60
     check_time_limits(load_pipeline("fixer"), settings.queue, settings.retry)
 
 

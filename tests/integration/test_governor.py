@@ -20,13 +20,15 @@ import redis
 from demo.runner import make_sample_repo
 from orchestrator import api
 from orchestrator.models import RunRecord, RunStatus
+from orchestrator.settings import DEFAULT_MODEL
 from testkit import services
 from testkit.gemini import FakeGemini
 from testkit.services import worker_env
 
 from .conftest import Stack, stack_settings
 
-MODEL = "gemini-2.5-flash"
+MODEL = DEFAULT_MODEL
+"""The model the workers use: the one the quota is set for."""
 DATABASE = 9
 """This module's Redis database: flushed before each test, never used by the shared worker."""
 PIPELINE = """

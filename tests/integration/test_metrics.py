@@ -16,13 +16,15 @@ from prometheus_client.parser import text_string_to_metric_families
 from demo import SENTRY_EVENT
 from orchestrator.models import RunStatus
 from orchestrator.pipeline import load_pipeline
+from orchestrator.settings import DEFAULT_MODEL
 from testkit import services
 from testkit.services import worker_env
 
 from .conftest import Stack, stack_settings
 
 STAGES = [stage.name for stage in load_pipeline("fixer").stages]
-MODEL = {"model": "gemini-2.5-flash"}
+MODEL = {"model": DEFAULT_MODEL}
+"""The label of the model the workers use."""
 
 
 @pytest.fixture

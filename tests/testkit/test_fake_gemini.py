@@ -10,8 +10,7 @@ import asyncio
 import json
 import math
 import time
-from collections.abc import Callable, Iterator
-from contextlib import ExitStack
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,7 @@ from pydantic import ValidationError
 
 from testkit.gemini import FakeGemini, Scenario
 
-MODEL = "gemini-2.5-flash"
+MODEL = "gemini-3.8-flash"
 SCENARIO: dict[str, Any] = {
     "agents": {
         "search": {
@@ -46,31 +45,11 @@ SCENARIO: dict[str, Any] = {
 }
 OK_CANDIDATES_TOKENS = 4
 """`[{"text":"ok"}]` is 15 characters: ceil(15 / 4)."""
+ANSWER_THOUGHTS_TOKENS = 6
+"""The default thought of a text step, "I will answer in text.", is 22 characters: ceil(22 / 4)."""
 
 StartFake = Callable[..., FakeGemini]
-
-
-@pytest.fixture
-def start_fake() -> Iterator[StartFake]:
-    """Start fake servers (default: `SCENARIO`); all stop when the test ends."""
-    with ExitStack() as stack:
-
-        def start(scenario: dict[str, Any] | None = None, **kwargs: Any) -> FakeGemini:
-            return stack.enter_context(FakeGemini.start(scenario or SCENARIO, **kwargs))
-
-        yield start
-
-
-def client_for(
-    fake: FakeGemini, api_key: str = "fake-key", headers: dict[str, str] | None = None
-) -> genai.Client:
-    options = types.HttpOptions(
-        base_url=fake.url,
-        api_version="v1beta",
-        headers=headers,
-        retry_options=types.HttpRetryOptions(attempts=1),
-    )
-    return genai.Client(api_key=api_key, http_options=options)
+ClientFor = Callable[..., genai.Client]
 
 
 def as_agent(name: str) -> types.GenerateContentConfig:
@@ -99,8 +78,10 @@ def statuses(fake: FakeGemini) -> list[int]:
 # Replies
 
 
-def test_generate_content_returns_the_scripted_text_with_usage(start_fake: StartFake) -> None:
-    fake = start_fake()
+def test_generate_content_returns_the_scripted_text_with_usage(
+    start_fake: StartFake, client_for: ClientFor
+) -> None:
+    fake = start_fake(SCENARIO)
 
     response = ask(client_for(fake))
 
@@ -109,9 +90,14 @@ def test_generate_content_returns_the_scripted_text_with_usage(start_fake: Start
     assert response.text == "ok"
     assert response.usage_metadata.prompt_token_count == prompt
     assert response.usage_metadata.candidates_token_count == OK_CANDIDATES_TOKENS
-    assert response.usage_metadata.total_token_count == prompt + OK_CANDIDATES_TOKENS
+    assert response.usage_metadata.thoughts_token_count == ANSWER_THOUGHTS_TOKENS
+    assert response.usage_metadata.total_token_count == (
+        prompt + OK_CANDIDATES_TOKENS + ANSWER_THOUGHTS_TOKENS
+    )
+    assert response.usage_metadata.cached_content_token_count is None
     assert response.model_version == MODEL
     assert (entry["prompt_tokens"], entry["candidates_tokens"]) == (prompt, OK_CANDIDATES_TOKENS)
+    assert (entry["thoughts_tokens"], entry["cached_tokens"]) == (ANSWER_THOUGHTS_TOKENS, 0)
     assert entry["request"]["contents"] == [{"role": "user", "parts": [{"text": "hi"}]}]
     assert entry["request_chars"] == len(json.dumps(entry["request"], separators=(",", ":")))
     assert (entry["agent"], entry["model"], entry["stream"], entry["step"]) == (
@@ -124,8 +110,9 @@ def test_generate_content_returns_the_scripted_text_with_usage(start_fake: Start
 
 def test_step_is_the_number_of_model_turns_and_the_last_step_repeats(
     start_fake: StartFake,
+    client_for: ClientFor,
 ) -> None:
-    fake = start_fake()
+    fake = start_fake(SCENARIO)
     client = client_for(fake)
     turns: list[types.Content] = [types.Content(role="user", parts=[types.Part(text="go")])]
     replies = []
@@ -145,8 +132,10 @@ def test_step_is_the_number_of_model_turns_and_the_last_step_repeats(
     assert {entry["agent"] for entry in fake.requests()} == {"search"}
 
 
-def test_a_calls_step_replies_with_several_function_calls(start_fake: StartFake) -> None:
-    fake = start_fake()
+def test_a_calls_step_replies_with_several_function_calls(
+    start_fake: StartFake, client_for: ClientFor
+) -> None:
+    fake = start_fake(SCENARIO)
 
     response = ask(client_for(fake), as_agent("fanout"))
 
@@ -154,8 +143,10 @@ def test_a_calls_step_replies_with_several_function_calls(start_fake: StartFake)
     assert calls == [("read_file", {"path": "a.py"}), ("grep", {})]
 
 
-def test_the_agent_header_names_the_agent_when_adk_did_not(start_fake: StartFake) -> None:
-    fake = start_fake()
+def test_the_agent_header_names_the_agent_when_adk_did_not(
+    start_fake: StartFake, client_for: ClientFor
+) -> None:
+    fake = start_fake(SCENARIO)
 
     response = ask(client_for(fake, headers={"x-baton-agent": "search"}))
 
@@ -163,7 +154,9 @@ def test_the_agent_header_names_the_agent_when_adk_did_not(start_fake: StartFake
     assert fake.requests()[0]["agent"] == "search"
 
 
-def test_an_unknown_agent_without_a_star_script_is_a_400_naming_it(start_fake: StartFake) -> None:
+def test_an_unknown_agent_without_a_star_script_is_a_400_naming_it(
+    start_fake: StartFake, client_for: ClientFor
+) -> None:
     fake = start_fake({"agents": {"search": [{"text": "found"}]}})
 
     with pytest.raises(errors.ClientError) as caught:
@@ -175,7 +168,9 @@ def test_an_unknown_agent_without_a_star_script_is_a_400_naming_it(start_fake: S
     assert statuses(fake) == [400]
 
 
-def test_streamed_text_arrives_in_chunks_that_each_carry_usage(start_fake: StartFake) -> None:
+def test_streamed_text_arrives_in_chunks_that_each_carry_usage(
+    start_fake: StartFake, client_for: ClientFor
+) -> None:
     reply = "The price is divided by 100 twice. " * 3
     fake = start_fake({"agents": {"*": [{"text": reply}]}})
 
@@ -202,8 +197,9 @@ def test_streamed_text_arrives_in_chunks_that_each_carry_usage(start_fake: Start
 
 def test_a_429_carries_retry_info_and_retry_after_then_the_next_request_succeeds(
     start_fake: StartFake,
+    client_for: ClientFor,
 ) -> None:
-    fake = start_fake()
+    fake = start_fake(SCENARIO)
     fake.set_faults(
         [
             {
@@ -231,8 +227,10 @@ def test_a_429_carries_retry_info_and_retry_after_then_the_next_request_succeeds
     assert statuses(fake) == [429, 200]
 
 
-def test_a_429_without_retry_delay_has_no_retry_info(start_fake: StartFake) -> None:
-    fake = start_fake()
+def test_a_429_without_retry_delay_has_no_retry_info(
+    start_fake: StartFake, client_for: ClientFor
+) -> None:
+    fake = start_fake(SCENARIO)
     fake.set_faults([{"status": 429, "retry_delay_s": None}])
 
     with pytest.raises(errors.ClientError) as caught:
@@ -254,9 +252,13 @@ def test_a_429_without_retry_delay_has_no_retry_info(start_fake: StartFake) -> N
     ],
 )
 def test_an_error_status_surfaces_as_the_matching_genai_error(
-    start_fake: StartFake, status: int, error_class: type[errors.APIError], status_name: str
+    start_fake: StartFake,
+    status: int,
+    error_class: type[errors.APIError],
+    status_name: str,
+    client_for: ClientFor,
 ) -> None:
-    fake = start_fake()
+    fake = start_fake(SCENARIO)
     fake.set_faults([{"status": status}])
 
     with pytest.raises(error_class) as caught:
@@ -268,9 +270,11 @@ def test_an_error_status_surfaces_as_the_matching_genai_error(
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_dropped_connection_surfaces_as_a_protocol_error(
-    start_fake: StartFake, stream: bool
+    start_fake: StartFake,
+    stream: bool,
+    client_for: ClientFor,
 ) -> None:
-    fake = start_fake()
+    fake = start_fake(SCENARIO)
     fake.set_faults([{"drop": True}])
     client = client_for(fake)
 
@@ -295,7 +299,9 @@ def test_a_dropped_connection_surfaces_as_a_protocol_error(
     ],
     ids=["scenario-latency", "rule-latency"],
 )
-def test_latency_delays_the_reply(start_fake: StartFake, scenario: dict[str, Any]) -> None:
+def test_latency_delays_the_reply(
+    start_fake: StartFake, scenario: dict[str, Any], client_for: ClientFor
+) -> None:
     client = client_for(start_fake(scenario))
 
     started = time.monotonic()
@@ -318,9 +324,12 @@ def test_latency_delays_the_reply(start_fake: StartFake, scenario: dict[str, Any
     ids=["every", "times", "every-times", "requests", "other-agent"],
 )
 def test_selectors_pick_which_requests_fail(
-    start_fake: StartFake, rule: dict[str, Any], expected: list[int]
+    start_fake: StartFake,
+    rule: dict[str, Any],
+    expected: list[int],
+    client_for: ClientFor,
 ) -> None:
-    fake = start_fake()
+    fake = start_fake(SCENARIO)
     fake.set_faults([rule])
     client = client_for(fake)
 
@@ -333,8 +342,8 @@ def test_selectors_pick_which_requests_fail(
     assert statuses(fake) == expected
 
 
-def test_the_first_matching_rule_wins(start_fake: StartFake) -> None:
-    fake = start_fake()
+def test_the_first_matching_rule_wins(start_fake: StartFake, client_for: ClientFor) -> None:
+    fake = start_fake(SCENARIO)
     fake.set_faults([{"requests": [1], "status": 403}, {"status": 500}])
 
     for _ in range(2):
@@ -344,8 +353,10 @@ def test_the_first_matching_rule_wins(start_fake: StartFake) -> None:
     assert statuses(fake) == [403, 500]
 
 
-def test_reset_clears_the_record_and_restarts_request_counters(start_fake: StartFake) -> None:
-    fake = start_fake()
+def test_reset_clears_the_record_and_restarts_request_counters(
+    start_fake: StartFake, client_for: ClientFor
+) -> None:
+    fake = start_fake(SCENARIO)
     fake.set_faults([{"requests": [1], "status": 500}])
     client = client_for(fake)
     with pytest.raises(errors.ServerError):
@@ -359,7 +370,9 @@ def test_reset_clears_the_record_and_restarts_request_counters(start_fake: Start
     assert statuses(fake) == [500]
 
 
-def test_set_scenario_replaces_the_replies_and_the_faults(start_fake: StartFake) -> None:
+def test_set_scenario_replaces_the_replies_and_the_faults(
+    start_fake: StartFake, client_for: ClientFor
+) -> None:
     fake = start_fake({"agents": {"*": [{"text": "old"}]}, "faults": [{"status": 500}]})
 
     fake.set_scenario({"agents": {"*": [{"text": "new"}]}})
@@ -368,7 +381,7 @@ def test_set_scenario_replaces_the_replies_and_the_faults(start_fake: StartFake)
 
 
 def test_invalid_fault_rules_are_rejected_with_422(start_fake: StartFake) -> None:
-    fake = start_fake()
+    fake = start_fake(SCENARIO)
 
     response = httpx.put(f"{fake.url}/_fake/faults", json=[{"status": 418}], timeout=5)
 
@@ -380,11 +393,13 @@ def test_invalid_fault_rules_are_rejected_with_422(start_fake: StartFake) -> Non
 
 
 def test_the_record_file_has_one_line_per_request_and_never_the_api_key(
-    start_fake: StartFake, tmp_path: Path
+    start_fake: StartFake,
+    tmp_path: Path,
+    client_for: ClientFor,
 ) -> None:
     canary_key = "canary-key-3f9d1c7be2"
     record_path = tmp_path / "requests.jsonl"
-    fake = start_fake(record_path=record_path)
+    fake = start_fake(SCENARIO, record_path=record_path)
     fake.set_faults([{"requests": [2], "status": 429, "retry_delay_s": 3}])
     client = client_for(fake, api_key=canary_key)
 
@@ -405,7 +420,9 @@ def test_the_record_file_has_one_line_per_request_and_never_the_api_key(
 
 
 def test_concurrent_requests_never_interleave_record_lines(
-    start_fake: StartFake, tmp_path: Path
+    start_fake: StartFake,
+    tmp_path: Path,
+    client_for: ClientFor,
 ) -> None:
     record_path = tmp_path / "requests.jsonl"
     fake = start_fake({"agents": {"*": [{"text": "x" * 5000}]}}, record_path=record_path)
@@ -463,18 +480,3 @@ def test_a_scripted_reply_can_repeat_a_field_of_a_tool_response() -> None:
     assert fill_references(parts, body) == [
         {"text": '{"commit":"abc123","branch":"b\\"q","x":"<no other.y in the request>"}'}
     ]
-
-
-def test_a_trimmed_conversation_counts_the_model_turns_it_left_out() -> None:
-    from testkit.gemini.server import model_turns
-    from workers.budget import TRIM_NOTE
-
-    note = TRIM_NOTE.format(turns=5)
-    body = {
-        "contents": [
-            {"role": "user", "parts": [{"text": "Do the search stage now."}, {"text": note}]},
-            {"role": "model", "parts": [{"functionCall": {"name": "f", "args": {}}}]},
-            {"role": "user", "parts": [{"functionResponse": {"name": "f", "response": {}}}]},
-        ]
-    }
-    assert model_turns(body) == 6

@@ -46,7 +46,7 @@ def test_the_module_prints_its_address_serves_and_exits_zero_on_sigterm(tmp_path
         )
         client = genai.Client(api_key="fake-key", http_options=options)
 
-        response = client.models.generate_content(model="gemini-2.5-flash", contents="hi")
+        response = client.models.generate_content(model="gemini-3.8-flash", contents="hi")
         process.send_signal(signal.SIGTERM)
         returncode = process.wait(timeout=10)
     finally:

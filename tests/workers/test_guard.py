@@ -473,3 +473,44 @@ def test_an_out_of_scope_tool_the_agent_lacks_is_answered_by_the_guard_not_adk(
     refusal, result = tool_answers(fake.requests())
     assert result == {"path": "a.py", "content": "1| x = 1"}
     assert refusal["error"].startswith("run_tests: not a tool of the search stage")
+
+
+REPAIRS: dict[str, list[dict[str, Any]]] = {
+    "wrong-type": [
+        {"call": {"name": "read_file", "args": {"path": "a.py", "start_line": "10"}}},
+        {"call": {"name": "read_file", "args": {"path": "a.py", "start_line": 10}}},
+        {"json": {"root_cause": "found"}},
+    ],
+    "out-of-scope": [
+        {"calls": [{"name": "run_tests", "args": {"command": "pytest"}},
+                   {"name": "read_file", "args": {"path": "a.py"}}]},
+        {"call": {"name": "read_file", "args": {"path": "b.py"}}},
+        {"json": {"root_cause": "found"}},
+    ],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("streaming", [StreamingMode.NONE, StreamingMode.SSE])
+@pytest.mark.parametrize(
+    ("repair", "signed"),
+    [("wrong-type", [[True], [True]]), ("out-of-scope", [[True, False], [True]])],
+)
+def test_the_repair_turn_sends_the_refused_calls_signature_back_to_a_gemini_3_server(
+    fake: FakeGemini, streaming: StreamingMode, repair: str, signed: list[list[bool]]
+) -> None:
+    """The fake checks signatures as Gemini 3 does (a 400 for one missing in the turn); the
+    guard answers a bad call without touching the model's reply, so they all go back."""
+    tools = Calls()
+    guard = ToolGuard([tools.read_file], stage="search")
+
+    requests = run_agent(fake, REPAIRS[repair], tools=[tools.read_file], guard=guard,
+                         streaming=streaming)  # fmt: skip
+
+    last = requests[-1]["request"]["contents"]
+    assert [entry["status"] for entry in requests] == [200, 200, 200]
+    assert len(guard.bad_calls) == 1
+    assert [
+        ["thoughtSignature" in part for part in content["parts"] if "functionCall" in part]
+        for content in last
+        if content["role"] == "model"
+    ] == signed

@@ -1,0 +1,47 @@
+"""Fixtures of the fake Gemini tests: servers that stop with the test, and real google-genai
+clients pointed at them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
+from typing import Any
+
+import pytest
+from google import genai
+from google.genai import types
+
+from testkit.gemini import FakeGemini
+
+StartFake = Callable[..., FakeGemini]
+ClientFor = Callable[..., genai.Client]
+
+
+@pytest.fixture
+def start_fake() -> Iterator[StartFake]:
+    """Start fake servers (`start_fake(scenario, record_path=...)`); all stop when the test
+    ends."""
+    with ExitStack() as stack:
+
+        def start(scenario: dict[str, Any], **kwargs: Any) -> FakeGemini:
+            return stack.enter_context(FakeGemini.start(scenario, **kwargs))
+
+        yield start
+
+
+@pytest.fixture
+def client_for() -> ClientFor:
+    """A google-genai client for a fake server, with the client's own retries off."""
+
+    def client(
+        fake: FakeGemini, api_key: str = "fake-key", headers: dict[str, str] | None = None
+    ) -> genai.Client:
+        options = types.HttpOptions(
+            base_url=fake.url,
+            api_version="v1beta",
+            headers=headers,
+            retry_options=types.HttpRetryOptions(attempts=1),
+        )
+        return genai.Client(api_key=api_key, http_options=options)
+
+    return client
