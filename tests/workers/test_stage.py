@@ -19,7 +19,7 @@ from demo import SCENARIO
 from demo.runner import make_sample_repo
 from orchestrator.git import resolve_commit
 from orchestrator.pipeline import ISSUE_KEY, StageBudget, load_pipeline
-from testkit.gemini.inprocess import InProcessGemini
+from testkit.inprocess import InProcessGemini
 from testkit.sandboxes import LocalSandboxes
 from testkit.sinks import MemoryArtifacts
 from tests.repos import Git
