@@ -54,7 +54,10 @@ class Usage:
         prompt = usage.prompt_token_count or 0
         self.prompt_tokens_total += prompt
         self.prompt_tokens_max = max(self.prompt_tokens_max, prompt)
-        self.output_tokens += usage.candidates_token_count or 0
+        # Thinking is billed as output: a Gemini 3 reply's thoughts count with its candidates.
+        self.output_tokens += (usage.candidates_token_count or 0) + (
+            usage.thoughts_token_count or 0
+        )
 
 
 @dataclass

@@ -141,18 +141,25 @@ def _content_chars(content: types.Content) -> int:
 def request_trimmer(max_tokens: int) -> Callable[..., LlmResponse | None]:
     """A `before_model_callback` that drops the oldest exchanges until the request fits.
 
-    The first content (the stage's one user message) always stays, and so does the newest
-    exchange. A function call and its response are dropped together, never one without the
-    other. Only the outgoing request changes; the session keeps its history.
+    The first content (the stage's one user message) always stays, and so do the newest
+    exchange and the newest later user message (a repair turn's, which starts the turn the
+    model is in). A function call and its response are dropped together, never one without the
+    other, so every call kept keeps its thought signature beside it. Only the outgoing request
+    changes; the session keeps its history.
     """
 
     def before_model(callback_context: Any, llm_request: LlmRequest) -> LlmResponse | None:
         if request_tokens(llm_request) <= max_tokens or len(llm_request.contents) < 3:
             return None
         head, units = llm_request.contents[0], _exchanges(llm_request.contents[1:])
+        kept = _newest_user_message(units)
         turns = 0
-        while len(units) > 1 and request_tokens(llm_request) > max_tokens:
-            turns += sum(1 for content in units.pop(0) if content.role == "model")
+        while request_tokens(llm_request) > max_tokens:
+            droppable = [u for u in units[:-1] if u is not kept]
+            if not droppable:
+                break
+            units.remove(droppable[0])
+            turns += sum(1 for content in droppable[0] if content.role == "model")
             llm_request.contents = [head] + [c for u in units for c in u]
         if turns:
             note = types.Part(text=TRIM_NOTE.format(turns=turns))
@@ -166,6 +173,15 @@ def request_trimmer(max_tokens: int) -> Callable[..., LlmResponse | None]:
         return None
 
     return before_model
+
+
+def _newest_user_message(units: list[list[types.Content]]) -> list[types.Content] | None:
+    """The newest unit that is a user's text message (not a function's response), if any."""
+    for unit in reversed(units):
+        parts = [p for c in unit if c.role == "user" for p in c.parts or []]
+        if parts and any(p.text for p in parts) and not any(p.function_response for p in parts):
+            return unit
+    return None
 
 
 def _exchanges(contents: list[types.Content]) -> list[list[types.Content]]:

@@ -140,7 +140,8 @@ class BatonGemini(Gemini):
                     metrics.tokens_used(
                         self.model, self.stage,
                         prompt=usage.prompt_token_count or 0,
-                        output=usage.candidates_token_count or 0,
+                        output=(usage.candidates_token_count or 0)
+                        + (usage.thoughts_token_count or 0),
                     )  # fmt: skip
                 if self.governor is not None and permit is not None and final is not None:
                     self.governor.reconcile(permit, _tokens(final))
@@ -192,10 +193,15 @@ class BatonGemini(Gemini):
 
 
 def _tokens(response: LlmResponse) -> int:
+    """What a reply counts against a tokens-per-minute quota: its total (prompt, reply and
+    thoughts), else the sum of the parts it gives."""
     usage = response.usage_metadata
     if usage is None:
         return 0
-    return (usage.prompt_token_count or 0) + (usage.candidates_token_count or 0)
+    if usage.total_token_count:
+        return usage.total_token_count
+    parts = (usage.prompt_token_count, usage.candidates_token_count, usage.thoughts_token_count)
+    return sum(count or 0 for count in parts)
 
 
 def _log_retry(state: Any) -> None:

@@ -90,6 +90,26 @@ def test_trimming_drops_oldest_exchanges_whole_and_keeps_first_and_newest() -> N
     assert f"left out {4 - len(calls)} earlier model turns" in kept[0].parts[-1].text
 
 
+def test_trimming_keeps_the_repair_turns_message_that_starts_the_current_turn() -> None:
+    first = types.Content(role="user", parts=[types.Part(text="Do the search stage now.")])
+    repair = types.Content(role="user", parts=[types.Part(text="Your reply could not be used")])
+    contents = [first]
+    for i in range(3):
+        contents += [_call("read_file", i), _response("read_file", i, 4_000)]
+    contents += [types.Content(role="model", parts=[types.Part(text="{}")]), repair]
+    for i in range(3, 5):  # together over the budget: one of them must go too
+        contents += [_call("read_file", i), _response("read_file", i, 6_000)]
+    request = LlmRequest(contents=list(contents))
+
+    request_trimmer(2_500)(callback_context=None, llm_request=request)
+
+    texts = [p.text for c in request.contents for p in c.parts or [] if p.text]
+    assert "Your reply could not be used" in texts
+    calls = [p.function_call.id for c in request.contents for p in c.parts or [] if p.function_call]
+    assert calls == ["c4"]  # the repair message stayed; an older call went instead
+    assert request_tokens(request) <= 2_500
+
+
 def test_trimming_leaves_small_requests_alone() -> None:
     contents = [
         types.Content(role="user", parts=[types.Part(text="hi")]),

@@ -248,3 +248,13 @@ def test_an_upstream_change_that_does_not_apply_fails_the_stage(harness: Harness
     with pytest.raises(StageError, match="the changes of an earlier stage do not apply"):
         harness.run(harness.inputs("pr", upstream_diff=broken), {"pr": steps("pr")})
     assert harness.fake.requests() == []
+
+
+def test_thinking_counts_as_output_as_the_reply_s_usage_says(harness: Harness) -> None:
+    harness.run(harness.inputs("triage"), {"triage": steps("triage")})
+
+    usage = harness.fake.requests()[0]
+    assert usage["thoughts_tokens"] > 0
+    assert (
+        harness.sinks.usage.output_tokens == usage["candidates_tokens"] + usage["thoughts_tokens"]
+    )
