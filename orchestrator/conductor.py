@@ -95,6 +95,12 @@ class Conductor:
         """
 
         def mutate(run: RunRecord, pipe: Any) -> StageStart:
+            start = decide(run)
+            self._audit(run, stage, start.attempt, "stage_begin", pipe=pipe,
+                        action=start.action.value, owner=owner)  # fmt: skip
+            return start
+
+        def decide(run: RunRecord) -> StageStart:
             record = run.stages.setdefault(stage, StageRecord())
             now = time.time()
             if run.status.is_terminal:
@@ -118,9 +124,6 @@ class Conductor:
             return StageStart(StartAction.RUN, attempt=record.attempts, run=run)
 
         start: StageStart = self.store.transact(run_id, mutate)
-        assert start.run is not None
-        self._audit(start.run, stage, start.attempt, "stage_begin", action=start.action.value,
-                    owner=owner)  # fmt: skip
         return start
 
     def renew(self, run_id: str, stage: str, *, owner: str, lease_s: float) -> Hold:
@@ -172,6 +175,7 @@ class Conductor:
             record.output_chars = len(payload)
             record.compacted = result.compacted
             record.lease_until = None
+            self._audit(run, stage, record.attempts, "stage_done", pipe=pipe, chars=len(payload))
             return Completion.RECORDED, _decide(run, pipeline, stage, result.output), run
 
         done, decision, run = self.store.transact(run_id, mutate)
@@ -185,7 +189,6 @@ class Conductor:
         if decision is None:  # recorded by an earlier delivery
             self.advance(run_id, stage)
             return done
-        self._audit(run, stage, attempt, "stage_done", chars=len(payload))
         self._carry_out(run, decision)
         return done
 
@@ -377,7 +380,11 @@ class Conductor:
         self.dispatcher.send_stage(run.id, load_pipeline(run.pipeline).stage(decision.send))
         return decision.send
 
-    def _audit(self, run: RunRecord, stage: str, attempt: int, kind: str, **data: Any) -> None:
+    def _audit(
+        self, run: RunRecord, stage: str, attempt: int, kind: str, *, pipe: Any = None,
+        **data: Any,
+    ) -> None:  # fmt: skip
+        """Append a transition to the run's audit log; with `pipe`, in that transaction."""
         entry = {
             "ts": repr(time.time()),
             "branch": branch_label(run.pipeline, stage),
@@ -385,7 +392,10 @@ class Conductor:
             "kind": kind,
             "data": data,
         }
-        self.store.audit(run.id, [entry])
+        if pipe is not None:
+            self.store.queue_audit(pipe, run.id, [entry])
+        else:
+            self.store.audit(run.id, [entry])
 
 
 def _resume_point(run: RunRecord, names: list[str]) -> str:

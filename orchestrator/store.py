@@ -198,13 +198,19 @@ class RunStore:
 
     def audit(self, run_id: str, entries: Iterable[Mapping[str, Any]]) -> int:
         """Append entries to the run's audit stream; returns how many were written."""
-        count = 0
         with self.redis.pipeline(transaction=False) as pipe:
-            for entry in entries:
-                fields = {k: _audit_value(v) for k, v in entry.items()}
-                pipe.xadd(keys.audit(run_id), fields)
-                count += 1
-            pipe.execute()
+            count = self.queue_audit(pipe, run_id, entries)
+            if count:
+                pipe.execute()
+        return count
+
+    def queue_audit(self, pipe: Any, run_id: str, entries: Iterable[Mapping[str, Any]]) -> int:
+        """Queue entries for the run's audit stream on `pipe` (a transaction of the caller's, so
+        that they are written with what they record); returns how many."""
+        count = 0
+        for entry in entries:
+            pipe.xadd(keys.audit(run_id), {k: _audit_value(v) for k, v in entry.items()})
+            count += 1
         return count
 
     def audit_tail(self, run_id: str, count: int = 200) -> list[dict[str, str]]:

@@ -7,8 +7,11 @@ calls in this turn. Nothing of any other stage.
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import json
 import logging
+import sys
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -24,6 +27,7 @@ from google.adk.models.base_llm import BaseLlm
 from google.adk.models.llm_request import LlmRequest
 from google.adk.runners import Runner
 from google.adk.sessions import InMemorySessionService
+from google.adk.telemetry.context import ContentCapturingMode, TelemetryConfig
 from google.genai import types
 
 from orchestrator.pipeline import StageBudget, render
@@ -34,6 +38,26 @@ from workers.guard import ToolGuard
 logger = logging.getLogger(__name__)
 
 APP_NAME = "baton"
+
+
+@functools.cache
+def _telemetry() -> TelemetryConfig:
+    """One telemetry configuration for every run of this process: ADK builds a new one, reading
+    its environment variables, at every step of a run that gives none. Message contents are not
+    put on spans: a prompt holds issue text and code, which belong to the run store only."""
+    return TelemetryConfig(capture_message_content=ContentCapturingMode.NO_CONTENT)
+
+
+def _skip_absent_a2a() -> None:
+    """ADK imports `RemoteA2aAgent` each time it builds a run's node, to recognise one; without
+    the `a2a` package that import fails after running half the module again, every time (about
+    a millisecond a stage). Baton runs no A2A agents: when `a2a` is absent, the module is marked
+    missing, so the import fails at once. Where `a2a` is installed nothing changes."""
+    if importlib.util.find_spec("a2a") is None:
+        sys.modules.setdefault("google.adk.agents.remote_a2a_agent", None)  # type: ignore[arg-type]
+
+
+_skip_absent_a2a()
 
 AuditSink = Callable[[list[dict[str, Any]]], None]
 
@@ -164,19 +188,19 @@ class StageSession:
         run_config = RunConfig(
             max_llm_calls=max_model_calls,
             streaming_mode=StreamingMode.SSE if self._streaming else StreamingMode.NONE,
+            telemetry=_telemetry(),
         )
         content = types.Content(role="user", parts=[types.Part(text=message)])
-        self._audit(
-            [
-                {
-                    **self._labels,
-                    "ts": repr(time.time()),
-                    "kind": "user_message",
-                    "author": "user",
-                    "data": json.dumps({"text": message}),
-                }
-            ]
-        )
+        # The user message is written with the first event, in one round trip.
+        pending: list[dict[str, Any]] = [
+            {
+                **self._labels,
+                "ts": repr(time.time()),
+                "kind": "user_message",
+                "author": "user",
+                "data": json.dumps({"text": message}),
+            }
+        ]
         final = ""
         try:
             async for event in self._runner.run_async(
@@ -187,7 +211,8 @@ class StageSession:
             ):
                 self.usage.add_event(event)
                 if not event.partial:
-                    self._audit([self._audit_entry(event)])
+                    self._audit([*pending, self._audit_entry(event)])
+                    pending = []
                 if event.is_final_response() and event.content and not event.partial:
                     final = "".join(
                         p.text or "" for p in event.content.parts or [] if not p.thought
@@ -197,6 +222,9 @@ class StageSession:
                 f"stage {self._labels.get('stage', '?')!r} reached its budget of {max_model_calls} "
                 "model calls without finishing"
             ) from exc
+        finally:
+            if pending:  # no event came: the message is on record all the same
+                self._audit(pending)
         return final
 
     def _audit_entry(self, event: Event) -> dict[str, Any]:

@@ -34,7 +34,7 @@ from workers.errors import (
     StageError,
     StageTimeLimitError,
 )
-from workers.gemini import BatonGemini, build_model, close_model, model_error
+from workers.gemini import BatonGemini, ModelClients, build_model, close_model, model_error
 from workers.governor import Governor
 from workers.inputs import resolve
 from workers.publish import Publisher
@@ -55,6 +55,11 @@ class WorkerServices:
     model: ModelConfig
     retry: RetryConfig
     streaming: bool = False
+    clients: ModelClients | None = None
+    """The process's shared google-genai clients; None: each execution makes its own."""
+    loop: asyncio.AbstractEventLoop | None = None
+    """The process's one event loop, which every execution runs on (the shared clients' HTTP
+    connections belong to it); None: each execution gets a new loop."""
 
     @property
     def store(self) -> RunStore:
@@ -152,13 +157,15 @@ class Execution:
         return error
 
     def _build_model(self) -> BatonGemini:
-        conductor, run_id, stage = self.services.conductor, self.run.id, self.spec.name
+        svc, run_id, stage = self.services, self.run.id, self.spec.name
+        shared = svc.clients.get(svc.model, svc.retry) if svc.clients is not None else None
         return build_model(
-            self.services.model,
-            self.services.retry,
-            governor=self.services.governor,
-            on_wait=lambda seconds, why: conductor.show_wait(run_id, stage, seconds, why),
+            svc.model,
+            svc.retry,
+            governor=svc.governor,
+            on_wait=lambda seconds, why: svc.conductor.show_wait(run_id, stage, seconds, why),
             stage=stage,
+            client=shared,
         )
 
 

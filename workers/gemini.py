@@ -34,8 +34,8 @@ import httpx
 from google.adk.models.google_llm import Gemini
 from google.adk.models.llm_request import LlmRequest
 from google.adk.models.llm_response import LlmResponse
+from google.genai import Client, types
 from google.genai import errors as genai_errors
-from google.genai import types
 from pydantic import Field, PrivateAttr, SkipValidation
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
 
@@ -221,12 +221,27 @@ def build_model(
     on_wait: WaitCallback | None = None,
     stage: str = "",
     http_client: httpx.AsyncClient | None = None,
+    client: Client | None = None,
 ) -> BatonGemini:
     """A Gemini model on the real google-genai client, with the client's own retries off;
     its calls wait for `governor`'s quota when one is given. `http_client` replaces the
-    HTTP client google-genai would make (one with another transport, say)."""
+    HTTP client google-genai would make (one with another transport, say); `client` is a
+    google-genai client to share (`ModelClients`) instead of making one."""
     if cfg.api_key is None:
         raise ModelRejectedError(missing_key_message(cfg))
+    behaviour: dict[str, Any] = {
+        "model": cfg.name,
+        "retry_options": types.HttpRetryOptions(attempts=1),
+        "transient_attempts": retry.transient_attempts,
+        "transient_initial_s": retry.transient_initial_s,
+        "transient_max_s": retry.transient_max_s,
+        "governor": governor,
+        "inline_wait_max_s": retry.inline_wait_max_s,
+        "on_wait": on_wait,
+        "stage": stage,
+    }
+    if client is not None:
+        return BatonGemini(client=client, **behaviour)
     tls = tls_context()
     http_options: dict[str, Any] = {
         "timeout": int(cfg.timeout_s * 1000),
@@ -237,19 +252,35 @@ def build_model(
     if http_client is not None:
         http_options["httpx_async_client"] = http_client
     return BatonGemini(
-        model=cfg.name,
         base_url=cfg.base_url,
         api_version="v1beta" if cfg.base_url else None,
         client_kwargs={"api_key": cfg.api_key.get_secret_value(), "http_options": http_options},
-        retry_options=types.HttpRetryOptions(attempts=1),
-        transient_attempts=retry.transient_attempts,
-        transient_initial_s=retry.transient_initial_s,
-        transient_max_s=retry.transient_max_s,
-        governor=governor,
-        inline_wait_max_s=retry.inline_wait_max_s,
-        on_wait=on_wait,
-        stage=stage,
+        **behaviour,
     )
+
+
+class ModelClients:
+    """The google-genai clients of one worker process, one per model configuration, shared by
+    every stage it runs: made once (client construction and its two HTTP clients are a good
+    part of a short stage's CPU time) and kept alive (its connections stay open from one stage
+    to the next, so a stage does not open a TCP and TLS connection of its own).
+
+    A client's HTTP connections belong to the event loop that first used them: a process that
+    shares clients runs all its stages on one event loop (`workers.heartbeat.Interruptible`).
+    """
+
+    def __init__(self) -> None:
+        self._clients: dict[ModelConfig, Client] = {}
+
+    def get(self, cfg: ModelConfig, retry: RetryConfig) -> Client:
+        """The client for `cfg`, made as `build_model` would make it the first time.
+
+        Raises:
+            ModelRejectedError: no API key is configured.
+        """
+        if cfg not in self._clients:
+            self._clients[cfg] = build_model(cfg, retry).api_client
+        return self._clients[cfg]
 
 
 @functools.cache
@@ -267,8 +298,10 @@ def tls_context() -> ssl.SSLContext:
 
 
 async def close_model(model: Gemini) -> None:
-    """Close the model's HTTP client inside the event loop that used it."""
-    await model.api_client.aio.aclose()
+    """Close the model's HTTP client inside the event loop that used it, unless it was given a
+    shared one (`ModelClients`), which stays open for the next stage."""
+    if model.client is None:
+        await model.api_client.aio.aclose()
 
 
 def missing_key_message(cfg: ModelConfig) -> str:

@@ -83,23 +83,46 @@ class Heartbeat:
 
 
 class Interruptible:
-    """Runs a coroutine to completion in a new event loop, cancellable from another thread
-    (the heartbeat's): a cancelled stage stops at whatever it awaits, a model call included."""
+    """Runs a coroutine to completion, cancellable from another thread (the heartbeat's): a
+    cancelled stage stops at whatever it awaits, a model call included.
 
-    def __init__(self) -> None:
-        self._loop: asyncio.AbstractEventLoop | None = None
+    With `loop`, every run uses that one event loop (a worker process's, so that its stages
+    share HTTP connections); what a run leaves scheduled on it is cancelled when it ends, as
+    `asyncio.run` would. Without, each run gets a new loop.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        self._loop = loop
+        self._running: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task[Any] | None = None
 
     def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
         async def main() -> T:
-            self._loop, self._task = asyncio.get_running_loop(), asyncio.current_task()
+            self._running, self._task = asyncio.get_running_loop(), asyncio.current_task()
             return await coroutine
 
-        return asyncio.run(main())
+        if self._loop is None:
+            return asyncio.run(main())
+        try:
+            return self._loop.run_until_complete(main())
+        finally:
+            self._running = None
+            _cancel_leftovers(self._loop)
 
     def cancel(self) -> None:
-        if self._loop is not None and self._task is not None:
+        loop, task = self._running, self._task
+        if loop is not None and task is not None:
             try:
-                self._loop.call_soon_threadsafe(self._task.cancel)
+                loop.call_soon_threadsafe(task.cancel)
             except RuntimeError:  # the loop has closed: the stage finished, nothing to stop
                 pass
+
+
+def _cancel_leftovers(loop: asyncio.AbstractEventLoop) -> None:
+    """Cancel the tasks a finished run left on `loop` and let them finish cancelling."""
+    leftovers = [task for task in asyncio.all_tasks(loop) if not task.done()]
+    if not leftovers:
+        return
+    for task in leftovers:
+        task.cancel()
+    loop.run_until_complete(asyncio.gather(*leftovers, return_exceptions=True))

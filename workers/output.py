@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from typing import Any
@@ -15,8 +16,10 @@ _FENCE = re.compile(r"^\s*```(?:json)?\s*(.*?)\s*```\s*$", re.DOTALL)
 MAX_ERROR_CHARS = 1_500
 
 
+@functools.cache
 def contract(schema: type[BaseModel]) -> str:
-    """What every stage is told about its reply, after its own instruction."""
+    """What every stage is told about its reply, after its own instruction (made once per
+    schema: a JSON schema takes a while to build)."""
     return (
         "When you are done, reply with only a JSON object (no prose, no code fence) that "
         "validates against this JSON schema:\n"

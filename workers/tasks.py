@@ -30,7 +30,7 @@ from workers.errors import (
     StageCancelledError,
 )
 from workers.execution import Execution, WorkerServices
-from workers.gemini import rate_limit_countdown
+from workers.gemini import ModelClients, rate_limit_countdown
 from workers.governor import Governor
 from workers.heartbeat import Heartbeat, Interruptible
 from workers.mirrors import RepoCache
@@ -47,7 +47,8 @@ INFRASTRUCTURE_BACKOFF_S = 5.0
 
 @cache
 def services() -> WorkerServices:
-    """What this worker process lends its executions, made on first use in each pool process."""
+    """What this worker process lends its executions, made on first use in each pool process
+    (after the fork: the event loop and the clients are the process's own)."""
     store = RunStore.from_url(settings.require_redis_url(), ttl_s=settings.queue.run_ttl_s)
     mirrors = RepoCache(settings.repo_cache_dir)
     return WorkerServices(
@@ -60,6 +61,8 @@ def services() -> WorkerServices:
         model=settings.model_section(),
         retry=settings.retry,
         streaming=settings.streaming,
+        clients=ModelClients(),
+        loop=asyncio.new_event_loop(),
     )
 
 
@@ -77,7 +80,7 @@ def run_stage(self: Task, run_id: str, stage: str) -> None:
     execution = Execution(
         svc, start.run, pipeline, pipeline.stage(stage), attempt=start.attempt, owner=owner
     )
-    interruptible = Interruptible()
+    interruptible = Interruptible(svc.loop)
     heartbeat = Heartbeat(svc.conductor, run_id, stage, owner=owner, lease_s=queue.lease_s,
                           on_stop=lambda: _stop(execution, heartbeat, interruptible))  # fmt: skip
     with metrics.stage_timer(stage, pipeline.name) as timer:
