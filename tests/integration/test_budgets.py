@@ -104,4 +104,6 @@ def test_streamed_replies_count_tokens_once(
         served = stack.requests(stage)
         assert run.stages[stage].requests == len(served)
         assert run.stages[stage].prompt_tokens_total == sum(e["prompt_tokens"] for e in served)
-        assert run.stages[stage].output_tokens == sum(e["candidates_tokens"] for e in served)
+        # Thinking is billed as output: the reply's thoughts count with its candidates.
+        output = sum(e["candidates_tokens"] + e["thoughts_tokens"] for e in served)
+        assert run.stages[stage].output_tokens == output

@@ -133,7 +133,10 @@ def test_token_counts_match_what_the_server_counted(stack: Stack) -> None:
         assert record.requests == len(served)
         assert record.prompt_tokens_total == sum(e["prompt_tokens"] for e in served)
         assert record.prompt_tokens_max == max(e["prompt_tokens"] for e in served)
-        assert record.output_tokens == sum(e["candidates_tokens"] for e in served)
+        # Thinking is billed as output: the reply's thoughts count with its candidates.
+        assert record.output_tokens == sum(
+            e["candidates_tokens"] + e["thoughts_tokens"] for e in served
+        )
 
 
 def test_every_stage_event_is_in_the_audit_log_tagged_with_branch_and_session(

@@ -127,7 +127,8 @@ def test_a_prefork_worker_serves_metrics_summed_over_every_pool_process(
         prompt = value(text, "baton_model_tokens_total", stage=name, kind="prompt", **MODEL)
         output = value(text, "baton_model_tokens_total", stage=name, kind="output", **MODEL)
         assert prompt == sum(e["prompt_tokens"] for e in replied) > 0, name
-        assert output == sum(e["candidates_tokens"] for e in replied) > 0, name
+        thought = sum(e["candidates_tokens"] + e["thoughts_tokens"] for e in replied)
+        assert output == thought > 0, name  # thinking is billed as output
     assert sum(samples(text, "baton_model_calls_total").values()) == len(requests)
     refused = [e for e in requests if e["status"] == 429]
     assert value(text, "baton_model_rate_limited_total", **MODEL) == len(refused) == 1
