@@ -150,7 +150,7 @@ def _retry_rate_limited(task: Task, execution: Execution, exc: RateLimitedError)
     """Back on the queue after the server's delay, or fail when the retry budget is spent."""
     conductor, run_id, stage = execution.services.conductor, execution.run.id, execution.spec.name
     record = execution.run.stages[stage]
-    countdown = rate_limit_countdown(exc, record, settings.retry)
+    countdown = rate_limit_countdown(exc, record, execution.services.retry)
     if countdown is None:
         conductor.fail(
             run_id,
