@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pickle
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -18,7 +19,7 @@ from google.adk.tools import FunctionTool
 
 from testkit.sinks import MemoryArtifacts
 from testkit.workspace import LocalWorkspace
-from tests.repos import Upstream
+from tests.repos import Git, Upstream
 from workers.mirrors import RepoCache
 from workers.tools.code import TOOL_NAMES, build_tools
 from workers.tools.errors import ToolError
@@ -54,16 +55,36 @@ class Checkout:
         return self.ws.path
 
 
-@pytest.fixture
-def make_checkout(tmp_path: Path, make_upstream: Callable[[], Upstream]) -> Callable[..., Checkout]:
-    """Makes a bare `origin` holding FILES and a working copy of it via `RepoCache.checkout`."""
-    cache = RepoCache(tmp_path / "cache")
-    upstream = make_upstream()
+@dataclass(frozen=True)
+class Template:
+    """A working copy of FILES made once for the module; each test works on a copy of it."""
+
+    origin: Path
+    base: str
+    path: Path
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory: pytest.TempPathFactory, git: Git) -> Template:
+    """A bare `origin` holding FILES and a working copy of it via `RepoCache.checkout` (whose
+    objects live in the module's mirror, which stays until the module ends)."""
+    base_dir = tmp_path_factory.mktemp("tools")
+    upstream = Upstream(git, base_dir / "upstream")
     origin, base = upstream.bare, upstream.commit(FILES, "shop")
+    path = RepoCache(base_dir / "cache").checkout(str(origin), base, base_dir / "template")
+    return Template(origin, base, path)
+
+
+@pytest.fixture
+def make_checkout(tmp_path: Path, template: Template) -> Callable[..., Checkout]:
+    """Makes working copies of FILES, each a copy of the module's template (git's own copy of
+    a working tree, without a clone per test)."""
     made: list[Checkout] = []
 
     def make(*, test_timeout_s: float = 30, max_output_bytes: int = 64_000) -> Checkout:
-        path = cache.checkout(str(origin), base, tmp_path / f"copy-{len(made)}")
+        path = tmp_path / f"copy-{len(made)}"
+        shutil.copytree(template.path, path, symlinks=True)
+        origin, base = template.origin, template.base
         ws = LocalWorkspace(path, max_output_bytes=max_output_bytes)
         artifacts = MemoryArtifacts("run-1")
         published: list[tuple[str, str, str]] = []
