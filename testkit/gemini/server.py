@@ -117,6 +117,7 @@ class FakeServer:
         self._ledger.append(
             {
                 "ts": received_s,
+                "replied": time.time(),
                 "agent": agent,
                 "model": model,
                 "stream": stream,
