@@ -19,8 +19,9 @@ fleets of an instant model on two cores overload it. The other three then run si
 Measured from the server's own record: requests served and refused with 429, the quota's
 utilisation, 429s per clock minute, and the wall time until every run ended.
 
-Utilisation is counted over the clock minutes that lie wholly inside the busy period (from the
-first request to the last): requests served in them / (the server's quota × minutes).
+Minutes are the server's windows: clock minutes for a fixed window, minutes from the first
+request for a sliding one. Utilisation is the requests served in the whole minutes of the busy
+period / (the server's quota × those minutes).
 """
 
 from __future__ import annotations
@@ -151,7 +152,7 @@ def measure(variant: Variant, advance: Callable[[], object]) -> dict[str, Any]:
         _wait_for_runs(store, ids, advance)
         wall_s = time.monotonic() - started
         entries = fake.requests()
-    return summarize(entries, wall_s, variant.server_rpm)
+    return summarize(entries, wall_s, variant)
 
 
 def _wait_for_runs(store: RunStore, ids: list[str], advance: Callable[[], object]) -> None:
@@ -169,42 +170,40 @@ def _wait_for_runs(store: RunStore, ids: list[str], advance: Callable[[], object
         time.sleep(0.2)
 
 
-def summarize(entries: list[dict[str, Any]], wall_s: float, quota: int) -> dict[str, Any]:
+def summarize(entries: list[dict[str, Any]], wall_s: float, variant: Variant) -> dict[str, Any]:
+    """The server's view of one set-up, in the server's windows: clock minutes for a fixed
+    window, minutes from the first request for a sliding one."""
+    origin = min(e["ts"] for e in entries)
+    if variant.window == "fixed":
+        origin = math.floor(origin / WINDOW_S) * WINDOW_S
     served = sorted(e["ts"] for e in entries if e["status"] == 200)
     refused = sorted(e["ts"] for e in entries if e["status"] == 429)
-    by_minute = Counter(math.floor(ts / WINDOW_S) for ts in refused)
-    first = min(by_minute, default=None)
-    later = [count for minute, count in by_minute.items() if first is not None and minute > first]
+    per_minute = minutes(served, origin)
+    refused_per_minute = Counter(math.floor((ts - origin) / WINDOW_S) for ts in refused)
+    first = min(refused_per_minute, default=None)
+    later = [n for minute, n in refused_per_minute.items() if first is not None and minute > first]
+    # The last minute is partial; so is a fixed window's first, unless the burst began with it.
+    whole = per_minute[1 if variant.window == "fixed" else 0 : -1]
     return {
-        "server_quota_rpm": quota,
+        "server_quota_rpm": variant.server_rpm,
+        "server_window": variant.window,
         "calls": len(entries),
         "served": len(served),
         "refused_429": len(refused),
         "refused_share": round(len(refused) / len(entries), 4),
-        "first_429_s": round(refused[0] - min(e["ts"] for e in entries), 1) if refused else None,
-        "refused_in_first_minute": by_minute[first] if first is not None else 0,
+        "first_429_s": round(refused[0] - min(served + refused), 1) if refused else None,
+        "refused_in_first_minute": refused_per_minute[first] if first is not None else 0,
         "max_later_429s_per_minute": max(later, default=0),
-        "utilisation": round(utilisation(served, quota), 3),
-        "served_per_clock_minute": clock_minutes(served),
+        "served_per_minute": per_minute,
+        "utilisation": round(sum(whole) / (variant.server_rpm * len(whole)), 3) if whole else None,
         "wall_s": round(wall_s, 1),
     }
 
 
-def clock_minutes(times: list[float]) -> list[int]:
-    """Requests in each clock minute from the first to the last (both usually partial)."""
-    if not times:
-        return []
-    counts = Counter(math.floor(ts / WINDOW_S) for ts in times)
-    return [counts[m] for m in range(min(counts), max(counts) + 1)]
-
-
-def utilisation(times: list[float], quota: int) -> float:
-    """Served in the clock minutes wholly inside the busy period / (quota × those minutes);
-    with no whole minute, served / quota."""
-    whole = clock_minutes(times)[1:-1]
-    if not whole:
-        return len(times) / quota
-    return sum(whole) / (quota * len(whole))
+def minutes(times: list[float], origin: float) -> list[int]:
+    """Requests in each minute from `origin` to the last one."""
+    counts = Counter(math.floor((ts - origin) / WINDOW_S) for ts in times)
+    return [counts[m] for m in range(max(counts, default=-1) + 1)]
 
 
 def targets(figures: dict[str, Any]) -> dict[str, Any]:
@@ -214,7 +213,7 @@ def targets(figures: dict[str, Any]) -> dict[str, Any]:
                            "met": matched["refused_429"] == 0},
         "matched_utilisation": {"target": f">= {MIN_UTILISATION}",
                                 "value": matched["utilisation"],
-                                "met": matched["utilisation"] >= MIN_UTILISATION},
+                                "met": (matched["utilisation"] or 0) >= MIN_UTILISATION},
     }  # fmt: skip
     for name in ("over", "over_sliding"):
         share, later = figures[name]["refused_share"], figures[name]["max_later_429s_per_minute"]
@@ -242,13 +241,13 @@ def write(figures: dict[str, Any]) -> None:
                 f"{f['refused_429']} ({f['refused_share']:.1%})",
                 str(f["refused_in_first_minute"]),
                 str(f["max_later_429s_per_minute"]),
-                f"{f['utilisation']:.1%} of {f['server_quota_rpm']}",
-                " / ".join(str(n) for n in f["served_per_clock_minute"]),
+                _share(f["utilisation"]) + f" of {f['server_quota_rpm']}",
+                " / ".join(str(n) for n in f["served_per_minute"]),
                 f"{f['wall_s']:.0f}",
             ]
         )
     header = ["set-up", "calls", "429s", "429s in the first 429's minute",
-              "most 429s in a later minute", "utilisation", "served per clock minute",
+              "most 429s in a later minute", "utilisation", "served per minute",
               "wall (s)"]  # fmt: skip
     detail = record.table(header, rows)
     detail += "\n\n" + record.table(
@@ -260,12 +259,16 @@ def write(figures: dict[str, Any]) -> None:
     sliding = figures["over_sliding"]
     row = [
         str(matched["refused_429"]),
-        f"{matched['utilisation']:.1%}",
+        _share(matched["utilisation"]),
         f"{over['refused_429']} ({over['refused_share']:.1%})",
         str(over["max_later_429s_per_minute"]),
-        f"{over['utilisation']:.1%}",
+        _share(over["utilisation"]),
         f"{sliding['refused_429']} ({sliding['refused_share']:.1%})",
         str(off["refused_429"]),
         "yes" if all(t["met"] for t in figures["targets"].values()) else "**no**",
     ]
     record.save("governor", figures, row, detail)
+
+
+def _share(value: float | None) -> str:
+    return "—" if value is None else f"{value:.1%}"

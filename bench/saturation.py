@@ -124,6 +124,7 @@ def run(progress: Any) -> dict[str, Any]:
             progress.advance(task)
             if knee(levels) is not None:
                 break
+    progress.update(task, total=len(levels))
     return summarize(levels)
 
 
