@@ -44,7 +44,7 @@ from testkit import services
 from testkit.gemini import FakeGemini
 from testkit.services import worker_env
 
-RUNS = 30
+RUNS = 60
 ARRIVAL_S = 4.0
 KILL_EVERY_S = 30.0
 """At every 15 s, a trial run lost one run of 24 by design: a stage killed three times gives up

@@ -1,7 +1,7 @@
 """Scaling with a slow model: does adding worker processes add runs per minute while the model,
 not the machine, is the bottleneck?
 
-24 runs of a five-stage pipeline (one model call per stage, no tools, no sandbox) against a fake
+40 runs of a five-stage pipeline (one model call per stage, no tools, no sandbox) against a fake
 model that answers in 300 ms: the stages mostly wait, so this measures whether more processes
 overlap more waiting, not what the machine can do (`bench.saturation` measures that, with real
 sandboxed stages and an instant model). Two shapes of fleet:
@@ -34,7 +34,7 @@ from testkit.gemini import FakeGemini
 from testkit.services import worker_env
 
 PIPELINE = Path(__file__).parent / "pipelines" / "handoff.toml"
-RUNS = 24
+RUNS = 40
 LATENCY_MS = 300
 BUSY_STAGE, BUSY_LATENCY_MS = "h3", 8 * LATENCY_MS
 SCALES = (1, 2, 4)
