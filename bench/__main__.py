@@ -1,4 +1,7 @@
-"""`python -m bench [isolation|overhead ...] [--json]`: run benchmarks, record their results."""
+"""`python -m bench [isolation|overhead ...] [--json]`: run benchmarks, record their results.
+
+With no names, all of them run, in the order of `BENCHMARKS` (what `make bench` does).
+"""
 
 from __future__ import annotations
 
@@ -6,12 +9,13 @@ import argparse
 import json
 import logging
 import sys
+import time
 from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from bench import governor, isolation, overhead, sandbox, throughput
+from bench import governor, isolation, overhead, sandbox, saturation, soak, throughput
 
 BENCHMARKS = {
     "isolation": isolation,
@@ -19,6 +23,8 @@ BENCHMARKS = {
     "sandbox": sandbox,
     "governor": governor,
     "throughput": throughput,
+    "saturation": saturation,
+    "soak": soak,
 }
 
 
@@ -39,14 +45,15 @@ def main() -> int:
     with Progress(*columns, console=console) as progress:
         for name in args.names or list(BENCHMARKS):
             module = BENCHMARKS[name]
+            started = time.monotonic()
             results[name] = module.run(progress)
+            results[name]["took_s"] = round(time.monotonic() - started)
             module.write(results[name])
     if args.json:
         print(json.dumps(results, indent=2))
     else:
-        console.print(
-            f"results written to bench/results/ and docs/benchmarks.md: {', '.join(results)}"
-        )
+        took = ", ".join(f"{name} {figures['took_s']} s" for name, figures in results.items())
+        console.print(f"results written to bench/results/ and docs/benchmarks.md ({took})")
     return 0
 
 

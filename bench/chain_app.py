@@ -1,29 +1,46 @@
-"""The baseline of the overhead benchmark: a plain Celery chain of five no-op tasks, on the same
-Redis and with the same worker settings as Baton (acks late, prefetch 1, prefork)."""
+"""The baseline of the overhead benchmark: a plain Celery chain whose every task makes one
+google-genai call to the same fake server, on the same Redis and with the same worker settings
+as Baton (acks late, prefetch 1, prefork). One client per process, reused; task starts traced
+(`bench.trace`) as in Baton's worker.
+"""
 
 from __future__ import annotations
 
+import functools
 import os
-import time
 
-import redis
 from celery import Celery
+from google import genai
+from google.genai import types
 
+from bench import trace
+from bench.stack import API_KEY
 from orchestrator.queue import celery_config
 from orchestrator.settings import QueueConfig
 
-URL = os.environ["BATON_REDIS_URL"]
+MODEL = "gemini-2.5-flash"
 
 app = Celery("bench-chain")
-app.conf.update(celery_config(URL, QueueConfig()))
-_client = redis.Redis.from_url(URL)
+app.conf.update(celery_config(os.environ["BATON_REDIS_URL"], QueueConfig()))
+trace.install()
 
 
-@app.task(name="bench.noop", bind=True)
-def noop(self, previous: object, chain_id: str, index: int) -> int:  # type: ignore[no-untyped-def]
-    """Record when the task started and when it ended; do nothing else."""
-    started = time.time()
-    _client.hset(
-        f"bench:chain:{chain_id}", mapping={f"start:{index}": started, f"end:{index}": time.time()}
+@functools.cache
+def client() -> genai.Client:
+    options = types.HttpOptions(
+        base_url=os.environ["BENCH_GEMINI_URL"],
+        api_version="v1beta",
+        retry_options=types.HttpRetryOptions(attempts=1),
     )
-    return index
+    return genai.Client(api_key=API_KEY, http_options=options)
+
+
+@app.task(name="bench.stage")
+def stage(previous: str | None, name: str) -> str:
+    """One model call; the reply's text goes to the next task of the chain."""
+    prompt = f"Stage {name}." + (f" Before you: {previous}" if previous else "")
+    config = types.GenerateContentConfig(
+        system_instruction=f'You are an agent. Your internal name is "{name}".'
+    )
+    reply = client().models.generate_content(model=MODEL, contents=prompt, config=config)
+    return reply.text or ""

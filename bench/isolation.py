@@ -5,16 +5,18 @@ Every stage reads three 20 KB files with a tool, then hands a short summary on. 
   (a) ADK `SequentialAgent`, default contents: every stage sees every earlier stage's traffic;
   (b) the same with `include_contents='none'`;
   (c) (a) plus Baton's tool-output truncation and request trimming callbacks;
-  (d) Baton: a Celery task and a fresh session per stage, hand-off through Redis.
+  (d) Baton: a Celery task and a fresh session per stage, hand-off through Redis;
+  (e) (b) plus Baton's callbacks: ADK's strongest single-process set-up, in one session.
 
-All four talk to the fake Gemini server through the real google-genai client; the figures are
-the server's own token counts per request. Then Baton alone with the upstream stages reading ×1,
+All five talk to the fake Gemini server through the real google-genai client; the figures are
+the server's own token counts per request. Then (d) and (e) with the upstream stages reading ×1,
 ×4 and ×16 as much (3, 12 and 48 files each): the last stage's largest request should not move.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import tempfile
 import time
 import warnings
@@ -160,56 +162,66 @@ def run_baton(settings: Settings, repo: Path) -> None:
     raise TimeoutError(f"benchmark run {run_id} did not finish")
 
 
+ADK_VARIANTS = {"a": ("default", False), "b": ("none", False), "c": ("default", True),
+                "e": ("none", True)}  # fmt: skip
+"""The one-session variants: contents, and whether Baton's budget callbacks are on."""
+SCALED = ("d", "e")
+"""The variants also run with the upstream stages reading ×4 and ×16."""
+
+Volumes = dict[str, dict[str, dict[str, int]]]
+"""Variant → `x<volume>` → the last stage's largest request and the total prompt tokens."""
+
+
 def run(progress: Any) -> dict[str, Any]:
     budget = load_pipeline(str(PIPELINE)).stage("triage").budget
     variants: dict[str, dict[str, dict[str, int]]] = {}
-    volumes: dict[str, dict[str, int]] = {}
-    task = progress.add_task("isolation", total=3 + len(VOLUMES))
+    volumes: Volumes = {key: {} for key in SCALED}
+    task = progress.add_task("isolation", total=len(ADK_VARIANTS) + 2 * len(VOLUMES) - 1)
     with (
         tempfile.TemporaryDirectory(prefix="baton-bench-") as tmp,
         FakeGemini.start(scenario(1)) as fake,
     ):
         work = Path(tmp)
         repo = make_repo(work / "repo")
-        for key, contents, callbacks in [
-            ("a", "default", None),
-            ("b", "none", None),
-            ("c", "default", budget),
-        ]:
-            progress.update(task, description=f"isolation: ADK SequentialAgent ({key})")
+
+        def measure(key: str, volume: int, go: Callable[[], object]) -> None:
+            progress.update(task, description=f"isolation: ({key}), upstream volume x{volume}")
+            fake.set_scenario(scenario(volume))
             fake.reset()
-            asyncio.run(run_sequential(fake.url, repo, contents=contents, budget=callbacks))
-            variants[key] = per_stage(fake.requests())
+            go()
+            figures = per_stage(fake.requests())
+            if volume == 1:
+                variants[key] = figures
+            if key in SCALED:
+                volumes[key][f"x{volume}"] = {
+                    "last_stage_max_request_tokens": figures[STAGES[-1]]["max_request_tokens"],
+                    "prompt_tokens_total": sum(f["prompt_tokens_total"] for f in figures.values()),
+                }
             progress.advance(task)
+
+        for volume in VOLUMES:
+            for key, (contents, callbacks) in ADK_VARIANTS.items():
+                if volume == 1 or key in SCALED:
+                    session = run_sequential(
+                        fake.url, repo, contents=contents, budget=budget if callbacks else None
+                    )
+                    measure(key, volume, functools.partial(asyncio.run, session))
         with services.redis_server(work / "redis") as redis_url:
             settings = bench_settings(redis_url, fake.url, work)
             queues = [s.queue for s in load_pipeline(str(PIPELINE)).stages]
             with services.worker(worker_env(settings), queues, logfile=work / "worker.log"):
                 for volume in VOLUMES:
-                    progress.update(
-                        task, description=f"isolation: Baton, upstream volume x{volume}"
-                    )
-                    fake.set_scenario(scenario(volume))
-                    fake.reset()
-                    run_baton(settings, repo)
-                    figures = per_stage(fake.requests())
-                    volumes[f"x{volume}"] = {
-                        "last_stage_max_request_tokens": figures[STAGES[-1]]["max_request_tokens"],
-                        "prompt_tokens_total": sum(
-                            f["prompt_tokens_total"] for f in figures.values()
-                        ),
-                    }
-                    if volume == 1:
-                        variants["d"] = figures
-                    progress.advance(task)
+                    measure("d", volume, functools.partial(run_baton, settings, repo))
     return summarize(variants, volumes)
 
 
-def summarize(
-    variants: dict[str, dict[str, dict[str, int]]], volumes: dict[str, dict[str, int]]
-) -> dict[str, Any]:
+def summarize(variants: dict[str, dict[str, dict[str, int]]], volumes: Volumes) -> dict[str, Any]:
     totals = {k: sum(s["prompt_tokens_total"] for s in v.values()) for k, v in variants.items()}
-    last = [v["last_stage_max_request_tokens"] for v in volumes.values()]
+
+    def spread(key: str) -> float:
+        last = [v["last_stage_max_request_tokens"] for v in volumes[key].values()]
+        return round((max(last) - min(last)) / min(last), 4)
+
     return {
         "workload": {
             "stages": len(STAGES),
@@ -219,46 +231,57 @@ def summarize(
         "variants": variants,
         "prompt_tokens_total": totals,
         "baton_over_shared_session": round(totals["d"] / totals["a"], 4),
+        "baton_over_adk_strongest": round(totals["d"] / totals["e"], 4),
         "volumes": volumes,
-        "last_stage_spread": round((max(last) - min(last)) / min(last), 4),
+        "last_stage_spread": {key: spread(key) for key in SCALED},
     }
+
+
+NAMES = {
+    "a": "(a) SequentialAgent, default contents",
+    "b": "(b) SequentialAgent, include_contents='none'",
+    "c": "(c) (a) + Baton's truncation and trimming",
+    "e": "(e) (b) + Baton's truncation and trimming",
+    "d": "(d) Baton over Celery + Redis",
+}
 
 
 def write(figures: dict[str, Any]) -> None:
-    names = {
-        "a": "(a) SequentialAgent, default",
-        "b": "(b) SequentialAgent, include_contents='none'",
-        "c": "(c) (a) + Baton's truncation and trimming",
-        "d": "(d) Baton over Celery + Redis",
-    }
-    rows = []
-    for key, stages in figures["variants"].items():
-        rows.append(
-            [
-                names[key],
-                *(f"{stages[s]['max_request_tokens']:,}" for s in STAGES),
-                f"{figures['prompt_tokens_total'][key]:,}",
-                f"{figures['prompt_tokens_total'][key] / figures['prompt_tokens_total']['a']:.1%}",
-            ]
-        )
-    detail = record.table(
-        ["variant", *(f"{s} max req" for s in STAGES), "total prompt tokens", "of (a)"], rows
-    )
-    detail += "\n\n" + record.table(
-        ["upstream volume", "last stage's max request (tokens)", "total prompt tokens"],
+    totals = figures["prompt_tokens_total"]
+    rows = [
         [
-            [k, f"{v['last_stage_max_request_tokens']:,}", f"{v['prompt_tokens_total']:,}"]
-            for k, v in figures["volumes"].items()
+            name,
+            *(f"{figures['variants'][key][s]['max_request_tokens']:,}" for s in STAGES),
+            f"{totals[key]:,}",
+            f"{totals[key] / totals['a']:.1%}",
+            f"{totals[key] / totals['e']:.1%}",
+        ]
+        for key, name in NAMES.items()
+    ]
+    header = ["variant", *(f"{s} max req" for s in STAGES), "total prompt tokens", "of (a)",
+              "of (e)"]  # fmt: skip
+    detail = record.table(header, rows)
+    volumes = figures["volumes"]
+    detail += "\n\n" + record.table(
+        ["upstream volume", *(f"{NAMES[k][:3]} last stage's max request" for k in SCALED),
+         *(f"{NAMES[k][:3]} total prompt tokens" for k in SCALED)],
+        [
+            [x, *(f"{volumes[k][x]['last_stage_max_request_tokens']:,}" for k in SCALED),
+             *(f"{volumes[k][x]['prompt_tokens_total']:,}" for k in SCALED)]
+            for x in volumes["d"]
         ],
-    )
-    totals, last = figures["prompt_tokens_total"], figures["volumes"]
+    )  # fmt: skip
+    spread = figures["last_stage_spread"]
+
+    def last(key: str) -> str:
+        return " / ".join(f"{v['last_stage_max_request_tokens']:,}" for v in volumes[key].values())
+
     row = [
-        f"{totals['a']:,}",
-        f"{totals['b']:,}",
-        f"{totals['c']:,}",
-        f"{totals['d']:,}",
+        *(f"{totals[k]:,}" for k in ("a", "b", "c", "e", "d")),
         f"{figures['baton_over_shared_session']:.1%}",
-        " / ".join(f"{v['last_stage_max_request_tokens']:,}" for v in last.values()),
-        f"{figures['last_stage_spread']:.1%}",
+        f"{figures['baton_over_adk_strongest']:.1%}",
+        last("d"),
+        last("e"),
+        f"{spread['d']:.1%} / {spread['e']:.1%}",
     ]
     record.save("isolation", figures, row, detail)

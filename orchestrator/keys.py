@@ -57,3 +57,9 @@ def quota(model: str) -> str:
 def cooldown(model: str) -> str:
     """String with an expiry: no worker calls `model` until it is gone (set by a 429)."""
     return f"{PREFIX}cooldown:{model}"
+
+
+def quota_scale(model: str) -> str:
+    """Hash: the share of its configured quota the fleet believes `model` allows, lowered after
+    a 429 (`low`, at Redis time `at_ms`) and recovering from there; gone once recovered."""
+    return f"{PREFIX}quota-scale:{model}"

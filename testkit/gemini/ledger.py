@@ -3,15 +3,16 @@
 One entry per model request, faulted ones included (a body that is not a JSON object gets a 400
 and no entry)::
 
-    {"ts": 1767000000.1, "agent": "search", "model": "gemini-3.8-flash", "stream": false,
-     "step": 0, "status": 200, "prompt_tokens": 31, "candidates_tokens": 9,
-     "thoughts_tokens": 5, "cached_tokens": 0, "request_chars": 140,
-     "request": {...the parsed request body...}}
+    {"ts": 1767000000.1, "replied": 1767000000.2, "agent": "search",
+     "model": "gemini-3.8-flash", "stream": false, "step": 0, "status": 200,
+     "prompt_tokens": 31, "candidates_tokens": 9, "thoughts_tokens": 5, "cached_tokens": 0,
+     "request_chars": 140, "request": {...the parsed request body...}}
 
-`status` is 0 for a dropped connection. The token counts are the reply's `usageMetadata` (see
-`tokens`); a request that got no reply has only its prompt tokens, the others 0.
-`request_chars` is the length of the body's compact JSON (`tokens.compact_json`). Request
-headers are never recorded: the API key travels in one.
+`ts` is when the request arrived, `replied` when its answer was ready to send (after any
+latency). `status` is 0 for a dropped connection. The token counts are the reply's
+`usageMetadata` (see `tokens`); a request that got no reply has only its prompt tokens, the
+others 0. `request_chars` is the length of the body's compact JSON (`tokens.compact_json`).
+Request headers are never recorded: the API key travels in one.
 """
 
 from __future__ import annotations

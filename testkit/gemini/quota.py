@@ -1,11 +1,13 @@
 """The fake server's quota: what each model answered in the last window, and whether one more
 request fits.
 
-A request is admitted when, counting what the model answered in the `window_s` before it
-arrived, one more request stays within `requests_per_minute` and its prompt tokens stay within
-`tokens_per_minute`. An admitted request holds its place from the moment it arrived; it keeps
-it (with its prompt and reply tokens) only if it is answered with 200. A request larger than
-the whole token quota is admitted when the window is empty.
+A request is admitted when, counting what the model answered in its window, one more request
+stays within `requests_per_minute` and its prompt tokens stay within `tokens_per_minute`. The
+window is the `window_s` before the request arrived (`sliding`), or the fixed window of
+`window_s` it arrived in, counted from the epoch, so that minute windows start on the clock's
+minutes (`fixed`). An admitted request holds its place from the moment it arrived; it keeps it
+(with its prompt and reply tokens) only if it is answered with 200. A request larger than the
+whole token quota is admitted when the window is empty.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ class QuotaBook:
         if self._quota is None:
             return entry
         window = self._answered[model]
-        window[:] = [e for e in window if e.ts > now_s - self._quota.window_s]
+        window[:] = [e for e in window if self._leaves_at(e) > now_s]
         wait_s = max(self._requests_wait(window, now_s), self._tokens_wait(window, now_s, entry))
         if wait_s > 0:
             return math.ceil(wait_s * 10 - 1e-9) / 10
@@ -72,7 +74,7 @@ class QuotaBook:
         limit = self._quota.requests_per_minute
         if limit is None or len(window) < limit:
             return 0.0
-        return window[len(window) - limit].ts + self._quota.window_s - now_s
+        return self._leaves_at(window[len(window) - limit]) - now_s
 
     def _tokens_wait(self, window: list[Answered], now_s: float, entry: Answered) -> float:
         assert self._quota is not None
@@ -86,4 +88,13 @@ class QuotaBook:
             leaving += 1
         if leaving == 0:
             return 0.0
-        return window[leaving - 1].ts + self._quota.window_s - now_s
+        return self._leaves_at(window[leaving - 1]) - now_s
+
+    def _leaves_at(self, entry: Answered) -> float:
+        """When an answered request stops counting: `window_s` after it arrived (sliding), or
+        when the fixed window it arrived in ends."""
+        assert self._quota is not None
+        window_s = self._quota.window_s
+        if self._quota.window == "fixed":
+            return (math.floor(entry.ts / window_s) + 1) * window_s
+        return entry.ts + window_s

@@ -47,7 +47,9 @@ requests it answered with 200, counted from when they arrived: a request that wo
 window past `requests_per_minute`, or whose prompt tokens would take it past
 `tokens_per_minute` (prompt plus reply tokens of the answered ones), is refused with a 429
 whose `RetryInfo.retryDelay` is the time until the window has room, rounded up to 0.1 s. Either
-limit may be left out. The quota is checked before the fault rules: a request it refuses is
+limit may be left out. With `"window": "fixed"` the windows are fixed instead, one after the
+other from the epoch (minute windows start on the clock's minutes), and a 429's delay is the time
+until the current one ends. The quota is checked before the fault rules: a request it refuses is
 recorded with status 429 and never reaches them (their counters do not see it).
 
 Faults. Rules are checked in order for every model request and the first that matches applies.
@@ -217,7 +219,9 @@ class Quota(_Model):
     tokens_per_minute: PositiveInt | None = None
     """Prompt plus reply tokens of the requests answered per window."""
     window_s: PositiveFloat = 60.0
-    """Length of the sliding window."""
+    """Length of the window."""
+    window: Literal["sliding", "fixed"] = "sliding"
+    """`sliding`: the `window_s` before each request; `fixed`: windows of `window_s` in a row."""
 
 
 class Scenario(_Model):

@@ -126,6 +126,7 @@ class FakeServer:
         self._ledger.append(
             {
                 "ts": received_s,
+                "replied": time.time(),
                 "agent": asked.agent,
                 "model": model,
                 "stream": asked.stream,

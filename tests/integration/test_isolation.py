@@ -2,49 +2,35 @@
 
 from __future__ import annotations
 
+import asyncio
+import copy
 import json
+import shutil
+import warnings
+from pathlib import Path
 from typing import Any
 
-from demo import SENTRY_EVENT
+from google.adk.agents import LlmAgent, SequentialAgent
+from google.adk.runners import Runner
+from google.adk.sessions import InMemorySessionService
+from google.genai import types
+from pydantic import SecretStr
+
+from demo import SAMPLE_REPO, SENTRY_EVENT
 from orchestrator.models import RunStatus, StageStatus
 from orchestrator.pipeline import load_pipeline
+from orchestrator.settings import ModelConfig, RetryConfig
 from orchestrator.store import RunStore
+from testkit.sinks import MemoryArtifacts
+from testkit.workspace import LocalWorkspace
 from tests.repos import Git
+from workers.gemini import build_model, close_model
+from workers.tools.code import build_tools
 
-from .conftest import CANARY_KEY, Stack
+from .conftest import CANARY_KEY, Stack, demo_scenario
+from .leaks import find_leaks, scripted_calls, traffic_lines
 
 STAGES = ["triage", "search", "plan", "fix", "pr"]
-
-
-def texts(value: Any) -> list[str]:
-    """Every string inside a JSON value."""
-    if isinstance(value, str):
-        return [value]
-    if isinstance(value, dict):
-        return [t for v in value.values() for t in texts(v)]
-    if isinstance(value, list):
-        return [t for v in value for t in texts(v)]
-    return []
-
-
-def tool_traffic(request: dict[str, Any]) -> list[str]:
-    """Text of the function calls and function responses in a request (length > 30)."""
-    found = []
-    for content in request.get("contents", []):
-        for part in content.get("parts", []):
-            for key in ("functionCall", "functionResponse"):
-                if key in part:
-                    found += [t for t in texts(part[key]) if len(t) > 30]
-    return found
-
-
-def static_lines(instruction: str) -> list[str]:
-    """The lines of an instruction template that hold no placeholder."""
-    return [
-        line.strip()
-        for line in instruction.splitlines()
-        if len(line.strip()) > 30 and "{" not in line
-    ]
 
 
 def test_the_sample_issue_runs_all_five_stages_and_pushes_the_fix(stack: Stack, git: Git) -> None:
@@ -59,14 +45,8 @@ def test_the_sample_issue_runs_all_five_stages_and_pushes_the_fix(stack: Stack, 
     assert "1 file changed" in changed
 
 
-def own_view_removed(request: dict[str, Any]) -> str:
-    """A request without the stage's own tool traffic: its instruction and its text contents."""
-    texts_only = [
-        part.get("text", "")
-        for content in request.get("contents", [])
-        for part in content.get("parts", [])
-    ]
-    return json.dumps([request.get("systemInstruction"), texts_only])
+def stage_requests(stack: Stack, stages: list[str]) -> dict[str, list[dict[str, Any]]]:
+    return {stage: [e["request"] for e in stack.requests(stage)] for stage in stages}
 
 
 def test_no_stage_sees_another_stages_instruction_or_tool_traffic(
@@ -74,28 +54,102 @@ def test_no_stage_sees_another_stages_instruction_or_tool_traffic(
 ) -> None:
     run = stack.wait(stack.enqueue(SENTRY_EVENT.read_bytes(), stack.sample_repo()))
     assert run.status == RunStatus.DONE, run.reason
-    requests = {stage: [e["request"] for e in stack.requests(stage)] for stage in STAGES}
+    requests = stage_requests(stack, STAGES)
     pipeline = load_pipeline("fixer")
+    scenario = demo_scenario()
+    issue = run.issue.digest()  # every stage may know the issue, which the run started from
+    allowed = {  # what a stage may hold whatever its origin: the outputs it reads, the issue
+        stage: json.dumps(run_store.outputs(run.id, pipeline.stage(stage).inputs)) + issue
+        for stage in STAGES
+    }
+    own_calls = {stage: scripted_calls(scenario, stage) for stage in STAGES}
+    instructions = {stage: pipeline.stage(stage).instruction for stage in STAGES}
 
-    for stage in STAGES:
-        own_traffic = {t for r in requests[stage] for t in tool_traffic(r)}
-        own_lines = static_lines(pipeline.stage(stage).instruction)
-        assert requests[stage], f"{stage} made no request"
-        for other in STAGES:
-            if other == stage:
-                continue
-            handed_over = json.dumps(run_store.outputs(run.id, pipeline.stage(other).inputs))
-            for request in requests[other]:
-                view = own_view_removed(request)
-                leaked = [
-                    t
-                    for t in own_traffic
-                    if json.dumps(t)[1:-1] in view and json.dumps(t)[1:-1] not in handed_over
-                ]
-                assert not leaked, f"{other} saw tool traffic of {stage}: {leaked[:2]}"
-                blob = json.dumps(request)
-                leaked = [line for line in own_lines if line in blob]
-                assert not leaked, f"{other} saw the instruction of {stage}: {leaked[:2]}"
+    leaks = find_leaks(requests, own_calls=own_calls, allowed=allowed, instructions=instructions)
+
+    assert leaks == [], leaks
+    assert all(traffic_lines(requests[stage]) for stage in ("search", "fix", "pr"))
+    # The same check on the same requests, with search's traffic planted in plan's and fix's:
+    # as text, as ADK renders another agent's tool result, and as a function call part.
+    search_response = next(
+        part["functionResponse"]
+        for request in requests["search"]
+        for content in request["contents"]
+        for part in content["parts"]
+        if part.get("functionResponse", {}).get("name") == "read_file"
+    )
+    name, args = json.loads(sorted(own_calls["search"])[0])  # one of search's own calls
+    planted = copy.deepcopy(requests)
+    planted["plan"][0]["contents"].append(
+        {"role": "user", "parts": [{"text": f"[search] said: {search_response['response']!r}"}]}
+    )
+    planted["fix"][-1]["contents"].insert(
+        1, {"role": "model", "parts": [{"functionCall": {"name": name, "args": args}}]}
+    )
+    found = find_leaks(planted, own_calls=own_calls, allowed=allowed, instructions=instructions)
+    assert {leak.seen_by for leak in found} == {"plan", "fix"}
+    assert ("search", "plan", "tool traffic") in {(x.owner, x.seen_by, x.kind) for x in found}
+    assert [(x.owner, x.kind) for x in found if x.seen_by == "fix"] == [
+        ("search", "function call part")
+    ]
+
+
+CONTROL_STAGES = ["triage", "search", "plan"]
+CONTROL_READS = {"triage": "shopcart/cart.py", "search": "shopcart/checkout.py",
+                 "plan": "tests/test_cart.py"}  # fmt: skip
+CONTROL = {
+    "agents": {
+        stage: [
+            {"call": {"name": "read_file", "args": {"path": CONTROL_READS[stage]}}},
+            {"json": {"summary": f"{stage}: read {CONTROL_READS[stage]}"}},
+        ]
+        for stage in CONTROL_STAGES
+    }
+}
+
+
+async def shared_session(base_url: str, repo: Path) -> None:
+    """The control stages as one ADK `SequentialAgent` session with default contents."""
+    model = build_model(ModelConfig(base_url=base_url, api_key=SecretStr(CANARY_KEY)),
+                        RetryConfig())  # fmt: skip
+    tools = build_tools(["read_file"], LocalWorkspace(repo), MemoryArtifacts())
+    agents = [
+        LlmAgent(name=stage, model=model, instruction=f"You are the {stage} stage.", tools=tools,
+                 output_key=f"{stage}_out")
+        for stage in CONTROL_STAGES
+    ]  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # SequentialAgent is deprecated in ADK 2.x
+        pipeline = SequentialAgent(name="pipeline", sub_agents=agents)
+    runner = Runner(agent=pipeline, app_name="control", session_service=InMemorySessionService())
+    session = await runner.session_service.create_session(app_name="control", user_id="u")
+    message = types.Content(role="user", parts=[types.Part(text="Read what you need.")])
+    async for _ in runner.run_async(user_id="u", session_id=session.id, new_message=message):
+        pass
+    await runner.close()
+    await close_model(model)
+
+
+def test_the_same_check_reports_a_shared_adk_session_as_leaking(
+    stack: Stack, tmp_path: Path
+) -> None:
+    repo = shutil.copytree(SAMPLE_REPO, tmp_path / "repo")
+    stack.fake.set_scenario(CONTROL)
+
+    asyncio.run(shared_session(stack.fake.url, repo))
+    requests = stage_requests(stack, CONTROL_STAGES)
+    leaks = find_leaks(
+        requests,
+        own_calls={stage: scripted_calls(CONTROL, stage) for stage in CONTROL_STAGES},
+        allowed={},
+    )
+
+    assert {(leak.owner, leak.seen_by) for leak in leaks} == {
+        ("triage", "search"),
+        ("triage", "plan"),
+        ("search", "plan"),
+    }
+    assert {leak.kind for leak in leaks} == {"tool traffic"}
 
 
 def test_only_referenced_upstream_outputs_reach_a_stage_within_budget(

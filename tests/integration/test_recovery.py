@@ -36,6 +36,9 @@ FAST_RECOVERY = {
     "BATON_QUEUE__RECONCILE_EVERY_S": "1",
     "BATON_QUEUE__STUCK_AFTER_S": "5",
 }
+"""Relaxed recovery settings (defaults: lease 30 s, reconcile every 30 s, stuck after 120 s), so
+that a stage lost with its worker is back within seconds rather than up to a minute and these
+tests finish in a test's time. `python -m bench soak` soaks the defaults."""
 
 
 def containers(*labels: str) -> list[str]:
@@ -140,9 +143,13 @@ def test_sigterm_lets_the_running_stage_finish_and_the_run_goes_on_later(own_db:
 def test_a_soak_with_workers_killed_at_random_loses_and_duplicates_nothing(
     own_db: Stack, git: Git
 ) -> None:
+    """Relaxed settings, on purpose: FAST_RECOVERY (a lost stage is back within seconds, not up
+    to a minute) and 5 interruptions per stage instead of 3, because ten kills 2–5 s apart, all
+    in the first minute, can hit one stage more than three times. The kills are front-loaded
+    for the same reason: time. `python -m bench soak` runs the soak at the default settings,
+    with kills spread over the whole of it."""
     runs_wanted, kills_wanted = 30, 10
     own_db.fake.set_scenario({**demo_scenario(), "latency_ms": 150})
-    # Kills every few seconds hit several stages each; 5 losses of one stage are allowed.
     env = {**worker_env(own_db.settings), **FAST_RECOVERY, "BATON_QUEUE__MAX_INTERRUPTED": "5"}
     remote = own_db.sample_repo()
     rng = random.Random(20261129)

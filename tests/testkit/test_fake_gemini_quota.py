@@ -143,3 +143,28 @@ def test_scope_says_whether_every_counts_all_requests_or_the_agents_own(
 
     assert [e["agent"] for e in fake.requests()] == ["triage", "plan", "triage", "plan"]
     assert statuses(fake) == expected
+
+
+def sleep_until_phase(window_s: float, phase_s: float) -> None:
+    """Sleep until `phase_s` into the next fixed window of `window_s` (from the epoch)."""
+    now = time.time()
+    time.sleep(window_s - now % window_s + phase_s)
+
+
+def test_a_fixed_window_admits_a_whole_quota_again_as_soon_as_the_next_window_starts(
+    fake: FakeGemini,
+) -> None:
+    fake.set_scenario(with_quota(requests_per_minute=2, window_s=2, window="fixed"))
+    client = client_for(fake)
+
+    sleep_until_phase(2.0, 1.4)
+    late = [ask(client), ask(client), ask(client)]
+    sleep_until_phase(2.0, 0.1)
+    early = [ask(client), ask(client)]
+
+    refused = fake.requests()[2]
+    until_end = (refused["ts"] // 2 + 1) * 2 - refused["ts"]
+    assert late[:2] == [None, None]
+    assert late[2] is not None and until_end <= late[2] < until_end + 0.1
+    assert early == [None, None], "a sliding window would still count the two answered late"
+    assert statuses(fake) == [200, 200, 429, 200, 200]

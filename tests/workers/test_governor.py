@@ -21,7 +21,7 @@ from redis.retry import Retry
 from orchestrator import keys
 from orchestrator.settings import QuotaConfig
 from workers.errors import QuotaWaitError, RateLimitedError
-from workers.governor import JITTER_S, WINDOW_MARGIN_S, Governor, Permit
+from workers.governor import JITTER_S, SETTLE_S, WINDOW_MARGIN_S, Governor, Permit
 
 MODEL = "gemini-2.5-flash"
 NO_QUOTA = QuotaConfig()
@@ -33,8 +33,12 @@ MakeGovernor = Callable[..., Governor]
 def governor_for(redis_client: redis.Redis) -> MakeGovernor:
     """Governors on the unit-test database; each is one worker of the same fleet."""
 
-    def make(quota: QuotaConfig = NO_QUOTA, *, window_s: float = 60.0) -> Governor:
-        return Governor(redis_client, {MODEL: quota}, NO_QUOTA, window_s=window_s)
+    def make(
+        quota: QuotaConfig = NO_QUOTA, *, window_s: float = 60.0, regain: float = 0.02
+    ) -> Governor:
+        return Governor(
+            redis_client, {MODEL: quota}, NO_QUOTA, window_s=window_s, regain_per_window=regain
+        )
 
     return make
 
@@ -194,6 +198,100 @@ def test_reconcile_and_cooldown_log_redis_errors_instead_of_failing_the_stage(
 
     assert "could not correct the token count of a gemini-2.5-flash call" in caplog.text
     assert "could not set the cooldown of gemini-2.5-flash" in caplog.text
+
+
+def calls_let_through(governor: Governor, most: int = 50) -> int:
+    """How many calls in a row the governor lets through without a wait."""
+    for n in range(most):
+        try:
+            acquire(governor)
+        except QuotaWaitError:
+            return n
+    return most
+
+
+def test_a_429_lowers_the_quota_every_worker_believes_to_nine_tenths_of_what_was_in_use(
+    governor_for: MakeGovernor,
+) -> None:
+    one = governor_for(QuotaConfig(requests_per_minute=10), window_s=1.0, regain=0.001)
+    other = governor_for(QuotaConfig(requests_per_minute=10), window_s=1.0, regain=0.001)
+    before = calls_let_through(one)
+
+    one.cooldown(MODEL, 0.05)
+    time.sleep(1.0 + WINDOW_MARGIN_S + 0.1)  # the ten calls have left the window
+    after = calls_let_through(other)
+
+    assert before == 10
+    assert after == 9  # 0.9 × the 10 calls in use when the 429 came
+
+
+def test_the_429s_of_one_episode_lower_the_belief_once(governor_for: MakeGovernor) -> None:
+    governor = governor_for(QuotaConfig(requests_per_minute=10), window_s=1.0, regain=0.001)
+    calls_let_through(governor)
+
+    for _ in range(4):  # calls that were under way when the first 429 came
+        governor.cooldown(MODEL, 0.5)
+    time.sleep(1.0 + WINDOW_MARGIN_S + 0.1)
+
+    assert calls_let_through(governor) == 9
+
+
+def test_a_429_in_a_later_episode_lowers_the_belief_from_what_is_in_use_then(
+    governor_for: MakeGovernor,
+) -> None:
+    governor = governor_for(QuotaConfig(requests_per_minute=20), window_s=1.0, regain=0.001)
+    calls_let_through(governor)
+    governor.cooldown(MODEL, 0.05)  # 20 in use: 18 believed
+    time.sleep(max(SETTLE_S, 1.0 + WINDOW_MARGIN_S) + 0.1)
+    for _ in range(10):
+        acquire(governor)
+
+    governor.cooldown(MODEL, 0.05)  # 10 of 20 in use when the provider refused: 9 believed
+    time.sleep(1.0 + WINDOW_MARGIN_S + 0.1)
+
+    assert calls_let_through(governor) == 9
+
+
+def test_a_lowered_belief_regains_the_configured_quota_at_the_set_pace_and_then_is_gone(
+    governor_for: MakeGovernor, redis_client: redis.Redis
+) -> None:
+    governor = governor_for(QuotaConfig(requests_per_minute=10), window_s=1.0, regain=0.05)
+    for _ in range(5):
+        acquire(governor)
+
+    governor.cooldown(MODEL, 0.05)  # half the quota in use: 0.45 believed
+    lowered = governor.believed_share(MODEL)
+    expires_ms = redis_client.pttl(keys.quota_scale(MODEL))
+    time.sleep(1.0 + WINDOW_MARGIN_S)  # one window
+    later = governor.believed_share(MODEL)
+
+    assert lowered == pytest.approx(0.45, abs=0.005)
+    assert later == pytest.approx(0.50, abs=0.01)
+    window_ms = (1.0 + WINDOW_MARGIN_S) * 1000
+    assert expires_ms == pytest.approx((1 - 0.45) / 0.05 * window_ms, abs=50)
+
+
+def test_the_belief_never_drops_below_a_tenth_of_the_configured_quota(
+    governor_for: MakeGovernor,
+) -> None:
+    governor = governor_for(QuotaConfig(requests_per_minute=100), window_s=1.0, regain=0.001)
+    acquire(governor)
+
+    governor.cooldown(MODEL, 0.05)  # 1 of 100 in use
+
+    assert governor.believed_share(MODEL) == pytest.approx(0.1, abs=0.001)
+
+
+def test_a_429_for_a_model_without_a_quota_only_cools_the_fleet_down(
+    governor_for: MakeGovernor, redis_client: redis.Redis
+) -> None:
+    governor = governor_for()
+
+    governor.cooldown(MODEL, 5.0)
+
+    assert redis_client.exists(keys.quota_scale(MODEL)) == 0
+    assert 4_000 < redis_client.pttl(keys.cooldown(MODEL)) <= 5_000
+    assert governor.believed_share(MODEL) == 1.0
 
 
 WORKER = """
