@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,6 +43,9 @@ from workers.sandboxes import Sandboxes
 from workers.stage import StageOutput, StageSinks, execute_stage
 
 logger = logging.getLogger(__name__)
+
+CHECKPOINT_EVERY_S = 0.25
+"""How stale the store's word that an execution holds its stage may be at a safe point."""
 
 
 @dataclass(frozen=True)
@@ -101,6 +105,8 @@ class Execution:
         self.stopped_as: Hold = Hold.HELD
         """Set by the heartbeat when it finds the execution must stop."""
         self._model: BatonGemini | None = None
+        self._held_at = time.monotonic()
+        """When the store last said this execution holds its stage (`begin` just did)."""
 
     async def execute(self) -> StageOutput:
         """Resolve the inputs and run the stage; raises an `ExecutionError` if it has no
@@ -121,6 +127,7 @@ class Execution:
                 sandboxes=self.services.sandboxes,
                 publisher=self.services.publisher,
                 fence=self.fence,
+                checkpoint=self.checkpoint,
                 streaming=self.services.streaming,
             )
         finally:
@@ -129,14 +136,25 @@ class Execution:
 
     def fence(self) -> None:
         """Raise unless this execution still holds its stage of a run that goes on: read from
-        the store, so that a cancel is seen at once, not at the next heartbeat."""
+        the store, so that a cancel is seen at once, not at the next heartbeat. Called right
+        before a side effect (a push)."""
         hold = self.stopped_as
         if hold == Hold.HELD:
             hold = self.services.conductor.hold(self.run.id, self.spec.name, owner=self.owner)
+            self._held_at = time.monotonic()
         if hold == Hold.CANCELLED:
             raise StageCancelledError()
         if hold == Hold.LOST:
             raise LeaseLostError(f"another execution holds {self.spec.name} of {self.run.id} now")
+
+    def checkpoint(self) -> None:
+        """The fence at a safe point (a model or tool call): the store is asked at most every
+        `CHECKPOINT_EVERY_S`, so a stage that calls often notices a cancel within that long
+        without a round trip per call. Nothing that shows outside depends on it: the push has
+        its own fence and a cancelled run's output is refused where it would be recorded."""
+        if self.stopped_as == Hold.HELD and time.monotonic() - self._held_at < CHECKPOINT_EVERY_S:
+            return
+        self.fence()
 
     def figures(self) -> StageFigures:
         """What the execution cost and left behind so far."""

@@ -83,12 +83,14 @@ async def execute_stage(
     sandboxes: Sandboxes | None = None,
     publisher: Publisher | None = None,
     fence: Fence = _open_fence,
+    checkpoint: Fence | None = None,
     streaming: bool = False,
 ) -> StageOutput:
     """Run the stage's agent once, validate (one repair turn), verify and size its output.
 
     A stage with tools works in a workspace from `sandboxes`; a stage with the `publish` tool
-    publishes through `publisher`.
+    publishes through `publisher`. `fence` is called right before every push; `checkpoint`
+    (by default `fence`) at every model and tool call.
 
     Raises:
         ExecutionError: a subclass saying why the stage has no output (see `workers.errors`).
@@ -108,7 +110,7 @@ async def execute_stage(
                 budget=spec.budget,
                 tools=tools,
                 json_reply=not tools,
-                checkpoint=fence,
+                checkpoint=checkpoint or fence,
             ),
             model,
             sinks.usage,
