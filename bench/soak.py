@@ -38,7 +38,7 @@ from demo.runner import make_sample_repo
 from orchestrator import api
 from orchestrator.models import RunStatus
 from orchestrator.pipeline import load_pipeline
-from orchestrator.settings import Settings
+from orchestrator.settings import QueueConfig, Settings
 from orchestrator.store import RunStore
 from testkit import services
 from testkit.gemini import FakeGemini
@@ -129,6 +129,7 @@ def run(progress: Any) -> dict[str, Any]:
         "concurrency": CONCURRENCY,
         "model_latency_ms": LATENCY_MS,
         "settings": settings.queue.model_dump(),
+        "settings_are_defaults": settings.queue == QueueConfig(),
         "kills": len(kills),
         "kill_times_s": kills,
         "wall_s": round(wall_s, 1),
@@ -201,9 +202,10 @@ def write(figures: dict[str, Any]) -> None:
         f"lease {q['lease_s']:g} s, reconcile every {q['reconcile_every_s']:g} s, stuck after "
         f"{q['stuck_after_s']:g} s, max interrupted {q['max_interrupted']}"
     )
+    which = "the defaults" if figures.get("settings_are_defaults") else "**not** the defaults"
     detail = record.table(
         ["runs", "done", "kills", "stages interrupted", "losses", "duplicates", "wall (s)",
-         "settings (the defaults)"],
+         f"settings ({which})"],
         [[str(figures["runs"]), str(figures["done"]), str(figures["kills"]),
           str(figures["stages_interrupted"]), str(figures["losses"]), str(figures["duplicates"]),
           f"{figures['wall_s']:.0f}", settings]],
