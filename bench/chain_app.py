@@ -16,9 +16,10 @@ from google.genai import types
 from bench import trace
 from bench.stack import API_KEY
 from orchestrator.queue import celery_config
-from orchestrator.settings import QueueConfig
+from orchestrator.settings import DEFAULT_MODEL, QueueConfig
 
-MODEL = "gemini-2.5-flash"
+MODEL = DEFAULT_MODEL
+"""The model each chain task calls, as a Baton worker would by default."""
 
 app = Celery("bench-chain")
 app.conf.update(celery_config(os.environ["BATON_REDIS_URL"], QueueConfig()))

@@ -41,12 +41,14 @@ from typing import Any
 from bench import record
 from bench.stack import bench_settings, empty_repo, together
 from orchestrator import api
+from orchestrator.settings import DEFAULT_MODEL
 from orchestrator.store import RunStore
 from testkit import services
 from testkit.gemini import FakeGemini
 from testkit.services import worker_env
 
-MODEL = "gemini-2.5-flash"
+MODEL = DEFAULT_MODEL
+"""The model the workers call (their default), whose quota the runs configure."""
 WINDOW_S = 60.0
 RUNS = 10
 STAGES = 20
