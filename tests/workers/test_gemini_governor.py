@@ -160,7 +160,11 @@ def test_the_window_holds_each_calls_real_prompt_and_reply_tokens(
 
     members = redis_client.zrange(keys.quota(MODEL), 0, -1, withscores=True)
     recorded = sorted(int(member.split(":")[1]) for member, _ in members)
-    served = sorted(e["prompt_tokens"] + e["candidates_tokens"] for e in fake.requests())
+    # A call's whole bill counts against the quota: prompt, reply and thinking, as the server
+    # sums them in totalTokenCount.
+    served = sorted(
+        e["prompt_tokens"] + e["candidates_tokens"] + e["thoughts_tokens"] for e in fake.requests()
+    )
     assert recorded == served
 
 
