@@ -14,6 +14,7 @@ import pytest
 from pydantic import SecretStr
 
 from testkit.github import FakeGitHub
+from tests.fences import failing_at
 from tests.repos import Git, Upstream
 from workers.errors import PublishError
 from workers.github import git_auth_config, github_slug
@@ -437,14 +438,7 @@ class Cancelled(Exception):
 
 def fence_failing_at(n: int) -> tuple[Callable[[], None], list[int]]:
     """A fence that raises `Cancelled` from its `n`-th call on; the calls are counted."""
-    calls: list[int] = []
-
-    def fence() -> None:
-        calls.append(len(calls) + 1)
-        if len(calls) >= n:
-            raise Cancelled()
-
-    return fence, calls
+    return failing_at(n, Cancelled)
 
 
 def test_a_fence_that_fails_before_the_push_pushes_nothing(

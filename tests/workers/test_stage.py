@@ -22,6 +22,7 @@ from orchestrator.pipeline import ISSUE_KEY, StageBudget, load_pipeline
 from testkit.inprocess import InProcessGemini
 from testkit.sandboxes import LocalSandboxes
 from testkit.sinks import MemoryArtifacts
+from tests.fences import failing_at
 from tests.repos import Git
 from workers.errors import StageCancelledError, StageError, StageOutputError, TestsFailedError
 from workers.inputs import StageInputs
@@ -191,14 +192,7 @@ def test_a_fix_whose_tests_still_fail_keeps_its_evidence(harness: Harness) -> No
 
 def cancel_on_call(n: int) -> tuple[Callable[[], None], list[int]]:
     """A fence that cancels the run at its `n`-th call (the calls are counted)."""
-    calls: list[int] = []
-
-    def fence() -> None:
-        calls.append(len(calls) + 1)
-        if len(calls) >= n:
-            raise StageCancelledError()
-
-    return fence, calls
+    return failing_at(n, StageCancelledError)
 
 
 def test_a_cancel_stops_the_stage_at_its_next_safe_point(harness: Harness) -> None:
