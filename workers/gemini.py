@@ -153,9 +153,10 @@ class BatonGemini(Gemini):
         # The HTTP client is built first, so that the permit is taken as close as possible to
         # the request going out (the provider's window counts from its arrival).
         _ = self.api_client
+        counted = self.governor.quota(self.model).tokens_per_minute is not None
         permit = await self.governor.acquire(
             self.model,
-            request_tokens(llm_request),
+            request_tokens(llm_request) if counted else 0,  # estimated only where it counts
             max_sleep_s=self.inline_wait_max_s,
             on_wait=self.on_wait,
         )
