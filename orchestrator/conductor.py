@@ -157,6 +157,7 @@ class Conductor:
         payload = json.dumps(result.output, ensure_ascii=False, separators=(",", ":"))
 
         def mutate(run: RunRecord, pipe: Any) -> tuple[Completion, Next | None, RunRecord]:
+            self._write_pending(pipe, run_id, result.figures)
             record = run.stages[stage]
             if record.status == StageStatus.DONE:
                 return Completion.RECORDED, None, run  # recorded before: a redelivery
@@ -220,6 +221,7 @@ class Conductor:
         be retried."""
 
         def mutate(run: RunRecord, pipe: Any) -> RunRecord | None:
+            self._write_pending(pipe, run_id, figures)
             record = run.stages[stage]
             if run.status.is_terminal or (owner is not None and record.owner != owner):
                 return None
@@ -275,6 +277,7 @@ class Conductor:
         execution still holds the stage (a lost execution that wakes up late changes nothing)."""
 
         def mutate(run: RunRecord, pipe: Any) -> RunRecord | None:
+            self._write_pending(pipe, run_id, figures)
             record = run.stages.setdefault(stage, StageRecord())
             if run.status.is_terminal or (owner is not None and record.owner != owner):
                 return None
@@ -319,6 +322,7 @@ class Conductor:
         left behind is kept."""
 
         def mutate(run: RunRecord, pipe: Any) -> RunRecord:
+            self._write_pending(pipe, run_id, figures)
             record = run.stages[stage]
             if record.owner == owner and record.status == StageStatus.RUNNING:
                 _stop(record, figures)
@@ -379,6 +383,12 @@ class Conductor:
             return None
         self.dispatcher.send_stage(run.id, load_pipeline(run.pipeline).stage(decision.send))
         return decision.send
+
+    def _write_pending(self, pipe: Any, run_id: str, figures: StageFigures | None) -> None:
+        """An ending execution's audit entries not yet written, in the transaction that records
+        how it ended (whether that records its figures or not: they are what happened)."""
+        if figures is not None and figures.audit:
+            self.store.queue_audit(pipe, run_id, figures.audit)
 
     def _audit(
         self, run: RunRecord, stage: str, attempt: int, kind: str, *, pipe: Any = None,

@@ -1,7 +1,9 @@
 """The run store: run records, stage outputs, artifacts and the audit log, on Redis.
 
-Redis is the source of truth for run state. Every read-modify-write of a run happens in one
-optimistic transaction (WATCH/MULTI), so concurrent writers never lose each other's changes.
+Redis is the source of truth for run state. Every read-modify-write of a run is optimistic: the
+record is read with its version, changed in Python, and written back by a script that first
+checks the version is still the one read (else it is read again), so concurrent writers never
+lose each other's changes. Two round trips, where WATCH/MULTI/EXEC needs three.
 """
 
 from __future__ import annotations
@@ -27,7 +29,33 @@ MAX_AUDIT_ENTRY_CHARS = 64_000
 """An audit entry's data longer than this is cut, with a marker."""
 
 Mutation = Callable[[RunRecord, Any], Any]
-"""Changes a run in place; may queue commands on the MULTI pipeline it is given."""
+"""Changes a run in place; may queue commands on the pipeline it is given, to run in the same
+atomic write (a redis-py pipeline, used only to record them)."""
+
+VERSION_FIELD = "version"
+"""The run hash's write counter: every write through `RunStore.transact` increments it."""
+
+_WRITE_IF_UNCHANGED = """
+-- KEYS[1]: the run hash. ARGV[1]: the version read ('' if none); ARGV[2]: the fields to set,
+-- as a JSON object; ARGV[3]: further commands, as a JSON list of argument lists.
+if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
+local version = redis.call('HGET', KEYS[1], 'version') or ''
+if version ~= ARGV[1] then return 0 end
+local fields = cjson.decode(ARGV[2])
+local flat = {}
+for name, value in pairs(fields) do
+  flat[#flat + 1] = name
+  flat[#flat + 1] = value
+end
+if #flat > 0 then redis.call('HSET', KEYS[1], unpack(flat)) end
+redis.call('HINCRBY', KEYS[1], 'version', 1)
+for _, command in ipairs(cjson.decode(ARGV[3])) do
+  redis.call(unpack(command))
+end
+return 1
+"""
+"""Writes a run's changed fields and the commands that go with them, if its version is still
+the one read: 1 written, 0 changed meanwhile, -1 gone."""
 
 
 class RunStore:
@@ -37,6 +65,7 @@ class RunStore:
         # decode_responses=True makes every reply a str; redis-py's annotations cannot say so.
         self.redis: Any = client
         self.ttl_s = ttl_s
+        self._write_if_unchanged = client.register_script(_WRITE_IF_UNCHANGED)
 
     @classmethod
     def from_url(cls, url: str, *, ttl_s: int = 7 * 24 * 3600) -> RunStore:
@@ -102,24 +131,31 @@ class RunStore:
     def transact(self, run_id: str, mutate: Mutation) -> Any:
         """Apply `mutate(run, pipe)` atomically and write back what changed.
 
-        `mutate` changes the record in place and may queue more commands on `pipe` (already in
-        MULTI mode); they execute in the same transaction. Its return value is returned.
+        `mutate` changes the record in place and may queue more commands on `pipe`; they are
+        written in the same atomic step. If another writer changed the run in between, it is
+        read again and `mutate` called again. Its return value is returned.
         """
         key = keys.run(run_id)
-
-        def attempt(pipe: Any) -> Any:
-            before = pipe.hgetall(key)
+        while True:
+            before = self.redis.hgetall(key)
             run = _parse_run(run_id, before)
-            pipe.multi()
-            result = mutate(run, pipe)
+            with self.redis.pipeline(transaction=False) as pipe:
+                result = mutate(run, pipe)
+                commands = [[_arg(a) for a in args] for args, _options in pipe.command_stack]
             run.updated_at = time.time()
-            after = _run_fields(run)
-            changed = {k: v for k, v in after.items() if before.get(k) != v}
-            if changed:
-                pipe.hset(key, mapping=changed)
-            return result
-
-        return self.redis.transaction(attempt, key, value_from_callable=True)
+            changed = {k: v for k, v in _run_fields(run).items() if before.get(k) != v}
+            written = self._write_if_unchanged(
+                keys=[key],
+                args=[
+                    before.get(VERSION_FIELD, ""),
+                    json.dumps(changed, ensure_ascii=False),
+                    json.dumps(commands, ensure_ascii=False),
+                ],
+            )
+            if written == 1:
+                return result
+            if written == -1:
+                raise RunNotFoundError(run_id)
 
     def recent(self, limit: int = 50) -> list[str]:
         return list(self.redis.zrevrange(keys.RUNS, 0, limit - 1))
@@ -233,6 +269,12 @@ def connect(url: str) -> redis.Redis:
         retry_on_error=[redis.ConnectionError, redis.TimeoutError],
         health_check_interval=30,
     )
+
+
+def _arg(value: Any) -> str:
+    """A command argument as the script passes it on (Redis receives every argument as a
+    string)."""
+    return value if isinstance(value, str) else str(value)
 
 
 def _audit_value(value: Any) -> str:

@@ -84,6 +84,26 @@ class StoreArtifacts:
         return ref.uri
 
 
+class AuditBuffer:
+    """The audit sink of one execution. Entries wait here until the stage is about to block on
+    a model or tool call (a safe point, `Execution.checkpoint`), so that what a quick turn
+    makes goes out in one round trip and a watcher still sees it before the wait; what is left
+    when the execution ends rides the transaction that records how it ended
+    (`StageFigures.audit`)."""
+
+    def __init__(self, store: RunStore, run_id: str) -> None:
+        self._store, self._run_id = store, run_id
+        self.pending: list[dict[str, Any]] = []
+
+    def __call__(self, entries: list[dict[str, Any]]) -> None:
+        self.pending.extend(entries)
+
+    def flush(self) -> None:
+        if self.pending:
+            self._store.audit(self._run_id, self.pending)
+            self.pending = []
+
+
 class Execution:
     """One execution of `spec` for `run`, held by `owner`."""
 
@@ -101,6 +121,7 @@ class Execution:
         self.run, self.pipeline, self.spec = run, pipeline, spec
         self.attempt, self.owner = attempt, owner
         self.artifacts = StoreArtifacts(services.store, run.id, spec.name)
+        self.audit = AuditBuffer(services.store, run.id)
         self.usage = Usage()
         self.stopped_as: Hold = Hold.HELD
         """Set by the heartbeat when it finds the execution must stop."""
@@ -111,14 +132,9 @@ class Execution:
     async def execute(self) -> StageOutput:
         """Resolve the inputs and run the stage; raises an `ExecutionError` if it has no
         output."""
-        store = self.services.store
-
-        def audit(entries: list[dict[str, Any]]) -> None:
-            store.audit(self.run.id, entries)
-
-        sinks = StageSinks(artifacts=self.artifacts, audit=audit, usage=self.usage)
+        sinks = StageSinks(artifacts=self.artifacts, audit=self.audit, usage=self.usage)
         try:
-            inputs = resolve(self.run, self.pipeline, self.spec, self.attempt, store)
+            inputs = resolve(self.run, self.pipeline, self.spec, self.attempt, self.services.store)
             self._model = self._build_model()
             return await execute_stage(
                 inputs,
@@ -148,10 +164,12 @@ class Execution:
             raise LeaseLostError(f"another execution holds {self.spec.name} of {self.run.id} now")
 
     def checkpoint(self) -> None:
-        """The fence at a safe point (a model or tool call): the store is asked at most every
-        `CHECKPOINT_EVERY_S`, so a stage that calls often notices a cancel within that long
-        without a round trip per call. Nothing that shows outside depends on it: the push has
-        its own fence and a cancelled run's output is refused where it would be recorded."""
+        """A safe point (before a model or tool call): the audit entries made since the last
+        one are written, then the fence, asking the store at most every `CHECKPOINT_EVERY_S`,
+        so a stage that calls often notices a cancel within that long without a round trip per
+        call. Nothing that shows outside depends on it: the push has its own fence and a
+        cancelled run's output is refused where it would be recorded."""
+        self.audit.flush()
         if self.stopped_as == Hold.HELD and time.monotonic() - self._held_at < CHECKPOINT_EVERY_S:
             return
         self.fence()
@@ -165,6 +183,7 @@ class Execution:
             output_tokens=self.usage.output_tokens,
             quota_wait_s=self._model.waited_s if self._model is not None else 0.0,
             artifacts=dict(self.artifacts.saved),
+            audit=tuple(self.audit.pending),
         )
 
     def failure(self, exc: BaseException) -> ExecutionError:

@@ -115,7 +115,8 @@ def _settle(task: Task, execution: Execution, error: ExecutionError) -> metrics.
         conductor.stopped(run_id, stage, owner=owner, figures=figures)
         return "cancelled"
     if error.retry == Retry.LOST:
-        logger.info("stage %s of run %s: %s; recording nothing", stage, run_id, error)
+        logger.info("stage %s of run %s: %s; recording nothing but its audit", stage, run_id, error)
+        execution.audit.flush()
         return "lost"
     if error.retry == Retry.RATE_LIMITED:
         assert isinstance(error, RateLimitedError)

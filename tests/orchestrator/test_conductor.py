@@ -460,3 +460,39 @@ def test_resuming_a_run_with_nothing_left_says_how_to_run_stages_again(
     message = str(caught.value)
     assert "--from STAGE" in message
     assert "triage, search, plan, fix, pr" in message
+
+
+def pending_entry(kind: str) -> dict[str, str]:
+    return {"ts": "1.0", "branch": "fixer.triage", "session": "s", "kind": kind}
+
+
+def test_an_executions_pending_audit_entries_are_written_before_its_stage_done(
+    conductor: Conductor,
+) -> None:
+    run_id, _ = conductor.submit(ISSUE, repo="/r", commit="abc", pipeline="fixer")
+    begin(conductor, run_id, "triage", owner="host:1:t")
+    figures = StageFigures(
+        requests=1, audit=(pending_entry("user_message"), pending_entry("model_reply"))
+    )
+
+    conductor.complete(run_id, "triage", StageResult(TRIAGE_OK, figures), owner="host:1:t")
+
+    kinds = [e["kind"] for e in conductor.store.audit_log(run_id)]
+    assert kinds == ["stage_begin", "user_message", "model_reply", "stage_done"]
+
+
+def test_pending_audit_entries_are_written_even_when_the_output_is_refused(
+    conductor: Conductor,
+) -> None:
+    run_id, _ = conductor.submit(ISSUE, repo="/r", commit="abc", pipeline="fixer")
+    begin(conductor, run_id, "triage", owner="host:1:a", lease_s=-1)
+    begin(conductor, run_id, "triage", owner="host:2:b")  # took over the lapsed lease
+    late = StageFigures(audit=(pending_entry("model_reply"),))
+
+    done = conductor.complete(run_id, "triage", StageResult(TRIAGE_OK, late), owner="host:1:a")
+    conductor.fail(run_id, "triage", "late", owner="host:1:a", figures=late)
+
+    assert done == Completion.LOST
+    kinds = [e["kind"] for e in conductor.store.audit_log(run_id)]
+    assert kinds == ["stage_begin", "stage_begin", "model_reply", "model_reply"]
+    assert conductor.store.get(run_id).stages["triage"].owner == "host:2:b"

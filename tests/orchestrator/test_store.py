@@ -1,9 +1,11 @@
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import pytest
 
+from orchestrator import keys
 from orchestrator.errors import RunNotFoundError
 from orchestrator.models import Issue, IssueSource, RunRecord, StageRecord
 from orchestrator.store import MAX_AUDIT_ENTRY_CHARS, RunStore
@@ -65,6 +67,40 @@ def test_concurrent_stage_updates_are_never_lost(store: RunStore) -> None:
 
     stages = store.get("r1").stages
     assert (stages["a"].requests, stages["b"].requests) == (50, 50)
+
+
+def test_a_write_that_lost_a_race_is_redone_with_its_commands_written_once(
+    store: RunStore,
+) -> None:
+    store.create(make_run())
+    attempts: list[int] = []
+
+    def mutate(run: RunRecord, pipe: Any) -> None:
+        attempts.append(run.stages["a"].requests)
+        if len(attempts) == 1:  # another writer gets in between this read and its write
+            store.transact("r1", lambda other, _pipe: setattr(other.stages["b"], "requests", 7))
+        run.stages["a"].requests += 1
+        run.stages["a"].error = "naïve ✓"
+        pipe.xadd("r1:log", {"attempt": len(attempts)})
+
+    store.transact("r1", mutate)
+
+    stages = store.get("r1").stages
+    assert attempts == [0, 0]
+    assert (stages["a"].requests, stages["a"].error, stages["b"].requests) == (1, "naïve ✓", 7)
+    assert [fields for _id, fields in store.redis.xrange("r1:log")] == [{"attempt": "2"}]
+
+
+def test_a_run_removed_under_a_write_is_a_clear_error(store: RunStore) -> None:
+    store.create(make_run())
+
+    def mutate(run: RunRecord, pipe: Any) -> None:
+        store.redis.delete(keys.run("r1"))
+        run.stages["a"].requests += 1
+
+    with pytest.raises(RunNotFoundError, match="r1"):
+        store.transact("r1", mutate)
+    assert not store.redis.exists(keys.run("r1"))
 
 
 def test_artifacts_round_trip_as_bytes_with_their_digest(store: RunStore) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from orchestrator.conductor import Conductor
+from orchestrator.execution import Hold
 from orchestrator.models import Issue, IssueSource, RunRecord, StageRecord
 from orchestrator.pipeline import load_pipeline
 from orchestrator.settings import ModelConfig, RetryConfig
@@ -39,6 +40,9 @@ class RecordingConductor:
 
     def fail(self, run_id: str, stage: str, error: str, **kwargs: Any) -> None:
         self.calls.append(("fail", {"error": error, **kwargs}))
+
+    def hold(self, run_id: str, stage: str, *, owner: str) -> Hold:
+        return Hold.HELD
 
     def postpone(self, run_id: str, stage: str, **kwargs: Any) -> StageRecord | None:
         self.calls.append(("postpone", kwargs))
@@ -158,5 +162,44 @@ def test_no_retry_is_sent_for_a_run_that_ended_meanwhile() -> None:
 
 
 def test_the_recording_conductor_speaks_the_conductors_verbs() -> None:
-    for verb in ("stopped", "fail", "postpone"):
+    for verb in ("stopped", "fail", "postpone", "hold"):
         assert callable(getattr(Conductor, verb))
+
+
+class AuditStore:
+    """The run store's audit side: what each round trip wrote."""
+
+    def __init__(self) -> None:
+        self.writes: list[list[str]] = []
+
+    def audit(self, run_id: str, entries: list[dict[str, Any]]) -> int:
+        self.writes.append([entry["kind"] for entry in entries])
+        return len(entries)
+
+
+def test_audit_entries_wait_for_a_safe_point_and_the_rest_ride_the_settling_figures() -> None:
+    conductor = RecordingConductor()
+    store = AuditStore()
+    conductor.store = store  # type: ignore[assignment]
+    made = execution(conductor)
+
+    made.audit([{"kind": "user_message"}, {"kind": "tool_call"}])
+    assert store.writes == []
+    made.checkpoint()  # before the tool runs: what the watcher should see now goes out
+    made.audit([{"kind": "tool_result"}])
+    made.audit([{"kind": "model_reply"}])
+
+    assert store.writes == [["user_message", "tool_call"]]
+    assert [e["kind"] for e in made.figures().audit] == ["tool_result", "model_reply"]
+
+
+def test_a_lost_execution_still_writes_its_pending_audit_entries() -> None:
+    conductor = RecordingConductor()
+    store = AuditStore()
+    conductor.store = store  # type: ignore[assignment]
+    made = execution(conductor)
+    made.audit([{"kind": "model_reply"}])
+
+    outcome = tasks._settle(TaskStandIn(), made, LeaseLostError("taken over"))  # type: ignore[arg-type]
+
+    assert (outcome, conductor.calls, store.writes) == ("lost", [], [["model_reply"]])
