@@ -15,7 +15,9 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import sandbox
+from sandbox.build import agent_config
 from workers import metrics
+from workers.environments import Environment
 from workers.mirrors import RepoCache
 from workers.tools.container import ContainerWorkspace
 from workers.tools.workspace import Workspace
@@ -35,6 +37,9 @@ class WorkspaceRequest:
     """Labels that find the workspace again (`baton.run`, `baton.stage`, `baton.attempt`)."""
     network: str | None = None
     """A named network the workspace may reach; None: no network at all."""
+    environment: Environment | None = None
+    """The run's environment: its image, variables and limits; None: the plain sandbox
+    image."""
 
 
 class Sandboxes(Protocol):
@@ -61,14 +66,17 @@ class DockerSandboxes:
 
     @contextmanager
     def open(self, request: WorkspaceRequest) -> Iterator[Workspace]:
-        config = self.config
+        config, env = self.config, request.environment
+        if env is not None:
+            config = agent_config(config, env.tag, env.spec)
         if request.network:
             config = type(config).model_validate(
                 {**config.model_dump(), "network": request.network}
             )
         uid, gid = config.uid_gid
         tree = self.mirrors.archive(request.repo, request.commit, uid=uid, gid=gid)
-        started = sandbox.DockerSandbox.start(config, labels=dict(request.labels))
+        variables = dict(env.spec.env) if env is not None else {}
+        started = sandbox.DockerSandbox.start(config, labels=dict(request.labels), env=variables)
         with metrics.sandbox_lifetime(request.stage, started) as box:
             box.put_archive(config.workspace, tree)
             workspace = ContainerWorkspace(box, root=config.workspace)
