@@ -19,7 +19,6 @@ start, and that fails the environment too.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 import uuid
@@ -45,6 +44,8 @@ ENV_REPOSITORY = "baton-env"
 """Environment images are `baton-env:<key>`."""
 KEY_LABEL = "baton.env.key"
 """Every environment image carries its key, so `baton env ls` and pruning can find them."""
+SPEC_LABEL = "baton.env.spec"
+"""… and the spec it was built from, as JSON."""
 BUILD_LABEL = "baton.build"
 """Marks a build container (besides the sandbox labels the reaper reads)."""
 
@@ -91,6 +92,8 @@ FORGET = (
 BUILD_CAPABILITIES = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "SETUID", "SETGID", "KILL"]
 """What installing packages needs as root (apt drops to its `_apt` user, npm chowns)."""
 LOG_TAIL_LINES = 40
+MAX_TEST_OUTPUT_BYTES = 64_000_000
+"""Output kept of the validating test run: its per-test lines come last (pytest's summary)."""
 
 Progress = Callable[[str], None]
 
@@ -199,7 +202,9 @@ def build_environment(
     started = time.monotonic()
     log: list[str] = []
     with connected(client) as docker_client:
-        box = _start_build_container(docker_client, settings, spec, workspace, labels or {})
+        box, build_labels = _start_build_container(
+            docker_client, settings, spec, workspace, labels or {}
+        )
         try:
             box.put_archive(workspace, tree)
             env = {**BUILD_ENV, **spec.env, **settings.command_env()}
@@ -215,7 +220,7 @@ def build_environment(
                 log.append(f"$ {command}\n{result.output}\n{outcome}\n")
                 if result.status != "ok":
                     _failed(command, result, "".join(log))
-            image_id = _commit(docker_client, box.id, tag, spec, workspace)
+            image_id = _commit(docker_client, box.id, tag, spec, workspace, build_labels)
         finally:
             remove(docker_client, box.id)
         size = int(docker_client.api.inspect_image(image_id)["Size"])
@@ -241,7 +246,9 @@ def validate_environment(
     cfg = agent_config(config or SandboxConfig(), tag, spec)
     with DockerSandbox.start(cfg, labels=labels or {}, env=dict(spec.env), client=client) as box:
         box.put_archive(cfg.workspace, tree)
-        result = box.exec(["sh", "-c", test_command], timeout_s=timeout_s)
+        result = box.exec(
+            ["sh", "-c", test_command], timeout_s=timeout_s, max_output_bytes=MAX_TEST_OUTPUT_BYTES
+        )
     return Baseline(test_command, result.exit_code, result.output, result.duration_s)
 
 
@@ -271,7 +278,7 @@ def _start_build_container(
     spec: EnvironmentSpec,
     workspace: str,
     extra_labels: Mapping[str, str],
-) -> DockerSandbox:
+) -> tuple[DockerSandbox, dict[str, str]]:
     ttl_s = int(settings.command_timeout_s * (len(spec.setup) + 2))
     binds = {}
     if settings.ca_bundle is not None:
@@ -314,20 +321,29 @@ def _start_build_container(
         remove(client, container_id)
         raise
     cfg = SandboxConfig(image=image, workspace=workspace, max_output_bytes=4_000_000)
-    return DockerSandbox(client, cfg, container_id, user="0:0")
+    return DockerSandbox(client, cfg, container_id, user="0:0"), build_labels
 
 
 def _commit(
-    client: docker.DockerClient, container_id: str, tag: str, spec: EnvironmentSpec, workspace: str
+    client: docker.DockerClient,
+    container_id: str,
+    tag: str,
+    spec: EnvironmentSpec,
+    workspace: str,
+    build_labels: Mapping[str, str],
 ) -> str:
     repository, _, version = tag.partition(":")
     env = {**AGENT_ENV, **spec.env}
+    # Docker merges the container's labels into the image's: the build container's own are
+    # blanked, or every sandbox started from the image would look like a build.
+    labels = {name: "" for name in build_labels}
+    labels.update({KEY_LABEL: version, SPEC_LABEL: spec.model_dump_json()})
     conf = {
         "Env": [f"{name}={value}" for name, value in env.items()],
         "User": "1000:1000",
         "WorkingDir": workspace,
         "Cmd": ["sleep", "infinity"],
-        "Labels": {KEY_LABEL: version, "baton.env.spec": json.dumps(spec.model_dump(mode="json"))},
+        "Labels": labels,
     }
     with translated(f"committing the environment image {tag}"):
         committed = client.api.commit(container_id, repository=repository, tag=version, conf=conf)

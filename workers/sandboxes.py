@@ -16,6 +16,7 @@ from typing import Protocol
 
 import sandbox
 from sandbox.build import agent_config
+from sandbox.pool import WarmPool
 from workers import metrics
 from workers.environments import Environment
 from workers.mirrors import RepoCache
@@ -60,9 +61,13 @@ class DockerSandboxes:
     """A fresh Docker sandbox per workspace, hardened by `config`, the tree copied in from
     the host's mirror of the repository."""
 
-    def __init__(self, mirrors: RepoCache, config: sandbox.SandboxConfig) -> None:
+    def __init__(
+        self, mirrors: RepoCache, config: sandbox.SandboxConfig, *, pool: WarmPool | None = None
+    ) -> None:
         self.mirrors = mirrors
         self.config = config
+        self.pool = pool
+        """Ready containers to take instead of starting one (None: each is started cold)."""
 
     @contextmanager
     def open(self, request: WorkspaceRequest) -> Iterator[Workspace]:
@@ -76,7 +81,12 @@ class DockerSandboxes:
         uid, gid = config.uid_gid
         tree = self.mirrors.archive(request.repo, request.commit, uid=uid, gid=gid)
         variables = dict(env.spec.env) if env is not None else {}
-        started = sandbox.DockerSandbox.start(config, labels=dict(request.labels), env=variables)
+        if self.pool is not None:
+            started = self.pool.start(config, labels=dict(request.labels), env=variables)
+        else:
+            started = sandbox.DockerSandbox.start(
+                config, labels=dict(request.labels), env=variables
+            )
         with metrics.sandbox_lifetime(request.stage, started) as box:
             box.put_archive(config.workspace, tree)
             workspace = ContainerWorkspace(box, root=config.workspace)

@@ -19,6 +19,7 @@ from orchestrator.conductor import Completion, Conductor, StageResult, StageStar
 from orchestrator.pipeline import load_pipeline
 from orchestrator.queue import STAGE_TASK, Dispatcher
 from orchestrator.store import RunStore
+from sandbox.pool import WarmPool
 from workers import metrics
 from workers.app import app, settings
 from workers.environments import Environments
@@ -55,7 +56,11 @@ def services() -> WorkerServices:
     sandbox_config = settings.sandbox_config()
     return WorkerServices(
         conductor=Conductor(store, Dispatcher(app)),
-        sandboxes=DockerSandboxes(mirrors, sandbox_config),
+        sandboxes=DockerSandboxes(
+            mirrors,
+            sandbox_config,
+            pool=WarmPool(size=settings.sandbox_pool_size) if settings.sandbox_pool_size else None,
+        ),
         environments=Environments(
             store.redis, mirrors, settings.build_settings(), sandbox_config=sandbox_config
         ),

@@ -18,6 +18,7 @@ import docker
 import pytest
 
 from sandbox.build import (
+    BUILD_LABEL,
     KEY_LABEL,
     BuildSettings,
     EnvironmentBuildError,
@@ -220,6 +221,7 @@ def test_a_workers_secrets_reach_no_build_no_log_no_layer_and_no_sandbox(
     assert CANARY not in built.log
     assert "PIP_CERT" not in json.dumps(image["Config"]["Env"])  # build settings stay there
     assert image["Config"]["Labels"][KEY_LABEL] == "test-canary"
+    assert image["Config"]["Labels"][BUILD_LABEL] == ""  # sandboxes from it are no builds
     saved = subprocess.run(
         ["docker", "save", tag], capture_output=True, check=True, timeout=300
     ).stdout

@@ -55,8 +55,12 @@ def builds(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 def project(make_upstream: Callable[[], Upstream]) -> tuple[Upstream, str]:
     upstream = make_upstream()
     commit = upstream.commit(
-        {"requirements.txt": "iniconfig==2.0.0\n", "app.py": APP, "test_app.py": TESTS,
-         "README.md": "one\n"}  # fmt: skip
+        {
+            "requirements.txt": "iniconfig==2.0.0\n",
+            "app.py": APP,
+            "test_app.py": TESTS,
+            "README.md": "one\n",
+        }
     )
     return upstream, commit
 
@@ -103,9 +107,7 @@ def test_workers_needing_the_same_environment_at_once_build_it_once(
     tmp_path: Path,
 ) -> None:
     upstream, commit = project(make_upstream)
-    others = [
-        Environments(redis_client, RepoCache(tmp_path / f"mirrors-{n}")) for n in range(2)
-    ]
+    others = [Environments(redis_client, RepoCache(tmp_path / f"mirrors-{n}")) for n in range(2)]
     found: list[str] = []
 
     def prepare(envs: Environments) -> None:
@@ -127,7 +129,7 @@ def test_a_failed_build_is_recorded_and_not_built_again_by_the_next_worker(
     upstream = make_upstream()
     commit = upstream.commit({"requirements.txt": "no-such-package-for-baton==9.9\n"})
 
-    with pytest.raises(EnvironmentBuildError, match="pip install -r requirements.txt") as first:
+    with pytest.raises(EnvironmentBuildError, match=r"pip install -r requirements\.txt") as first:
         environments.prepare(str(upstream.bare), commit)
     with pytest.raises(EnvironmentBuildError) as second:
         environments.prepare(str(upstream.bare), commit)
