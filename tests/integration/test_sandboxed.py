@@ -85,6 +85,29 @@ def test_the_fix_is_proven_in_the_sandbox_and_the_branch_holds_exactly_that_chan
     assert containers(f"baton.run={run.id}") == []
 
 
+def test_a_repository_as_it_is_runs_to_the_end_and_names_its_environment(
+    stack: Stack, run_store: RunStore, git: Git
+) -> None:
+    repo = stack.sample_repo()
+    for name, target in {"shared": "..", "deep": "../../..", "etc-link": "/etc"}.items():
+        (repo / name).symlink_to(target)
+    (repo / "-rf").write_text("a file whose name looks like an option\n")
+    (repo / "assets").mkdir()
+    (repo / "assets" / "blob.bin").write_bytes(os.urandom(20 * 2**20))
+    git("add", "--all", cwd=repo)
+    git("commit", "--quiet", "-m", "a repository as repositories are", cwd=repo)
+
+    run = stack.wait(stack.enqueue(SENTRY_EVENT.read_bytes(), repo), timeout_s=240)
+
+    assert run.status == RunStatus.DONE, run.reason
+    assert run.environment is not None and len(run.environment) == 16
+    baseline = run_store.artifact(run.stages["search"].artifacts["environment-baseline.log"])
+    assert b"test_average_price" in baseline  # the unchanged code's tests ran there first
+    changed = git("diff", "--name-only", "main", f"baton/{run.id}", cwd=repo).split()
+    assert changed == ["shopcart/cart.py"]
+    assert containers(f"baton.run={run.id}") == []
+
+
 def test_a_fix_whose_tests_still_fail_is_not_published(stack: Stack, git: Git) -> None:
     scenario = demo_scenario()
     steps = scenario["agents"]["fix"]["steps"]
