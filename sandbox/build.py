@@ -84,11 +84,17 @@ APT_INSTALL = (
     "apt-get update -qq && apt-get install -y -qq --no-install-recommends {packages} "
     "&& rm -rf /var/lib/apt/lists/*"
 )
+NODE_MODULES = "/opt/baton/node_modules"
 FORGET = (
+    "if [ -d {workspace}/node_modules ]; then mkdir -p /opt/baton && "
+    f"mv {{workspace}}/node_modules {NODE_MODULES}; fi; "
     "find {workspace} -mindepth 1 -delete; "
+    f"if [ -d {NODE_MODULES} ]; then ln -s {NODE_MODULES} {{workspace}}/node_modules; fi; "
     "rm -rf /root/.cache /root/.npm /tmp/* /var/lib/apt/lists/*"
 )
-"""Last build step: the tree goes (each stage copies in its own) and so do the caches."""
+"""Last build step: the tree goes (each stage copies in its own) and so do the caches. What
+`npm` installed into the tree moves out of it, to `NODE_MODULES`, and a symlink in the tree's
+place leads there: a sandbox's workspace volume starts with it."""
 BUILD_CAPABILITIES = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "SETUID", "SETGID", "KILL"]
 """What installing packages needs as root (apt drops to its `_apt` user, npm chowns)."""
 LOG_TAIL_LINES = 40

@@ -56,11 +56,12 @@ _PYTEST_KIND = {
     "XFAIL": Outcome.SKIPPED,
     "SKIPPED": Outcome.SKIPPED,
 }
-_UNITTEST = re.compile(
-    r"^(\w+) \(([\w.]+)\)(?:\n[^\n]*?)? \.\.\. "
-    r"(ok|FAIL|ERROR|skipped\b|expected failure|unexpected success)",
-    re.MULTILINE,
+_UNITTEST_HEAD = re.compile(r"^(\w+) \(([\w.]+)\)", re.MULTILINE)
+_UNITTEST_RESULT = re.compile(
+    r"(?:^|\.\.\. )(ok|FAIL|ERROR|skipped\b|expected failure|unexpected success)", re.MULTILINE
 )
+"""After a test's name line and its ` ... `: its outcome, on that line or, when the test wrote
+something first (a warning, say), at the start of a later one."""
 _UNITTEST_KIND = {
     "ok": Outcome.PASSED,
     "unexpected success": Outcome.FAILED,
@@ -127,7 +128,17 @@ def _pytest(output: str) -> dict[str, Outcome]:
 
 def _unittest(output: str) -> dict[str, Outcome]:
     found: dict[str, Outcome] = {}
-    for method, where, kind in _UNITTEST.findall(output):
+    heads = list(_UNITTEST_HEAD.finditer(output))
+    followers: list[re.Match[str] | None] = [*heads[1:], None] if heads else []
+    for head, following in zip(heads, followers, strict=True):
+        segment = output[head.end() : following.start() if following else len(output)]
+        dots = segment.find(" ... ")
+        if dots < 0:
+            continue
+        result = _UNITTEST_RESULT.search(segment, dots)
+        if result is None:
+            continue
+        method, where, kind = head.group(1), head.group(2), result.group(1)
         # Python 3.11 prints the whole dotted path; older ones only module.Class.
         test_id = where if where.endswith("." + method) else f"{where}.{method}"
         _keep(found, test_id, _UNITTEST_KIND["skipped" if kind == "skipped" else kind])

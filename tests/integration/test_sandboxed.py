@@ -101,8 +101,10 @@ def test_a_repository_as_it_is_runs_to_the_end_and_names_its_environment(
 
     assert run.status == RunStatus.DONE, run.reason
     assert run.environment is not None and len(run.environment) == 16
-    baseline = run_store.artifact(run.stages["search"].artifacts["environment-baseline.log"])
-    assert b"test_average_price" in baseline  # the unchanged code's tests ran there first
+    environment = run_store.redis.hgetall(f"baton:env:{run.environment}")
+    assert environment["status"] == "ok"  # validated: the unchanged code's tests ran there
+    assert environment["test_command"] == "python3 -m unittest discover -s tests -t . -v"
+    assert (environment["passed"], environment["failed"]) == ("2", "2")
     changed = git("diff", "--name-only", "main", f"baton/{run.id}", cwd=repo).split()
     assert changed == ["shopcart/cart.py"]
     assert containers(f"baton.run={run.id}") == []

@@ -58,6 +58,11 @@ class CartTest(unittest.TestCase):
     @unittest.skip("later")
     def test_skipped(self):
         pass
+
+    def test_warns(self):
+        """A warning is printed between the test's name and its outcome."""
+        import warnings
+        warnings.warn("an old API", DeprecationWarning)
 '''
 
 NODE_SUITE = """
@@ -111,6 +116,7 @@ def test_unittest_outcomes_are_read_by_dotted_name(tmp_path: Path) -> None:
         "tests.test_cart.CartTest.test_documented": Outcome.FAILED,
         "tests.test_cart.CartTest.test_error": Outcome.FAILED,
         "tests.test_cart.CartTest.test_skipped": Outcome.SKIPPED,
+        "tests.test_cart.CartTest.test_warns": Outcome.PASSED,
     }
 
 
