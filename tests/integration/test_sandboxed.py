@@ -88,14 +88,17 @@ def test_the_fix_is_proven_in_the_sandbox_and_the_branch_holds_exactly_that_chan
 def test_a_repository_as_it_is_runs_to_the_end_and_names_its_environment(
     stack: Stack, run_store: RunStore, git: Git
 ) -> None:
-    repo = stack.sample_repo()
+    repo = stack.sample_repo()  # a bare repository: the remote
+    work = repo.with_name(repo.name + "-clone")
+    git("clone", "--quiet", repo, work)
     for name, target in {"shared": "..", "deep": "../../..", "etc-link": "/etc"}.items():
-        (repo / name).symlink_to(target)
-    (repo / "-rf").write_text("a file whose name looks like an option\n")
-    (repo / "assets").mkdir()
-    (repo / "assets" / "blob.bin").write_bytes(os.urandom(20 * 2**20))
-    git("add", "--all", cwd=repo)
-    git("commit", "--quiet", "-m", "a repository as repositories are", cwd=repo)
+        (work / name).symlink_to(target)
+    (work / "-rf").write_text("a file whose name looks like an option\n")
+    (work / "assets").mkdir()
+    (work / "assets" / "blob.bin").write_bytes(os.urandom(20 * 2**20))
+    git("add", "--all", cwd=work)
+    git("commit", "--quiet", "-m", "a repository as repositories are", cwd=work)
+    git("push", "--quiet", "origin", "HEAD:main", cwd=work)
 
     run = stack.wait(stack.enqueue(SENTRY_EVENT.read_bytes(), repo), timeout_s=240)
 
