@@ -105,8 +105,9 @@ Progress = Callable[[str], None]
 
 
 class EnvironmentBuildError(SandboxError, RuntimeError):
-    """The setup phase failed: a setup command exited non-zero or timed out. The message names
-    the command and ends with the tail of its output; no image was made."""
+    """Raised when the setup phase fails: a setup command exited non-zero or timed out (or
+    another worker's build of the same key did, recently). The message names the command and
+    ends with the tail of its output; no image was made."""
 
     def __init__(self, message: str, log: str = "") -> None:
         super().__init__(message)
@@ -117,8 +118,9 @@ class EnvironmentBuildError(SandboxError, RuntimeError):
 
 
 class EnvironmentValidationError(SandboxError, RuntimeError):
-    """The environment cannot run the repository's tests: the test command named no test at
-    all. The message names the command and ends with the tail of its output."""
+    """Raised when an environment cannot run the repository's tests: the test command named no
+    test at all and failed. The message names the command and ends with the tail of its
+    output."""
 
 
 class BuildSettings(BaseModel):

@@ -5,7 +5,9 @@
     ├── SandboxUnavailableError  (ConnectionError)  the daemon failed or the container was lost
     │                                               mid-stage; retryable
     ├── SandboxFileError         (OSError)          a file operation failed inside the sandbox
-    └── EnvironmentSpecError     (ValueError)       a repository's environment spec is not valid
+    ├── EnvironmentSpecError     (ValueError)       a repository's environment spec is not valid
+    ├── EnvironmentBuildError    (RuntimeError)     a setup command failed (sandbox.build)
+    └── EnvironmentValidationError (RuntimeError)   its tests cannot start there (sandbox.build)
 
 A command that fails, times out or is killed for memory is not an error: `DockerSandbox.exec`
 reports it in its `ExecResult`. Every class passes all of its arguments to
