@@ -19,7 +19,7 @@ demo: setup
 # google-genai afresh at every start would cost more than the tests.
 unit: setup
 	env -u PYTHONDONTWRITEBYTECODE $(BIN)/pytest -q -m "not integration" -n 2 --hypothesis-profile=unit \
-		--ignore=tests/integration --ignore=tests/deploy --ignore=tests/sandbox
+		--ignore=tests/integration --ignore=tests/deploy
 
 # Everything: lint, then both tiers against real redis-server, Celery workers, dockerd, Chromium.
 test: lint

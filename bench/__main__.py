@@ -15,12 +15,22 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from bench import governor, isolation, overhead, sandbox, saturation, soak, throughput
+from bench import (
+    environment,
+    governor,
+    isolation,
+    overhead,
+    sandbox,
+    saturation,
+    soak,
+    throughput,
+)
 
 BENCHMARKS = {
     "isolation": isolation,
     "overhead": overhead,
     "sandbox": sandbox,
+    "environment": environment,
     "governor": governor,
     "throughput": throughput,
     "saturation": saturation,

@@ -38,6 +38,7 @@ def submit(
     payload: bytes | str | Mapping[str, Any],
     *,
     repo: str,
+    ref: str = "HEAD",
     pipeline: str = "fixer",
     source: IssueSource | str | None = None,
     force: bool = False,
@@ -49,7 +50,7 @@ def submit(
     data = json.dumps(payload) if isinstance(payload, Mapping) else payload
     issue = parse_payload(data, IssueSource(source) if source else None)
     check_time_limits(load_pipeline(pipeline), settings.queue, settings.retry)
-    commit = git.resolve_commit(repo)  # refuses a path that is not a repository's root
+    commit = git.resolve_commit(repo, ref)  # refuses a path that is not a repository's root
     source = git.repo_source(repo)
     with connect(settings) as conductor:
         return conductor.submit(issue, repo=source, commit=commit, pipeline=pipeline, force=force)
@@ -59,13 +60,15 @@ def enqueue(
     payload: bytes | str | Mapping[str, Any],
     *,
     repo: str,
+    ref: str = "HEAD",
     pipeline: str = "fixer",
     source: IssueSource | str | None = None,
     force: bool = False,
     settings: Settings | None = None,
 ) -> str:
-    """Parse `payload` (Sentry event or issue, GitHub issue, or text), pin the repository's
-    current commit, create a run and enqueue its first stage. Returns the run id.
+    """Parse `payload` (Sentry event or issue, GitHub issue, or text), pin the commit `ref`
+    names in the repository (a branch, a tag or a sha; its HEAD by default), create a run and
+    enqueue its first stage. Returns the run id.
 
     Nothing is written when the payload, the pipeline or the repository is invalid.
 
@@ -78,8 +81,9 @@ def enqueue(
         ConfigError: BATON_REDIS_URL is not set.
     """
     run_id, _ = submit(
-        payload, repo=repo, pipeline=pipeline, source=source, force=force, settings=settings
-    )
+        payload, repo=repo, ref=ref, pipeline=pipeline, source=source, force=force,
+        settings=settings,
+    )  # fmt: skip
     return run_id
 
 

@@ -109,15 +109,22 @@ def main(verbose: bool) -> None:
 @main.command()
 @click.argument("payload", type=click.File("rb"))
 @click.option("--repo", required=True, help="Path or URL of the git repository to fix.")
+@click.option(
+    "--ref", default="HEAD", show_default=True, help="The branch, tag or commit to work on."
+)
 @click.option("--pipeline", default="fixer", show_default=True, help="Pipeline name or TOML file.")
 @click.option(
     "--source", type=click.Choice([s.value for s in IssueSource]), help="Skip auto-detection."
 )
 @click.option("--force", is_flag=True, help="Start a new run even if this issue already has one.")
-def enqueue(payload: BinaryIO, repo: str, pipeline: str, source: str | None, force: bool) -> None:
+def enqueue(
+    payload: BinaryIO, repo: str, ref: str, pipeline: str, source: str | None, force: bool
+) -> None:
     """Enqueue PAYLOAD (a file, or - for stdin) against a repository; prints the run id."""
     data = payload.read()
-    run_id, created = api.submit(data, repo=repo, pipeline=pipeline, source=source, force=force)
+    run_id, created = api.submit(
+        data, repo=repo, ref=ref, pipeline=pipeline, source=source, force=force
+    )
     if not created:
         err.print(f"this issue already has run {run_id}; use --force for a new one")
     click.echo(run_id)

@@ -157,7 +157,7 @@ class Conductor:
         payload = json.dumps(result.output, ensure_ascii=False, separators=(",", ":"))
 
         def mutate(run: RunRecord, pipe: Any) -> tuple[Completion, Next | None, RunRecord]:
-            self._write_pending(pipe, run_id, result.figures)
+            self._record_execution(run, pipe, result.figures)
             record = run.stages[stage]
             if record.status == StageStatus.DONE:
                 return Completion.RECORDED, None, run  # recorded before: a redelivery
@@ -221,7 +221,7 @@ class Conductor:
         be retried."""
 
         def mutate(run: RunRecord, pipe: Any) -> RunRecord | None:
-            self._write_pending(pipe, run_id, figures)
+            self._record_execution(run, pipe, figures)
             record = run.stages[stage]
             if run.status.is_terminal or (owner is not None and record.owner != owner):
                 return None
@@ -277,7 +277,7 @@ class Conductor:
         execution still holds the stage (a lost execution that wakes up late changes nothing)."""
 
         def mutate(run: RunRecord, pipe: Any) -> RunRecord | None:
-            self._write_pending(pipe, run_id, figures)
+            self._record_execution(run, pipe, figures)
             record = run.stages.setdefault(stage, StageRecord())
             if run.status.is_terminal or (owner is not None and record.owner != owner):
                 return None
@@ -322,7 +322,7 @@ class Conductor:
         left behind is kept."""
 
         def mutate(run: RunRecord, pipe: Any) -> RunRecord:
-            self._write_pending(pipe, run_id, figures)
+            self._record_execution(run, pipe, figures)
             record = run.stages[stage]
             if record.owner == owner and record.status == StageStatus.RUNNING:
                 _stop(record, figures)
@@ -384,11 +384,15 @@ class Conductor:
         self.dispatcher.send_stage(run.id, load_pipeline(run.pipeline).stage(decision.send))
         return decision.send
 
-    def _write_pending(self, pipe: Any, run_id: str, figures: StageFigures | None) -> None:
-        """An ending execution's audit entries not yet written, in the transaction that records
-        how it ended (whether that records its figures or not: they are what happened)."""
-        if figures is not None and figures.audit:
-            self.store.queue_audit(pipe, run_id, figures.audit)
+    def _record_execution(self, run: RunRecord, pipe: Any, figures: StageFigures | None) -> None:
+        """What an ending execution leaves on its run whatever the transaction decides (they
+        are what happened): its audit entries not yet written, and the environment it ran in."""
+        if figures is None:
+            return
+        if figures.audit:
+            self.store.queue_audit(pipe, run.id, figures.audit)
+        if figures.environment:
+            run.environment = figures.environment
 
     def _audit(
         self, run: RunRecord, stage: str, attempt: int, kind: str, *, pipe: Any = None,

@@ -68,6 +68,8 @@ class StageFigures:
     """Time slept inside the execution for the fleet's quota or a 429 cooldown."""
     artifacts: Mapping[str, ArtifactRef] = field(default_factory=dict)
     """What it stored beside the run (test logs, the diff), by name."""
+    environment: str | None = None
+    """The key of the environment its sandboxes started from (code stages)."""
     audit: tuple[Mapping[str, Any], ...] = ()
     """Its audit entries not yet written: the transaction that records these figures writes
     them, whatever it decides."""

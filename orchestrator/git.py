@@ -30,6 +30,9 @@ COMMITTER = {"user.name": "Baton", "user.email": "baton@localhost"}
 """Who every commit Baton makes is by (`Baton <baton@localhost>`), as git configuration."""
 GIT_MISSING = "git is not installed (or not on PATH); install git"
 """The message of every error raised because there is no git to run."""
+_PICK_A_REF = (
+    " (if its HEAD names a branch that does not exist, pick a branch, tag or commit with --ref)"
+)
 _FULL_SHA = re.compile(r"[0-9a-fA-F]{40}")
 _SCP_LIKE = re.compile(r"[^/:]+:")  # `host:path` or `user@host:path`: git's rule for a URL
 _NOT_A_REPOSITORY = "not a git repository"
@@ -156,7 +159,7 @@ def resolve_commit(
         return _resolve_remote(source, ref, timeout_s)
     check_repository_root(repo)
     rev_parse = ["-C", source, "rev-parse", "--verify", f"{ref}^{{commit}}"]
-    failed = f"{ref!r} names no commit in {source}"
+    failed = f"{ref!r} names no commit in {source}" + (_PICK_A_REF if ref == "HEAD" else "")
     return git_output(source, rev_parse, timeout_s=timeout_s, failed=failed)
 
 
@@ -217,7 +220,8 @@ def _resolve_remote(url: str, ref: str, timeout_s: float) -> str:
     for name in (ref, f"refs/heads/{ref}", f"refs/tags/{ref}^{{}}", f"refs/tags/{ref}"):
         if name in refs:
             return refs[name]
-    raise RepoError(f"{ref!r} names no branch, tag or ref in {redact(url)}")
+    hint = _PICK_A_REF if ref == "HEAD" else ""
+    raise RepoError(f"{ref!r} names no branch, tag or ref in {redact(url)}{hint}")
 
 
 def _command(args: Sequence[str]) -> str:

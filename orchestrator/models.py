@@ -192,6 +192,8 @@ class RunRecord(BaseModel):
     reason: str | None = None
     """Why the run ended, when it did not simply finish."""
     current_stage: str | None = None
+    environment: str | None = None
+    """The key of the environment its code stages run in (`baton-env:<key>`), once known."""
     created_at: float = Field(default_factory=time.time)
     updated_at: float = Field(default_factory=time.time)
     stages: dict[str, StageRecord] = Field(default_factory=dict)

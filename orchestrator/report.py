@@ -57,6 +57,7 @@ def run_json(run: RunRecord) -> dict[str, Any]:
         "commit": run.commit,
         "issue": run.issue.title,
         "current_stage": run.current_stage,
+        "environment": run.environment,
         "stages": {name: stage_json(record) for name, record in run.stages.items()},
     }
 
@@ -142,6 +143,8 @@ def run_table(
 ) -> Table:
     now = time.time() if now is None else now
     title = f"run {run.id} · {run.pipeline} · {run.status.value}"
+    if run.environment:
+        title += f" · environment {run.environment}"
     waits = [
         f"{name} waiting: next attempt at {_clock(r.waiting_until)} "
         f"(in {max(0.0, r.waiting_until - now):.0f}s) — {r.error or ''}"

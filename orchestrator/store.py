@@ -305,6 +305,7 @@ def _run_fields(run: RunRecord) -> dict[str, str]:
         "status": run.status.value,
         "reason": run.reason or "",
         "current_stage": run.current_stage or "",
+        "environment": run.environment or "",
         "updated_at": repr(run.updated_at),
     }
     for name, stage in run.stages.items():
@@ -329,6 +330,7 @@ def _parse_run(run_id: str, fields: Mapping[str, str]) -> RunRecord:
         status=RunStatus(fields["status"]),
         reason=fields.get("reason") or None,
         current_stage=fields.get("current_stage") or None,
+        environment=fields.get("environment") or None,
         updated_at=float(fields["updated_at"]),
         stages=stages,
     )

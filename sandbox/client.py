@@ -107,7 +107,9 @@ def _classified(
             f"{operation}: the sandbox's container is gone ({explanation}); its ttl_s may have "
             "passed or dockerd restarted"
         )
-    if path is not None and (refused or "read-only" in explanation):
+    deterministic = any(words in explanation for words in ("read-only", "invalid symlink",
+                                                           "breakout"))  # fmt: skip
+    if path is not None and (refused or deterministic):
         return SandboxFileError(f"{operation}: {explanation}")
     if image is not None and refused:
         return SandboxStartError(f"{operation}: Docker refused it ({explanation})")

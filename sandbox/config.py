@@ -7,7 +7,7 @@ import re
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-IMAGE_TAG = "baton-sandbox:1"
+IMAGE_TAG = "baton-sandbox:2"
 """The image `python -m sandbox.image` builds and sandboxes run by default. Bump the number
 whenever the image's contents change, so that a stale local image is never mistaken for it."""
 

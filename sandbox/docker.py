@@ -99,11 +99,21 @@ _NOTHING: Mapping[str, str] = MappingProxyType({})
 class DockerSandbox:
     """A running sandbox container. Get one from `DockerSandbox.start`, never directly."""
 
-    def __init__(self, client: docker.DockerClient, cfg: SandboxConfig, container_id: str) -> None:
+    def __init__(
+        self,
+        client: docker.DockerClient,
+        cfg: SandboxConfig,
+        container_id: str,
+        *,
+        user: str | None = None,
+    ) -> None:
         self._client = client
         self._api = client.api
         self.cfg = cfg
         self.id = container_id
+        self.user = user or cfg.user
+        """Who commands run as: `cfg.user`, except in an environment's build container
+        (`sandbox.build`), which installs packages as root."""
 
     @classmethod
     @contextmanager
@@ -152,7 +162,7 @@ class DockerSandbox:
                 self.id,
                 [*WRAPPER, token, *argv],
                 stdin=stdin is not None,
-                user=self.cfg.user,
+                user=self.user,
                 workdir=workdir or self.cfg.workspace,
                 environment=dict(env or {}),
             )["Id"]
@@ -236,7 +246,7 @@ class DockerSandbox:
         return bool(info["Running"]), info.get("ExitCode")
 
     def _run_quietly(self, argv: Sequence[str]) -> tuple[int | None, bytes]:
-        exec_id = self._api.exec_create(self.id, list(argv), user=self.cfg.user)["Id"]
+        exec_id = self._api.exec_create(self.id, list(argv), user=self.user)["Id"]
         output = self._api.exec_start(exec_id)
         return self._inspect(exec_id)[1], output
 

@@ -4,7 +4,10 @@
     ├── SandboxStartError        (RuntimeError)     no container could be started; not retryable
     ├── SandboxUnavailableError  (ConnectionError)  the daemon failed or the container was lost
     │                                               mid-stage; retryable
-    └── SandboxFileError         (OSError)          a file operation failed inside the sandbox
+    ├── SandboxFileError         (OSError)          a file operation failed inside the sandbox
+    ├── EnvironmentSpecError     (ValueError)       a repository's environment spec is not valid
+    ├── EnvironmentBuildError    (RuntimeError)     a setup command failed (sandbox.build)
+    └── EnvironmentValidationError (RuntimeError)   its tests cannot start there (sandbox.build)
 
 A command that fails, times out or is killed for memory is not an error: `DockerSandbox.exec`
 reports it in its `ExecResult`. Every class passes all of its arguments to
@@ -41,3 +44,10 @@ class SandboxFileError(SandboxError, OSError):
     """Raised when a file cannot be read from or written into a sandbox: the path does not
     exist, is not a regular file, is not writable by the sandbox's user, or is bigger than the
     caller allows."""
+
+
+class EnvironmentSpecError(SandboxError, ValueError):
+    """Raised when a repository's environment spec cannot be used: its `.baton/environment.toml`
+    (or `--env FILE`) is not TOML or not a valid spec, a manifest it was detected from does not
+    parse, or a dependency file is too large to key. The message names the file and the fault;
+    retrying will not help."""

@@ -2,9 +2,10 @@
 
     sudo .venv/bin/python -m sandbox.image [--tag T] [--mirror URL] [--force]
 
-The image holds Debian bookworm's minbase plus python3, git, ripgrep and ca-certificates; a
-`baton` user and group 1000; and /workspace owned by them. Where Docker Hub is reachable,
-`docker build -t baton-sandbox:1 sandbox/` builds the same thing from `sandbox/Dockerfile`.
+The image holds Debian bookworm's minbase plus python3 (with venv and pip), git, ripgrep,
+ca-certificates, Node.js and npm; a `baton` user and group 1000; and /workspace owned by them.
+Where Docker Hub is reachable, `docker build -t baton-sandbox:2 sandbox/` builds the same thing
+from `sandbox/Dockerfile`.
 """
 
 from __future__ import annotations
@@ -37,7 +38,12 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
 SUITE = "bookworm"
-PACKAGES = ("python3", "git", "ripgrep", "ca-certificates")
+PACKAGES = ("python3", "python3-venv", "python3-pip", "git", "ripgrep", "ca-certificates")
+"""What every sandbox can run; venv and pip are for building environments (`sandbox.build`),
+whose setup commands install a repository's own dependencies."""
+APT_PACKAGES = ("nodejs", "npm")
+"""Installed with apt-get in the debootstrapped tree: debootstrap's own installer cannot order
+npm's few hundred dependencies."""
 USER, UID, GID = "baton", 1000, 1000
 CHANGES = [
     f"USER {UID}:{GID}",
@@ -125,9 +131,11 @@ class RootfsImage:
     """Dockerfile instructions `docker import` applies (USER, WORKDIR, ENV, CMD)."""
     customize: Callable[[Path], None] = lambda rootfs: None
     """Last touches to the root file system before it is imported."""
+    apt_packages: tuple[str, ...] = ()
+    """Installed after debootstrap, with apt-get inside the tree."""
 
 
-SANDBOX = RootfsImage(PACKAGES, tuple(CHANGES), lambda rootfs: _add_user(rootfs))
+SANDBOX = RootfsImage(PACKAGES, tuple(CHANGES), lambda rootfs: _add_user(rootfs), APT_PACKAGES)
 
 
 def build_rootfs_image(
@@ -147,6 +155,7 @@ def build_rootfs_image(
     rootfs = Path(tempfile.mkdtemp(prefix="baton-rootfs-"))
     try:
         _debootstrap(rootfs, image.packages, mirror, say)
+        _apt_install(rootfs, image.apt_packages, say)
         _slim(rootfs)
         image.customize(rootfs)
         say(f"importing the root file system as {tag}")
@@ -182,13 +191,31 @@ def _debootstrap(rootfs: Path, packages: tuple[str, ...], mirror: str, say: Prog
         )
 
 
-def run_streaming(argv: list[str], on_line: Progress, *, keep: int = 15) -> tuple[int, list[str]]:
+def _apt_install(rootfs: Path, packages: tuple[str, ...], say: Progress) -> None:
+    if not packages:
+        return
+    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "DEBIAN_FRONTEND": "noninteractive",
+           "LANG": "C.UTF-8"}  # fmt: skip
+    install = ["apt-get", "install", "-y", "-q", "--no-install-recommends", *packages]
+    for argv in (["apt-get", "update", "-q"], install):
+        say(" ".join(argv) + " (in the new tree)")
+        returncode, tail = run_streaming(["chroot", str(rootfs), *argv], lambda _: None, env=env)
+        if returncode != 0:
+            raise SandboxStartError(
+                f"{' '.join(argv)} failed with exit code {returncode}:\n" + "\n".join(tail)
+            )
+
+
+def run_streaming(
+    argv: list[str], on_line: Progress, *, keep: int = 15, env: dict[str, str] | None = None
+) -> tuple[int, list[str]]:
     """Run a command, handing each line of its output (stdout and stderr) to `on_line` as it
     comes; returns its exit code and its last `keep` lines."""
     tail: deque[str] = deque(maxlen=keep)
     with subprocess.Popen(
-        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace"
-    ) as proc:
+        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
+        env=env,
+    ) as proc:  # fmt: skip
         assert proc.stdout is not None
         for line in proc.stdout:
             tail.append(line.rstrip())

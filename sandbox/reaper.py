@@ -17,6 +17,7 @@ import docker
 
 from sandbox import labels as label
 from sandbox.client import connected, remove, translated
+from sandbox.pool import taken_with
 
 logger = logging.getLogger(__name__)
 
@@ -51,9 +52,10 @@ def _why_reap(labels: dict[str, str], now: float) -> str | None:
 def remove_labelled(
     labels: Mapping[str, str], client: docker.DockerClient | None = None
 ) -> list[str]:
-    """Remove at once every sandbox carrying all of `labels` (a cancelled stage's, say); the
-    ids removed."""
+    """Remove at once every sandbox carrying all of `labels` (a cancelled stage's, say), or
+    taken from this process's warm pool with them; the ids removed."""
     wanted = [label.SANDBOX_FILTER, *(f"{key}={value}" for key, value in labels.items())]
     with connected(client) as docker_client, translated("removing sandboxes"):
         found = docker_client.api.containers(all=True, filters={"label": wanted})
-        return [c["Id"] for c in found if remove(docker_client, c["Id"])]
+        ids = [c["Id"] for c in found] + taken_with(labels)  # pooled ones: labels in-process
+        return [cid for cid in ids if remove(docker_client, cid)]

@@ -23,10 +23,12 @@ from tests import tiers  # noqa: F401  (registers the `unit` Hypothesis profile)
 from tests.repos import Git, Upstream
 
 TESTS = Path(__file__).resolve().parent
-SERVICE_FOLDERS = frozenset({"integration", "deploy", "sandbox"})
+SERVICE_FOLDERS = frozenset({"integration", "deploy"})
 """Folders whose tests run real services: redis-server, Celery workers, dockerd, Chromium."""
-SERVICE_FIXTURES = frozenset({"redis_url", "unit_redis_url", "redis_client", "store"})
-"""Fixtures that start a service (a redis-server for the session)."""
+SERVICE_FIXTURES = frozenset(
+    {"redis_url", "unit_redis_url", "redis_client", "store", "docker_client"}
+)
+"""Fixtures that start or need a service (a redis-server for the session, dockerd)."""
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from celery.exceptions import SoftTimeLimitExceeded
@@ -25,7 +25,10 @@ from orchestrator.models import ArtifactRef, RunRecord
 from orchestrator.pipeline import Pipeline, StageSpec
 from orchestrator.settings import ModelConfig, RetryConfig
 from orchestrator.store import RunStore
+from sandbox.build import EnvironmentBuildError, EnvironmentValidationError
+from sandbox.errors import EnvironmentSpecError
 from workers.agent import Usage
+from workers.environments import Environment, Environments
 from workers.errors import (
     ExecutionError,
     InfrastructureError,
@@ -44,6 +47,9 @@ from workers.stage import StageOutput, StageSinks, execute_stage
 
 logger = logging.getLogger(__name__)
 
+ENV_BUILD_ARTIFACT = "environment-build.log"
+ENV_BASELINE_ARTIFACT = "environment-baseline.log"
+
 CHECKPOINT_EVERY_S = 0.25
 """How stale the store's word that an execution holds its stage may be at a safe point."""
 
@@ -59,6 +65,9 @@ class WorkerServices:
     model: ModelConfig
     retry: RetryConfig
     streaming: bool = False
+    environments: Environments | None = None
+    """Builds and finds the runs' environments; None: code stages use the plain sandbox
+    image."""
     clients: ModelClients | None = None
     """The process's shared google-genai clients; None: each execution makes its own."""
     loop: asyncio.AbstractEventLoop | None = None
@@ -125,6 +134,8 @@ class Execution:
         self.usage = Usage()
         self.stopped_as: Hold = Hold.HELD
         """Set by the heartbeat when it finds the execution must stop."""
+        self.environment: str | None = None
+        """The key of the environment the execution's sandboxes started from."""
         self._model: BatonGemini | None = None
         self._held_at = time.monotonic()
         """When the store last said this execution holds its stage (`begin` just did)."""
@@ -135,6 +146,8 @@ class Execution:
         sinks = StageSinks(artifacts=self.artifacts, audit=self.audit, usage=self.usage)
         try:
             inputs = resolve(self.run, self.pipeline, self.spec, self.attempt, self.services.store)
+            if self.spec.tools:
+                inputs = replace(inputs, environment=await self._environment())
             self._model = self._build_model()
             return await execute_stage(
                 inputs,
@@ -149,6 +162,20 @@ class Execution:
         finally:
             if self._model is not None:
                 await close_model(self._model)
+
+    async def _environment(self) -> Environment | None:
+        """The run's environment (built in a thread the first time, the fleet over), its logs
+        kept as artifacts of the execution that built it."""
+        environments = self.services.environments
+        if environments is None or not environments.settings.enabled:
+            return None
+        env = await asyncio.to_thread(environments.prepare, self.run.repo, self.run.commit)
+        self.environment = env.key
+        if env.build_log:
+            self.artifacts.save(ENV_BUILD_ARTIFACT, env.build_log.encode())
+        if env.test_log:
+            self.artifacts.save(ENV_BASELINE_ARTIFACT, env.test_log.encode())
+        return env
 
     def fence(self) -> None:
         """Raise unless this execution still holds its stage of a run that goes on: read from
@@ -184,6 +211,7 @@ class Execution:
             quota_wait_s=self._model.waited_s if self._model is not None else 0.0,
             artifacts=dict(self.artifacts.saved),
             audit=tuple(self.audit.pending),
+            environment=self.environment,
         )
 
     def failure(self, exc: BaseException) -> ExecutionError:
@@ -206,6 +234,20 @@ class Execution:
         )
 
 
+_OUTSIDE_ERRORS: tuple[tuple[type[BaseException], type[ExecutionError], str], ...] = (
+    (sandbox.SandboxUnavailableError, InfrastructureError, "the sandbox failed: "),
+    (sandbox.SandboxStartError, StageError, "no sandbox could be started: "),
+    # The same files, or the same environment, would fail the same way again:
+    (sandbox.SandboxFileError, StageError, "the sandbox refused a file operation: "),
+    (EnvironmentSpecError, StageError, "the repository's environment: "),
+    (EnvironmentBuildError, StageError, "the repository's environment: "),
+    (EnvironmentValidationError, StageError, "the repository's environment: "),
+    (RepoError, StageError, ""),
+)
+"""What the outside world raises, as the `ExecutionError` that decides its handling (retried
+only for the daemon's own failures)."""
+
+
 def as_execution_error(
     exc: BaseException, spec: StageSpec, *, stopped_as: Hold = Hold.HELD
 ) -> ExecutionError:
@@ -222,12 +264,9 @@ def as_execution_error(
     if isinstance(exc, SoftTimeLimitExceeded):
         limit = spec.budget.soft_time_limit_s
         return StageTimeLimitError(f"stage exceeded its soft time limit of {limit}s")
-    if isinstance(exc, sandbox.SandboxUnavailableError):
-        return InfrastructureError(f"the sandbox failed: {exc}")
-    if isinstance(exc, sandbox.SandboxStartError):
-        return StageError(f"no sandbox could be started: {exc}")
-    if isinstance(exc, RepoError):
-        return StageError(str(exc))
+    for kind, error, saying in _OUTSIDE_ERRORS:
+        if isinstance(exc, kind):
+            return error(f"{saying}{exc}")
     mapped = model_error(exc)
     if mapped is not None:
         return mapped

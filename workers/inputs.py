@@ -17,6 +17,7 @@ from orchestrator.models import RunRecord
 from orchestrator.pipeline import ISSUE_KEY, Pipeline, StageSpec
 from orchestrator.store import RunStore
 from workers import proof
+from workers.environments import Environment
 from workers.errors import StageError
 from workers.tools.code import DIFF_ARTIFACT
 
@@ -43,6 +44,8 @@ class StageInputs:
     """The change the stages before this one made, applied to its workspace first."""
     evidence: str = ""
     """What a publishing stage adds to its pull request: the tests Baton measured."""
+    environment: Environment | None = None
+    """The run's environment, for a code stage's sandbox (the worker prepares it)."""
 
     @property
     def labels(self) -> dict[str, str]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import io
+import posixpath
 import shutil
 import tarfile
 from collections.abc import Iterator
@@ -136,7 +137,9 @@ def _has_commit(mirror: Path, commit: str) -> bool:
 
 
 def _owned_by(tar_bytes: bytes, uid: int, gid: int) -> bytes:
-    """The same archive with every entry owned by `uid:gid`."""
+    """The same archive with every entry owned by `uid:gid`, and every symlink that leads out
+    of the tree (`shared -> ..`, `/etc`) replaced by a small file saying what it was: Docker
+    refuses to unpack the first kind, and the second would show the sandbox's own files."""
     out = io.BytesIO()
     with (
         tarfile.open(fileobj=io.BytesIO(tar_bytes)) as source,
@@ -144,6 +147,26 @@ def _owned_by(tar_bytes: bytes, uid: int, gid: int) -> bytes:
     ):
         for member in source:
             member.uid, member.gid, member.uname, member.gname = uid, gid, "", ""
+            if member.issym() and _leaves_tree(member.name, member.linkname):
+                marker = OUTSIDE_LINK.format(target=member.linkname).encode()
+                member.type, member.linkname, member.size = tarfile.REGTYPE, "", len(marker)
+                member.mode = 0o444
+                target.addfile(member, io.BytesIO(marker))
+                continue
             data = source.extractfile(member) if member.isfile() else None
             target.addfile(member, data)
     return out.getvalue()
+
+
+OUTSIDE_LINK = (
+    "[baton] This was a symbolic link to {target!r}, which leads outside the repository; "
+    "sandboxes hold only the repository's own files, so its target is not here.\n"
+)
+"""What a symlink out of the tree becomes in a sandbox (the tools' `read_file` shows it)."""
+
+
+def _leaves_tree(name: str, target: str) -> bool:
+    if posixpath.isabs(target):
+        return True
+    resolved = posixpath.normpath(posixpath.join(posixpath.dirname(name), target))
+    return resolved == ".." or resolved.startswith("../")

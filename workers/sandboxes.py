@@ -15,7 +15,10 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import sandbox
+from sandbox.build import agent_config
+from sandbox.pool import WarmPool
 from workers import metrics
+from workers.environments import Environment
 from workers.mirrors import RepoCache
 from workers.tools.container import ContainerWorkspace
 from workers.tools.workspace import Workspace
@@ -35,6 +38,9 @@ class WorkspaceRequest:
     """Labels that find the workspace again (`baton.run`, `baton.stage`, `baton.attempt`)."""
     network: str | None = None
     """A named network the workspace may reach; None: no network at all."""
+    environment: Environment | None = None
+    """The run's environment: its image, variables and limits; None: the plain sandbox
+    image."""
 
 
 class Sandboxes(Protocol):
@@ -55,20 +61,32 @@ class DockerSandboxes:
     """A fresh Docker sandbox per workspace, hardened by `config`, the tree copied in from
     the host's mirror of the repository."""
 
-    def __init__(self, mirrors: RepoCache, config: sandbox.SandboxConfig) -> None:
+    def __init__(
+        self, mirrors: RepoCache, config: sandbox.SandboxConfig, *, pool: WarmPool | None = None
+    ) -> None:
         self.mirrors = mirrors
         self.config = config
+        self.pool = pool
+        """Ready containers to take instead of starting one (None: each is started cold)."""
 
     @contextmanager
     def open(self, request: WorkspaceRequest) -> Iterator[Workspace]:
-        config = self.config
+        config, env = self.config, request.environment
+        if env is not None:
+            config = agent_config(config, env.tag, env.spec)
         if request.network:
             config = type(config).model_validate(
                 {**config.model_dump(), "network": request.network}
             )
         uid, gid = config.uid_gid
         tree = self.mirrors.archive(request.repo, request.commit, uid=uid, gid=gid)
-        started = sandbox.DockerSandbox.start(config, labels=dict(request.labels))
+        variables = dict(env.spec.env) if env is not None else {}
+        if self.pool is not None:
+            started = self.pool.start(config, labels=dict(request.labels), env=variables)
+        else:
+            started = sandbox.DockerSandbox.start(
+                config, labels=dict(request.labels), env=variables
+            )
         with metrics.sandbox_lifetime(request.stage, started) as box:
             box.put_archive(config.workspace, tree)
             workspace = ContainerWorkspace(box, root=config.workspace)

@@ -9,6 +9,7 @@ from pydantic import AliasChoices, Field, SecretStr
 
 from orchestrator.settings import Settings
 from sandbox import SandboxConfig
+from sandbox.build import BuildSettings
 from workers.github import GITHUB_API_URL
 
 
@@ -17,6 +18,14 @@ class WorkerSettings(Settings):
 
     sandbox: SandboxConfig = SandboxConfig()
     """Limits of every code stage's container (`BATON_SANDBOX__MEMORY_MB=2048`, …)."""
+    sandbox_pool_size: int = Field(0, ge=0, le=16)
+    """`BATON_SANDBOX_POOL_SIZE`: ready sandboxes each worker process keeps per recently used
+    environment (`sandbox.pool`); 0, the default, starts each one when a stage asks. A pooled
+    sandbox cannot carry its run's labels (they are kept in the worker process), so
+    `docker ps --filter label=baton.run=…` does not find it."""
+    build: BuildSettings = BuildSettings()
+    """How environments are built (`BATON_BUILD__INDEX_URL`, `BATON_BUILD__CA_BUNDLE`, …):
+    build-time registry settings, never given to a stage's sandbox."""
     github_token: SecretStr | None = Field(
         None, validation_alias=AliasChoices("BATON_GITHUB_TOKEN", "GITHUB_TOKEN")
     )
@@ -33,6 +42,12 @@ class WorkerSettings(Settings):
     metrics_dir: Path | None = None
     """`BATON_METRICS_DIR`: where pool processes write their samples, emptied when the worker
     starts; one directory per worker. Unset: a fresh temporary directory, removed at exit."""
+
+    def build_settings(self) -> BuildSettings:
+        """The build settings, from the sandbox image that `BATON_SANDBOX_IMAGE` names."""
+        if self.sandbox_image:
+            return self.build.model_copy(update={"base_image": self.sandbox_image})
+        return self.build
 
     def sandbox_config(self) -> SandboxConfig:
         """The sandbox limits, with `BATON_SANDBOX_IMAGE` as the image when it is set."""

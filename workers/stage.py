@@ -159,6 +159,7 @@ def _workspace(inputs: StageInputs, sandboxes: Sandboxes | None) -> Iterator[Wor
             "baton.attempt": str(inputs.attempt),
         },
         network=inputs.spec.sandbox_network,
+        environment=inputs.environment,
     )
     with sandboxes.open(request) as workspace:
         if inputs.upstream_diff and inputs.upstream_diff.strip():

@@ -19,8 +19,10 @@ from orchestrator.conductor import Completion, Conductor, StageResult, StageStar
 from orchestrator.pipeline import load_pipeline
 from orchestrator.queue import STAGE_TASK, Dispatcher
 from orchestrator.store import RunStore
+from sandbox.pool import WarmPool
 from workers import metrics
 from workers.app import app, settings
+from workers.environments import Environments
 from workers.errors import (
     ExecutionError,
     InterruptedTooOftenError,
@@ -51,9 +53,17 @@ def services() -> WorkerServices:
     (after the fork: the event loop and the clients are the process's own)."""
     store = RunStore.from_url(settings.require_redis_url(), ttl_s=settings.queue.run_ttl_s)
     mirrors = RepoCache(settings.repo_cache_dir)
+    sandbox_config = settings.sandbox_config()
     return WorkerServices(
         conductor=Conductor(store, Dispatcher(app)),
-        sandboxes=DockerSandboxes(mirrors, settings.sandbox_config()),
+        sandboxes=DockerSandboxes(
+            mirrors,
+            sandbox_config,
+            pool=WarmPool(size=settings.sandbox_pool_size) if settings.sandbox_pool_size else None,
+        ),
+        environments=Environments(
+            store.redis, mirrors, settings.build_settings(), sandbox_config=sandbox_config
+        ),
         publisher=Publisher(
             mirrors, token=settings.github_token, github_api_url=settings.github_api_url
         ),

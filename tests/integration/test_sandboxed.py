@@ -85,6 +85,34 @@ def test_the_fix_is_proven_in_the_sandbox_and_the_branch_holds_exactly_that_chan
     assert containers(f"baton.run={run.id}") == []
 
 
+def test_a_repository_as_it_is_runs_to_the_end_and_names_its_environment(
+    stack: Stack, run_store: RunStore, git: Git
+) -> None:
+    repo = stack.sample_repo()  # a bare repository: the remote
+    work = repo.with_name(repo.name + "-clone")
+    git("clone", "--quiet", repo, work)
+    for name, target in {"shared": "..", "deep": "../../..", "etc-link": "/etc"}.items():
+        (work / name).symlink_to(target)
+    (work / "-rf").write_text("a file whose name looks like an option\n")
+    (work / "assets").mkdir()
+    (work / "assets" / "blob.bin").write_bytes(os.urandom(20 * 2**20))
+    git("add", "--all", cwd=work)
+    git("commit", "--quiet", "-m", "a repository as repositories are", cwd=work)
+    git("push", "--quiet", "origin", "HEAD:main", cwd=work)
+
+    run = stack.wait(stack.enqueue(SENTRY_EVENT.read_bytes(), repo), timeout_s=240)
+
+    assert run.status == RunStatus.DONE, run.reason
+    assert run.environment is not None and len(run.environment) == 16
+    environment = run_store.redis.hgetall(f"baton:env:{run.environment}")
+    assert environment["status"] == "ok"  # validated: the unchanged code's tests ran there
+    assert environment["test_command"] == "python3 -m unittest discover -s tests -t . -v"
+    assert (environment["passed"], environment["failed"]) == ("2", "2")
+    changed = git("diff", "--name-only", "main", f"baton/{run.id}", cwd=repo).split()
+    assert changed == ["shopcart/cart.py"]
+    assert containers(f"baton.run={run.id}") == []
+
+
 def test_a_fix_whose_tests_still_fail_is_not_published(stack: Stack, git: Git) -> None:
     scenario = demo_scenario()
     steps = scenario["agents"]["fix"]["steps"]

@@ -138,6 +138,25 @@ def test_resolve_commit_of_a_url_asks_the_remote(
 
 
 @pytest.mark.parametrize("use_url", [False, True])
+def test_a_tag_or_another_branch_of_a_bare_repository_whose_head_names_no_branch_is_pinned(
+    make_upstream: Callable[[], Upstream], git: Git, use_url: bool
+) -> None:
+    upstream = make_upstream()
+    tagged = upstream.commit({"a.txt": "one\n"})
+    git("tag", "v1.0", cwd=upstream.work)
+    git("push", "--quiet", "origin", "v1.0", "HEAD:release", cwd=upstream.work)
+    upstream.commit({"a.txt": "two\n"})
+    git("symbolic-ref", "HEAD", "refs/heads/gone", cwd=upstream.bare)  # a HEAD with no branch
+    repo = upstream.bare.as_uri() if use_url else str(upstream.bare)
+
+    assert resolve_commit(repo, "v1.0") == tagged
+    assert resolve_commit(repo, "release") == tagged
+    assert resolve_commit(repo, tagged) == tagged
+    with pytest.raises(RepoError, match="pick a branch, tag or commit with --ref"):
+        resolve_commit(repo)
+
+
+@pytest.mark.parametrize("use_url", [False, True])
 def test_resolve_commit_of_an_unknown_ref_raises_repo_error(
     make_upstream: Callable[[], Upstream], use_url: bool
 ) -> None:

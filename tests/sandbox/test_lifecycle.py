@@ -116,10 +116,10 @@ def test_reap_removes_expired_sandboxes_running_or_exited(
         "baton.test": session_label,
     }
     running = docker_client.containers.run(
-        "baton-sandbox:1", ["sleep", "60"], detach=True, labels=past, network_mode="none"
+        "baton-sandbox:2", ["sleep", "60"], detach=True, labels=past, network_mode="none"
     )
     exited = docker_client.containers.run(
-        "baton-sandbox:1", ["true"], detach=True, labels=past, network_mode="none"
+        "baton-sandbox:2", ["true"], detach=True, labels=past, network_mode="none"
     )
     exited.wait(timeout=10)
     removed = reap(docker_client)

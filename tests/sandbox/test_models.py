@@ -52,7 +52,7 @@ def test_status_tells_timeouts_and_oom_apart_from_failures(
 def test_the_defaults_are_the_safe_ones() -> None:
     cfg = SandboxConfig()
     assert (cfg.image, cfg.network, cfg.user, cfg.memory_mb, cfg.pids_limit) == (
-        "baton-sandbox:1",
+        "baton-sandbox:2",
         None,
         "1000:1000",
         1024,

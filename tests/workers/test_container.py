@@ -10,9 +10,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
+import pytest
+
 from sandbox import DockerSandbox, ExecResult
 from tests.repos import Git
 from workers.tools.container import ContainerWorkspace
+from workers.tools.errors import ToolError
 
 
 @dataclass
@@ -52,6 +55,9 @@ class HostBox:
     def write_file(self, path: str, data: bytes) -> None:
         (self.folder / path).write_bytes(data)
 
+    def read_file(self, path: str, *, max_bytes: int) -> bytes:
+        return (self.folder / path).read_bytes()[:max_bytes]
+
 
 def test_every_git_command_in_the_sandbox_runs_under_the_local_git_time_limit(
     tmp_path: Path,
@@ -79,3 +85,43 @@ def test_the_sandbox_baseline_is_committed_as_baton(tmp_path: Path, git: Git) ->
     assert git("log", "-1", "--format=%an <%ae>|%cn <%ce>|%s", cwd=tmp_path) == (
         "Baton <baton@localhost>|Baton <baton@localhost>|baseline"
     )
+
+
+@pytest.mark.parametrize(
+    ("path", "words"),
+    [
+        ("up/secret.txt", "outside the repository"),
+        ("etc/hostname", "outside the repository"),
+        ("deep/secret.txt", "outside the repository"),
+        ("inner-git/config", "inside .git"),
+    ],
+)
+def test_paths_through_symlinks_out_of_the_sandbox_workspace_are_refused(
+    tmp_path: Path, path: str, words: str
+) -> None:
+    root = tmp_path / "workspace"
+    (root / "sub").mkdir(parents=True)
+    (root / ".git").mkdir()
+    (root / ".git" / "config").write_text("[core]\n")
+    (tmp_path / "secret.txt").write_text("s3cret\n")
+    (root / "up").symlink_to("..")
+    (root / "etc").symlink_to("/etc")
+    (root / "deep").symlink_to("sub/../../")
+    (root / "inner-git").symlink_to(".git")
+    workspace = ContainerWorkspace(cast(DockerSandbox, HostBox(root)), root=str(root))
+
+    for touch in (workspace.read_text, workspace.exists, lambda p: workspace.write_text(p, "x")):
+        with pytest.raises(ToolError, match=words):
+            touch(path)
+    assert (tmp_path / "secret.txt").read_text() == "s3cret\n"
+
+
+def test_a_symlink_inside_the_sandbox_workspace_is_followed(tmp_path: Path) -> None:
+    (tmp_path / "cart.py").write_text("TOTAL = 1\n")
+    (tmp_path / "link.py").symlink_to("cart.py")
+    workspace = ContainerWorkspace(cast(DockerSandbox, HostBox(tmp_path)), root=str(tmp_path))
+
+    assert workspace.read_text("link.py") == "TOTAL = 1\n"
+    workspace.write_text("made.py", "x = 2\n")
+    assert (tmp_path / "made.py").read_text() == "x = 2\n"
+    assert not workspace.exists("missing.py")

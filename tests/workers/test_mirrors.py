@@ -182,6 +182,35 @@ def test_an_archive_holds_the_commit_tree_owned_by_the_sandbox_user(
     assert files == {"a.txt": b"one\n", "pkg/b.py": b"x = 1\n"}
 
 
+def test_symlinks_out_of_the_tree_become_files_saying_so_and_the_rest_stay(
+    make_upstream: Callable[[], Upstream], cache: RepoCache, git: Git
+) -> None:
+    upstream = make_upstream()
+    upstream.commit({"pkg/a.py": "x = 1\n", "-rf": "not an option\n", "naïve ✓.txt": "ok\n"})
+    links = {"shared": "..", "deep/up": "../../..", "etc": "/etc", "pkg/alias.py": "a.py",
+             "pkg/sibling": "../deep"}  # fmt: skip
+    for name, target in links.items():
+        path = upstream.work / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.symlink_to(target)
+    commit = upstream.commit({}, "links")
+
+    data = cache.archive(str(upstream.bare), commit, uid=1000, gid=1000)
+
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        kept = {m.name: m.linkname for m in tar.getmembers() if m.issym()}
+        markers = {
+            m.name: tar.extractfile(m).read().decode()  # type: ignore[union-attr]
+            for m in tar.getmembers()
+            if m.isfile() and m.name in links
+        }
+        names = set(tar.getnames())
+    assert kept == {"pkg/alias.py": "a.py", "pkg/sibling": "../deep"}
+    assert set(markers) == {"shared", "deep/up", "etc"}
+    assert "symbolic link to '/etc', which leads outside the repository" in markers["etc"]
+    assert {"-rf", "naïve ✓.txt"} <= names
+
+
 @pytest.mark.parametrize("use", ["checkout", "archive"])
 def test_a_commit_the_origin_does_not_have_is_named_in_the_error(
     use: str, make_upstream: Callable[[], Upstream], cache: RepoCache, tmp_path: Path

@@ -33,6 +33,10 @@ PATCH_PATH = "/tmp/.baton-patch.diff"
 """Where `apply_patch` puts a patch inside the sandbox for git to read."""
 
 
+REAL_PATH = 'p=$(realpath {flag} -- "$1") && [ {kind} "$p" ] && printf %s "$p"'
+"""Prints where `$1` really is, if `realpath {flag}` resolves it and `test {kind}` holds."""
+
+
 class ContainerWorkspace:
     """The git working copy at `root` inside a running sandbox."""
 
@@ -45,11 +49,11 @@ class ContainerWorkspace:
         return self._root
 
     def exists(self, path: str) -> bool:
-        return self._exec(["test", "-e", self._full(path)]).exit_code == 0
+        return self._real(path, must_exist=True) is not None
 
     def read_text(self, path: str) -> str:
-        full = self._full(path)
-        if self._exec(["test", "-f", full]).exit_code != 0:
+        full = self._real(path, must_exist=True, kind="-f")
+        if full is None:
             raise ToolError(f"no file {path!r}; list_files shows the files that exist")
         try:
             data = self.box.read_file(full, max_bytes=MAX_READ_BYTES)
@@ -61,8 +65,10 @@ class ContainerWorkspace:
             raise ToolError(f"{path} is not UTF-8 text (a binary file?)") from None
 
     def write_text(self, path: str, text: str) -> None:
+        full = self._real(path, must_exist=False)
+        assert full is not None  # a path that need not exist always resolves
         try:
-            self.box.write_file(self._full(path), text.encode())
+            self.box.write_file(full, text.encode())
         except SandboxError as exc:  # a read-only file, say: the model can choose another way
             raise ToolError(f"cannot write {path}: {exc}") from None
 
@@ -132,6 +138,22 @@ class ContainerWorkspace:
         if not self.exists(relative):
             raise ToolError(f"no file or directory {path!r}; list_files shows what exists")
         return relative
+
+    def _real(self, path: str, *, must_exist: bool, kind: str = "-e") -> str | None:
+        """Where `path` really is, symlinks followed, in one exec: None if it must exist and
+        does not (or is not of `kind`, a `test` flag); refused when it leads outside the
+        workspace (a symlink to `..` or `/etc`) or into `.git`."""
+        full = self._full(path)
+        flag, kind = ("-e", kind) if must_exist else ("-m", "-n")
+        result = self._exec(["sh", "-c", REAL_PATH.format(flag=flag, kind=kind), "sh", full])
+        if result.exit_code != 0:
+            return None
+        real = PurePosixPath(result.output.strip())
+        if not real.is_relative_to(self._root):
+            raise ToolError(f"{path!r} leads outside the repository through a symlink")
+        if ".git" in real.relative_to(self._root).parts:
+            raise ToolError(f"{path!r} is inside .git, which tools do not touch")
+        return str(real)
 
     def _git(self, *args: str, env: Mapping[str, str] | None = None) -> str:
         """The output of a git command that must succeed; else a `ToolError` quoting git."""

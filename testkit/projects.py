@@ -1,0 +1,103 @@
+"""Real open-source projects nobody on this team wrote, fetched as their maintainers published
+them: source distributions from PyPI (`pip download --no-binary :all: --no-deps`) and packages
+from the npm registry (`npm pack`), unpacked, and made into git repositories on demand.
+
+    root = python_sdist("six", "1.16.0", cache)      # the unpacked sdist
+    repo = as_git_repo(root, tmp / "six.git")         # a repository Baton can run on
+
+Downloads are kept in `cache`, so a second test session does not fetch them again.
+"""
+
+from __future__ import annotations
+
+import io
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+from orchestrator.git import COMMITTER
+
+DOWNLOAD_TIMEOUT_S = 300
+
+
+def python_sdist(name: str, version: str, cache: Path) -> Path:
+    """`name==version`'s source distribution from PyPI, unpacked under `cache`; its root."""
+    unpacked = cache / f"{name}-{version}"
+    if not (unpacked / ".complete").is_file():
+        downloads = cache / "downloads"
+        downloads.mkdir(parents=True, exist_ok=True)
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--quiet", "--no-binary", ":all:",
+             "--no-deps", "--dest", str(downloads), f"{name}=={version}"],
+            check=True, timeout=DOWNLOAD_TIMEOUT_S,
+        )  # fmt: skip
+        archive = next(
+            p
+            for p in downloads.iterdir()
+            if p.name.lower().replace("_", "-").startswith(f"{name}-{version}".lower())
+        )
+        _unpack(archive, unpacked)
+    return unpacked
+
+
+def npm_package(name: str, version: str, cache: Path) -> Path:
+    """`name@version` from the npm registry (`npm pack`), unpacked under `cache`; its root."""
+    unpacked = cache / f"npm-{name}-{version}"
+    if not (unpacked / ".complete").is_file():
+        downloads = cache / "downloads"
+        downloads.mkdir(parents=True, exist_ok=True)
+        packed = subprocess.run(
+            ["npm", "pack", "--silent", f"{name}@{version}"],
+            cwd=downloads, check=True, capture_output=True, text=True,
+            timeout=DOWNLOAD_TIMEOUT_S,
+        ).stdout.split()[-1]  # fmt: skip
+        _unpack(downloads / packed, unpacked)
+    return unpacked
+
+
+def as_git_repo(root: Path, dest: Path) -> Path:
+    """A git repository at `dest` holding `root`'s files in one commit."""
+    shutil.copytree(root, dest, ignore=shutil.ignore_patterns(".complete"), symlinks=True)
+    env = {"GIT_AUTHOR_NAME": COMMITTER["user.name"], "GIT_AUTHOR_EMAIL": COMMITTER["user.email"],
+           "GIT_COMMITTER_NAME": COMMITTER["user.name"],
+           "GIT_COMMITTER_EMAIL": COMMITTER["user.email"], "PATH": "/usr/bin:/bin"}  # fmt: skip
+    for argv in (
+        ["git", "init", "--quiet", "--initial-branch=main"],
+        ["git", "add", "--all", "--force"],
+        ["git", "commit", "--quiet", "--no-verify", "-m", f"{root.name} as published"],
+    ):
+        subprocess.run(argv, cwd=dest, check=True, env=env, timeout=120)
+    return dest
+
+
+def tree_tar(root: Path, *, uid: int = 1000, gid: int = 1000) -> bytes:
+    """`root`'s files as a tar owned by `uid:gid` (as a worker copies a tree into a sandbox)."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        for path in sorted(root.rglob("*")):
+            if path.name == ".complete" or ".git" in path.relative_to(root).parts:
+                continue
+            info = archive.gettarinfo(str(path), arcname=str(path.relative_to(root)))
+            info.uid, info.gid, info.uname, info.gname = uid, gid, "", ""
+            if info.isfile():
+                with open(path, "rb") as data:
+                    archive.addfile(info, data)
+            else:
+                archive.addfile(info)
+    return buffer.getvalue()
+
+
+def _unpack(archive: Path, dest: Path) -> None:
+    """The archive's single top folder's contents, as `dest`."""
+    partial = dest.with_name(dest.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    with tarfile.open(archive) as opened:
+        opened.extractall(partial, filter="data")
+    tops = list(partial.iterdir())
+    top = tops[0] if len(tops) == 1 and tops[0].is_dir() else partial
+    shutil.rmtree(dest, ignore_errors=True)
+    top.rename(dest)
+    shutil.rmtree(partial, ignore_errors=True)
+    (dest / ".complete").touch()

@@ -1,0 +1,160 @@
+"""`baton env`, added to the `baton` command by entry point: the repositories' environments.
+
+baton env build REPO [--ref R] [--env FILE]   build and validate, with progress
+baton env ls [--json]                        what is built: key, repository, size, baseline
+baton env prune [--older-than DAYS]          remove images not used for that long
+baton env shell REPO [--ref R]               a shell in the agent phase's sandbox
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from orchestrator.git import repo_source, resolve_commit
+from orchestrator.store import connect
+from sandbox.build import agent_config
+from sandbox.environment import load
+from workers.environments import Environments
+from workers.mirrors import RepoCache
+from workers.settings import WorkerSettings
+
+out, err = Console(), Console(stderr=True)
+
+
+def _environments(settings: WorkerSettings) -> Environments:
+    client = connect(settings.require_redis_url())
+    return Environments(
+        client,
+        RepoCache(settings.repo_cache_dir),
+        settings.build_settings(),
+        sandbox_config=settings.sandbox_config(),
+    )
+
+
+def _stamped(started: float) -> Any:
+    def say(line: str) -> None:
+        err.print(f"[dim]{time.monotonic() - started:6.1f}s[/] {line}", highlight=False)
+
+    return say
+
+
+@click.group()
+def env() -> None:
+    """The repositories' environments: built once per dependency set, shared by the fleet."""
+
+
+@env.command()
+@click.argument("repo")
+@click.option("--ref", default="HEAD", show_default=True, help="Branch, tag or commit.")
+@click.option("--env", "spec_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="An environment spec to use instead of the repository's.")  # fmt: skip
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def build(repo: str, ref: str, spec_file: Path | None, as_json: bool) -> None:
+    """Build (unless built) and validate REPO's environment at REF."""
+    settings = WorkerSettings()
+    commit = resolve_commit(repo, ref)
+    spec = load(spec_file) if spec_file else None
+    started = time.monotonic()
+    found = _environments(settings).prepare(
+        repo_source(repo), commit, spec=spec, progress=_stamped(started)
+    )
+    figures = {
+        "key": found.key, "image": found.tag, "built": found.built, "commit": commit,
+        "test_command": found.test_command, "passed": len(found.baseline.passed),
+        "failed": len(found.baseline.failed), "seconds": round(time.monotonic() - started, 2),
+    }  # fmt: skip
+    if as_json:
+        click.echo(json.dumps(figures, indent=2))
+        return
+    verb = "built" if found.built else "already built"
+    out.print(
+        f"{found.tag} {verb} in {figures['seconds']:.1f}s: {figures['passed']} tests pass and "
+        f"{figures['failed']} fail on {commit[:12]} ({found.test_command or 'no test command'})"
+    )
+
+
+@env.command(name="ls")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list.")
+def list_environments(as_json: bool) -> None:
+    """The environments the fleet has built (and those that failed recently)."""
+    environments = _environments(WorkerSettings())
+    records = [r for r in (environments.record(k) for k in environments.keys()) if r]
+    if as_json:
+        click.echo(json.dumps(records, indent=2))
+        return
+    now = time.time()
+    table = Table(title=f"{len(records)} environments", title_justify="left")
+    for column in ("key", "status", "repository", "size", "age", "used", "pass", "fail"):
+        table.add_column(column, no_wrap=column == "key", overflow="fold")
+    for r in sorted(records, key=lambda r: -float(r.get("last_used") or r.get("built_at") or 0)):
+        table.add_row(
+            r["key"], r.get("status", "?"), r.get("repo", ""),
+            f"{int(r.get('size_bytes') or 0) / 1e6:.0f} MB" if r.get("size_bytes") else "",
+            _ago(now, r.get("built_at")), _ago(now, r.get("last_used")),
+            r.get("passed", ""), r.get("failed", ""),
+        )  # fmt: skip
+    out.print(table)
+
+
+@env.command()
+@click.option("--older-than", "days", default=14.0, show_default=True,
+              help="Remove environments not used for this many days.")  # fmt: skip
+@click.option("--dry-run", is_flag=True, help="Only say what would go.")
+def prune(days: float, dry_run: bool) -> None:
+    """Remove environment images (and their records) not used for a while."""
+    settings = WorkerSettings()
+    environments = _environments(settings)
+    removed = environments.prune(older_than_s=days * 86_400, dry_run=dry_run)
+    for key in removed:
+        click.echo(("would remove " if dry_run else "removed ") + key)
+    err.print(f"{len(removed)} environments {'to remove' if dry_run else 'removed'}")
+
+
+@env.command()
+@click.argument("repo")
+@click.option("--ref", default="HEAD", show_default=True, help="Branch, tag or commit.")
+def shell(repo: str, ref: str) -> None:
+    """An interactive shell in REPO's agent-phase sandbox: its environment image, hardened as
+    a stage's (no network, no capabilities, read-only root), the tree at REF in /workspace."""
+    settings = WorkerSettings()
+    commit = resolve_commit(repo, ref)
+    environments = _environments(settings)
+    found = environments.prepare(repo_source(repo), commit, progress=_stamped(time.monotonic()))
+    config = agent_config(settings.sandbox_config(), found.tag, found.spec)
+    uid, gid = config.uid_gid
+    tree = environments.mirrors.archive(repo_source(repo), commit, uid=uid, gid=gid)
+    with tempfile.NamedTemporaryFile(suffix=".tar") as archive:
+        archive.write(tree)
+        archive.flush()
+        argv = [
+            "docker", "run", "--rm", "-it", "--network", "none", "--cap-drop", "ALL",
+            "--security-opt", "no-new-privileges", "--read-only", "--tmpfs", "/tmp",
+            "--user", config.user, "--memory", f"{config.memory_mb}m",
+            "--pids-limit", str(config.pids_limit), "-v", config.workspace,
+            "-v", f"{archive.name}:/baton-tree.tar:ro",
+            *(arg for k, v in found.spec.env.items() for arg in ("-e", f"{k}={v}")),
+            found.tag, "sh", "-c", f"tar -xf /baton-tree.tar -C {config.workspace} && exec sh",
+        ]  # fmt: skip
+        err.print(f"{found.tag}, {commit[:12]} in {config.workspace}; exit to leave")
+        sys.exit(subprocess.call(argv, env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")}))
+
+
+def _ago(now: float, stamp: str | None) -> str:
+    if not stamp:
+        return ""
+    seconds = now - float(stamp)
+    for unit, size in (("d", 86_400), ("h", 3_600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f}{unit} ago"
+    return f"{seconds:.0f}s ago"

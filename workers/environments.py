@@ -1,0 +1,319 @@
+"""The run's environment: detected or read, built once per key across the fleet, validated, and
+recorded in Redis for every worker.
+
+    environments = Environments(redis_client, mirrors, BuildSettings())
+    env = environments.prepare(repo, commit)   # builds it the first time only
+    env.tag, env.spec, env.baseline            # what a code stage's sandbox starts from
+
+One build per key in the whole fleet: the builder holds a Redis lock while it builds and
+validates; every other worker that needs the same key waits for the lock and then finds the
+image (or the builder's failure, which it raises too, rather than build the same failure
+again). The record of an environment (`baton:env:<key>`) holds what `baton env ls` shows.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import tarfile
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import docker
+import redis
+
+from orchestrator.git import repo_source
+from sandbox import SandboxConfig
+from sandbox.build import (
+    BuildSettings,
+    EnvironmentBuildError,
+    EnvironmentValidationError,
+    build_environment,
+    environment_tag,
+    validate_environment,
+)
+from sandbox.client import connected, translated
+from sandbox.environment import EnvironmentSpec, detect, environment_key
+from workers.mirrors import RepoCache
+from workers.outcomes import Outcome, Outcomes, parse, with_ids
+
+logger = logging.getLogger(__name__)
+
+RECORD_PREFIX = "baton:env:"
+LOCK_PREFIX = "baton:env-lock:"
+KEY_OF_PREFIX = "baton:env-of:"
+"""`<prefix><repo hash>:<commit>:<spec hash>` → the environment key: a run's later stages find
+their environment without reading the tree again."""
+KEY_OF_TTL_S = 7 * 24 * 3600
+FAILED_TTL_S = 600
+"""How long a failed build's record stops other workers from building the same key again."""
+LOCK_TTL_S = 3600
+"""Longest a build may hold its lock; a builder that died frees it after this."""
+LOCK_WAIT_S = 3600
+TAIL_LINES = 40
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Environment:
+    """A built, validated environment: what a code stage's sandbox starts from."""
+
+    key: str
+    tag: str
+    spec: EnvironmentSpec
+    test_command: str | None
+    baseline: Outcomes
+    built: bool = False
+    """This call built it (else it was there already)."""
+    build_log: str = ""
+    test_log: str = ""
+
+
+class Environments:
+    """Builds and finds environments for one worker; the fleet shares them through Redis."""
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        mirrors: RepoCache,
+        settings: BuildSettings | None = None,
+        *,
+        sandbox_config: SandboxConfig | None = None,
+        docker_client: docker.DockerClient | None = None,
+    ) -> None:
+        self.redis: Any = client
+        self.mirrors = mirrors
+        self.settings = settings or BuildSettings()
+        self.sandbox_config = sandbox_config or SandboxConfig()
+        self.docker = docker_client
+
+    def prepare(
+        self,
+        repo: str,
+        commit: str,
+        *,
+        spec: EnvironmentSpec | None = None,
+        progress: Progress | None = None,
+    ) -> Environment:
+        """The environment of `repo` at `commit`: `spec`, or the one the tree holds or implies.
+        Built and validated the first time its key is seen anywhere in the fleet.
+
+        Raises:
+            EnvironmentBuildError: a setup command failed (now, or in another worker's build).
+            EnvironmentValidationError: the tests cannot even start in it.
+            EnvironmentSpecError: the repository's spec is not valid.
+            RepoError: the commit cannot be found.
+            SandboxError: Docker failed.
+        """
+        say = progress or (lambda line: logger.info("%s", line))
+        uid, gid = self.sandbox_config.uid_gid
+        tree: bytes | None = None
+        with connected(self.docker) as client:
+            key_of = _key_of(repo, commit, spec)
+            key = self.redis.get(key_of)
+            if key is not None:
+                found = self._found(client, key)
+                if found is not None:
+                    return found
+            tree = self.mirrors.archive(repo, commit, uid=uid, gid=gid)
+            base_id = _image_id(client, self.settings.base_image) or ""
+            spec, key = _spec_and_key(tree, spec, base_id)
+            self.redis.set(key_of, key, ex=KEY_OF_TTL_S)
+            found = self._found(client, key)
+            if found is not None:
+                return found
+            lock = self.redis.lock(
+                LOCK_PREFIX + key, timeout=LOCK_TTL_S, blocking_timeout=LOCK_WAIT_S
+            )
+            say(f"environment {key}: waiting for the build lock")
+            if not lock.acquire():
+                raise EnvironmentBuildError(
+                    f"environment {key}: no build lock after {LOCK_WAIT_S}s"
+                )
+            try:
+                found = self._found(client, key)  # built by another worker while we waited
+                if found is not None:
+                    return found
+                return self._build(client, key, spec, tree, repo, say)
+            finally:
+                try:
+                    lock.release()
+                except redis.exceptions.LockError:
+                    logger.warning("environment %s: the build lock had expired", key)
+
+    def prune(self, *, older_than_s: float, dry_run: bool = False) -> list[str]:
+        """Remove the environments (image and record) not used for `older_than_s`; the keys."""
+        cutoff, removed = time.time() - older_than_s, []
+        with connected(self.docker) as client:
+            for key in self.keys():
+                fields = self.record(key) or {}
+                used = float(fields.get("last_used") or fields.get("built_at") or 0)
+                if used > cutoff:
+                    continue
+                removed.append(key)
+                if dry_run:
+                    continue
+                tag = fields.get("tag")
+                if tag and tag != self.settings.base_image:
+                    try:
+                        client.api.remove_image(tag, force=True)
+                    except docker.errors.ImageNotFound:
+                        pass
+                self.redis.delete(RECORD_PREFIX + key)
+        return removed
+
+    def record(self, key: str) -> dict[str, str] | None:
+        fields: dict[str, str] = self.redis.hgetall(RECORD_PREFIX + key)
+        return fields or None
+
+    def keys(self) -> list[str]:
+        return sorted(
+            k.removeprefix(RECORD_PREFIX) for k in self.redis.scan_iter(match=RECORD_PREFIX + "*")
+        )
+
+    # -- helpers ------------------------------------------------------------------------------
+
+    def _found(self, client: docker.DockerClient, key: str) -> Environment | None:
+        """The recorded environment `key` if its image is here; raises its recorded failure."""
+        fields = self.record(key)
+        if not fields:
+            return None
+        if fields.get("status") == "failed":
+            raise EnvironmentBuildError(fields.get("error", f"environment {key} failed"))
+        tag = fields["tag"]
+        if _image_id(client, tag, missing_ok=True) is None:
+            return None  # recorded by another host, or pruned here: build it (again)
+        self.redis.hset(RECORD_PREFIX + key, "last_used", repr(time.time()))
+        return Environment(
+            key=key,
+            tag=tag,
+            spec=EnvironmentSpec.model_validate_json(fields["spec"]),
+            test_command=fields.get("test_command") or None,
+            baseline=_outcomes(json.loads(fields.get("baseline", "{}"))),
+        )
+
+    def _build(
+        self,
+        client: docker.DockerClient,
+        key: str,
+        spec: EnvironmentSpec,
+        tree: bytes,
+        repo: str,
+        say: Progress,
+    ) -> Environment:
+        tag = environment_tag(key)
+        started = time.monotonic()
+        try:
+            if spec.packages or spec.setup:
+                built = build_environment(
+                    spec, tree, tag=tag, settings=self.settings, client=client, progress=say,
+                    workspace=self.sandbox_config.workspace,
+                )  # fmt: skip
+                image_id, size, log = built.image_id, built.size_bytes, built.log
+            else:  # nothing to install: the base image is the environment
+                tag, log = self.settings.base_image, ""
+                image_id = _image_id(client, tag) or ""
+                size = int(client.api.inspect_image(tag)["Size"])
+            command = with_ids(spec.test) if spec.test else None
+            baseline, test_log = Outcomes(), ""
+            if command is not None:
+                say(f"environment {key}: validating with {command}")
+                ran = validate_environment(
+                    tag, spec, tree, test_command=command, config=self.sandbox_config,
+                    client=client,
+                )  # fmt: skip
+                baseline, test_log = parse(ran.output), ran.output
+                if not baseline.by_id and ran.exit_code != 0:
+                    if tag != self.settings.base_image:
+                        client.api.remove_image(tag, force=True)
+                    raise EnvironmentValidationError(
+                        f"environment {key}: the tests cannot start: {command!r} exited with "
+                        f"{ran.exit_code} and named no test:\n{_tail(ran.output)}"
+                    )
+        except (EnvironmentBuildError, EnvironmentValidationError) as exc:
+            self._record_failure(key, repo, spec, str(exc))
+            raise
+        self.redis.hset(
+            RECORD_PREFIX + key,
+            mapping={
+                "status": "ok",
+                "key": key,
+                "tag": tag,
+                "repo": repo,
+                "spec": spec.model_dump_json(),
+                "image_id": image_id,
+                "size_bytes": str(size),
+                "built_at": repr(time.time()),
+                "last_used": repr(time.time()),
+                "build_s": str(round(time.monotonic() - started, 2)),
+                "test_command": command or "",
+                "baseline": json.dumps({k: v.value for k, v in baseline.by_id.items()}),
+                "passed": str(len(baseline.passed)),
+                "failed": str(len(baseline.failed)),
+                "skipped": str(len(baseline.skipped)),
+            },
+        )
+        say(
+            f"environment {key}: {len(baseline.passed)} tests pass and {len(baseline.failed)} "
+            "fail on the unchanged code"
+        )
+        return Environment(key, tag, spec, command, baseline, True, log, test_log)
+
+    def _record_failure(self, key: str, repo: str, spec: EnvironmentSpec, error: str) -> None:
+        record = RECORD_PREFIX + key
+        fields = {"status": "failed", "key": key, "repo": repo, "error": error,
+                  "spec": spec.model_dump_json(), "built_at": repr(time.time())}  # fmt: skip
+        with self.redis.pipeline() as pipe:
+            pipe.hset(record, mapping=fields)
+            pipe.expire(record, FAILED_TTL_S)
+            pipe.execute()
+
+
+def _key_of(repo: str, commit: str, spec: EnvironmentSpec | None) -> str:
+    repo_hash = hashlib.sha256(repo_source(repo).encode()).hexdigest()[:16]
+    spec_hash = hashlib.sha256(spec.model_dump_json().encode()).hexdigest()[:16] if spec else "-"
+    return f"{KEY_OF_PREFIX}{repo_hash}:{commit}:{spec_hash}"
+
+
+def _spec_and_key(
+    tree: bytes, spec: EnvironmentSpec | None, base_id: str
+) -> tuple[EnvironmentSpec, str]:
+    """`spec`, or the one the tree holds or implies, and its key; read from the tree's regular
+    files only (symlinks are not followed, so nothing outside the tree is read)."""
+    with tempfile.TemporaryDirectory(prefix="baton-env-") as folder:
+        root = Path(folder)
+        _unpack_files(tree, root)
+        spec = spec or detect(root)
+        return spec, environment_key(spec, root, base_id)
+
+
+def _unpack_files(tree: bytes, dest: Path) -> None:
+    with tarfile.open(fileobj=io.BytesIO(tree)) as archive:
+        members = [m for m in archive.getmembers() if m.isfile() or m.isdir()]
+        archive.extractall(dest, members=members, filter="data")
+
+
+def _image_id(client: docker.DockerClient, tag: str, *, missing_ok: bool = False) -> str | None:
+    with translated(f"looking for the image {tag}", image=tag):
+        try:
+            found: str = client.api.inspect_image(tag)["Id"]
+        except docker.errors.ImageNotFound:
+            if missing_ok:
+                return None
+            raise
+    return found
+
+
+def _outcomes(by_id: dict[str, str]) -> Outcomes:
+    return Outcomes({k: Outcome(v) for k, v in by_id.items()}, "recorded" if by_id else None)
+
+
+def _tail(text: str) -> str:
+    return "\n".join(text.rstrip().splitlines()[-TAIL_LINES:])
