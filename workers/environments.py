@@ -114,7 +114,6 @@ class Environments:
         """
         say = progress or (lambda line: logger.info("%s", line))
         uid, gid = self.sandbox_config.uid_gid
-        tree: bytes | None = None
         with connected(self.docker) as client:
             key_of = _key_of(repo, commit, spec)
             key = self.redis.get(key_of)
@@ -132,7 +131,7 @@ class Environments:
             lock = self.redis.lock(
                 LOCK_PREFIX + key, timeout=LOCK_TTL_S, blocking_timeout=LOCK_WAIT_S
             )
-            say(f"environment {key}: waiting for the build lock")
+            say(f"environment {key} is not built yet: taking its build lock")
             if not lock.acquire():
                 raise EnvironmentBuildError(
                     f"environment {key}: no build lock after {LOCK_WAIT_S}s"
