@@ -226,7 +226,7 @@ class Environments:
                 say(f"environment {key}: validating with {command}")
                 ran = validate_environment(
                     tag, spec, tree, test_command=command, config=self.sandbox_config,
-                    client=client,
+                    timeout_s=self.settings.test_timeout_s, client=client,
                 )  # fmt: skip
                 baseline, test_log = parse(ran.output), ran.output
                 if not baseline.by_id and ran.exit_code != 0:
