@@ -252,11 +252,7 @@ def write(figures: dict[str, Any]) -> None:
               "most 429s in a later minute", "utilisation", "served per minute",
               "wall (s)"]  # fmt: skip
     detail = record.table(header, rows)
-    detail += "\n\n" + record.table(
-        ["target", "value", "met"],
-        [[name, f"{t['value']} (target {t['target']})", "yes" if t["met"] else "**no**"]
-         for name, t in figures["targets"].items()],
-    )  # fmt: skip
+    detail += "\n\n" + record.targets_table(figures["targets"])
     matched, over, off = figures["matched"], figures["over"], figures["off"]
     sliding = figures["over_sliding"]
     row = [

@@ -263,11 +263,7 @@ def write(figures: dict[str, Any]) -> None:
     header = ["per stage", "Baton p50", "Baton p95", "chain p50", "chain p95", "ratio p50",
               "ratio p95"]  # fmt: skip
     detail = record.table(header, rows)
-    detail += "\n\n" + record.table(
-        ["target", "value", "met"],
-        [[name, f"{t['value']} (target {t['target']})", "yes" if t["met"] else "**no**"]
-         for name, t in figures["targets"].items()],
-    )  # fmt: skip
+    detail += "\n\n" + record.targets_table(figures["targets"])
     row = [
         f"{start['baton']['p50_ms']:.1f} / {start['chain']['p50_ms']:.1f}",
         f"{handoff['baton']['p50_ms']:.1f} / {handoff['chain']['p50_ms']:.1f}",

@@ -43,6 +43,15 @@ def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(lines)
 
 
+def targets_table(targets: Mapping[str, Mapping[str, Any]]) -> str:
+    """A benchmark's `targets` (name → value, target, met) as a table."""
+    return table(
+        ["target", "value", "met"],
+        [[name, f"{t['value']} (target {t['target']})", "yes" if t["met"] else "**no**"]
+         for name, t in targets.items()],
+    )  # fmt: skip
+
+
 def _append_row(text: str, name: str, cells: Sequence[str]) -> str:
     end = f"<!-- /table:{name} -->"
     if end not in text:
