@@ -28,7 +28,6 @@ from typing import Any
 import docker
 import redis
 
-from orchestrator.git import repo_source
 from sandbox import SandboxConfig
 from sandbox.build import (
     BuildSettings,
@@ -40,7 +39,7 @@ from sandbox.build import (
 )
 from sandbox.client import connected, translated
 from sandbox.environment import EnvironmentSpec, detect, environment_key
-from workers.mirrors import RepoCache
+from workers.mirrors import RepoCache, repo_key
 from workers.outcomes import Outcome, Outcomes, parse, with_ids
 
 logger = logging.getLogger(__name__)
@@ -276,7 +275,7 @@ class Environments:
 
 
 def _key_of(repo: str, commit: str, spec: EnvironmentSpec | None) -> str:
-    repo_hash = hashlib.sha256(repo_source(repo).encode()).hexdigest()[:16]
+    repo_hash = repo_key(repo)
     spec_hash = hashlib.sha256(spec.model_dump_json().encode()).hexdigest()[:16] if spec else "-"
     return f"{KEY_OF_PREFIX}{repo_hash}:{commit}:{spec_hash}"
 

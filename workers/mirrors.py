@@ -46,8 +46,7 @@ class RepoCache:
 
     def mirror_path(self, repo: str) -> Path:
         """Where the mirror of `repo` lives (whether or not it exists yet)."""
-        key = hashlib.sha256(repo_source(repo).encode()).hexdigest()[:16]
-        return self.root / f"{key}.git"
+        return self.root / f"{repo_key(repo)}.git"
 
     def mirror(self, repo: str) -> Path:
         """Clone `repo` as a bare mirror, or refresh its mirror; returns the mirror's path."""
@@ -129,6 +128,12 @@ class RepoCache:
         # Working copies borrow the mirror's objects: gc must never prune one of them.
         git_output(source, ["-C", str(partial), "config", "gc.auto", "0"])
         partial.rename(mirror)
+
+
+def repo_key(repo: str) -> str:
+    """A short name for a repository, the same for every way of writing it (a relative path,
+    the absolute one): its mirror's, and the prefix of its environments' lookups."""
+    return hashlib.sha256(repo_source(repo).encode()).hexdigest()[:16]
 
 
 def _has_commit(mirror: Path, commit: str) -> bool:
