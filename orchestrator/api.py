@@ -7,18 +7,26 @@ run_id = enqueue(sentry_event_json, repo="/srv/git/shop")
 from __future__ import annotations
 
 import json
+import tomllib
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 from orchestrator import git
 from orchestrator.conductor import Conductor
+from orchestrator.errors import EnvironmentFileError
 from orchestrator.intake import parse_payload
 from orchestrator.models import IssueSource, RunRecord, RunStatus
 from orchestrator.pipeline import load_pipeline
 from orchestrator.queue import Dispatcher, check_time_limits
 from orchestrator.settings import Settings
 from orchestrator.store import RunStore
+
+CHECKS_GROUP = "baton.checks"
+"""Entry point group of the checks other packages lend the orchestrator: `environment` checks
+an environment spec given at enqueue (the orchestrator cannot import the sandbox package)."""
 
 
 @contextmanager
@@ -42,6 +50,7 @@ def submit(
     pipeline: str = "fixer",
     source: IssueSource | str | None = None,
     force: bool = False,
+    environment: Mapping[str, Any] | str | Path | None = None,
     settings: Settings | None = None,
 ) -> tuple[str, bool]:
     """Like `enqueue`, and also says whether a new run was created (False: the issue already
@@ -50,10 +59,41 @@ def submit(
     data = json.dumps(payload) if isinstance(payload, Mapping) else payload
     issue = parse_payload(data, IssueSource(source) if source else None)
     check_time_limits(load_pipeline(pipeline), settings.queue, settings.retry)
+    spec = read_environment(environment) if environment is not None else None
     commit = git.resolve_commit(repo, ref)  # refuses a path that is not a repository's root
     source = git.repo_source(repo)
     with connect(settings) as conductor:
-        return conductor.submit(issue, repo=source, commit=commit, pipeline=pipeline, force=force)
+        return conductor.submit(
+            issue, repo=source, commit=commit, pipeline=pipeline, force=force, environment=spec
+        )
+
+
+def read_environment(spec: Mapping[str, Any] | str | Path) -> dict[str, Any]:
+    """An environment spec to give a run: a TOML file's path, or its table already read;
+    checked as the worker will read it, when the sandbox package is installed.
+
+    Raises:
+        EnvironmentFileError: the file cannot be read or the spec is not valid; the message
+            names the file and each field that is wrong.
+    """
+    if isinstance(spec, Mapping):
+        table, origin = dict(spec), "the environment spec"
+    else:
+        origin = str(spec)
+        try:
+            table = tomllib.loads(Path(spec).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+            raise EnvironmentFileError(f"{origin}: not a readable TOML file: {exc}") from exc
+    for check in metadata.entry_points(group=CHECKS_GROUP, name="environment"):
+        try:
+            check.load()(table, origin=origin)
+        except ValueError as exc:
+            raise EnvironmentFileError(str(exc)) from exc
+    try:
+        json.dumps(table)
+    except TypeError as exc:  # TOML dates and times: nothing a spec holds
+        raise EnvironmentFileError(f"{origin}: {exc}") from exc
+    return table
 
 
 def enqueue(
@@ -64,17 +104,20 @@ def enqueue(
     pipeline: str = "fixer",
     source: IssueSource | str | None = None,
     force: bool = False,
+    environment: Mapping[str, Any] | str | Path | None = None,
     settings: Settings | None = None,
 ) -> str:
     """Parse `payload` (Sentry event or issue, GitHub issue, or text), pin the commit `ref`
     names in the repository (a branch, a tag or a sha; its HEAD by default), create a run and
-    enqueue its first stage. Returns the run id.
+    enqueue its first stage. Returns the run id. `environment`, a spec file's path (or its
+    table), replaces the repository's environment spec for this run.
 
     Nothing is written when the payload, the pipeline or the repository is invalid.
 
     Raises:
         IntakeError: the payload is malformed; the message names the field.
         PipelineError: the pipeline is unknown or invalid.
+        EnvironmentFileError: `environment` is not a valid spec; the message names the field.
         RepoError: the repository cannot be read, or a local path is not the root of a git
             repository (a folder inside one, a plain folder, a path that does not exist); the
             message names the path first.
@@ -82,7 +125,7 @@ def enqueue(
     """
     run_id, _ = submit(
         payload, repo=repo, ref=ref, pipeline=pipeline, source=source, force=force,
-        settings=settings,
+        environment=environment, settings=settings,
     )  # fmt: skip
     return run_id
 

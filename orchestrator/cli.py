@@ -117,14 +117,27 @@ def main(verbose: bool) -> None:
     "--source", type=click.Choice([s.value for s in IssueSource]), help="Skip auto-detection."
 )
 @click.option("--force", is_flag=True, help="Start a new run even if this issue already has one.")
+@click.option(
+    "--env",
+    "env_file",
+    type=click.Path(dir_okay=False),
+    help="An environment spec (TOML) to use instead of the repository's.",
+)
 def enqueue(
-    payload: BinaryIO, repo: str, ref: str, pipeline: str, source: str | None, force: bool
+    payload: BinaryIO,
+    repo: str,
+    ref: str,
+    pipeline: str,
+    source: str | None,
+    force: bool,
+    env_file: str | None,
 ) -> None:
     """Enqueue PAYLOAD (a file, or - for stdin) against a repository; prints the run id."""
     data = payload.read()
     run_id, created = api.submit(
-        data, repo=repo, ref=ref, pipeline=pipeline, source=source, force=force
-    )
+        data, repo=repo, ref=ref, pipeline=pipeline, source=source, force=force,
+        environment=env_file,
+    )  # fmt: skip
     if not created:
         err.print(f"this issue already has run {run_id}; use --force for a new one")
     click.echo(run_id)

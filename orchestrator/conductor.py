@@ -13,6 +13,7 @@ import json
 import logging
 import secrets
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -58,9 +59,17 @@ class Conductor:
         self.dispatcher = dispatcher
 
     def submit(
-        self, issue: Issue, *, repo: str, commit: str, pipeline: str, force: bool = False
+        self,
+        issue: Issue,
+        *,
+        repo: str,
+        commit: str,
+        pipeline: str,
+        force: bool = False,
+        environment: Mapping[str, Any] | None = None,
     ) -> tuple[str, bool]:
         """Create a run and enqueue its first stage; an issue seen before maps to its run.
+        `environment`: a spec (a TOML table, checked already) to use instead of the repository's.
 
         Returns the run id and whether a new run was created.
         """
@@ -75,6 +84,7 @@ class Conductor:
             issue=issue,
             idempotency_key=issue.idempotency_key() + f"|{repo}|{pipeline}",
             current_stage=spec.first.name,
+            environment_spec=dict(environment) if environment is not None else None,
             stages=stages,
         )
         stored, created = self.store.create(run, force=force)

@@ -54,6 +54,11 @@ class PipelineError(BatonError, ValueError):
     """Raised when a pipeline is unknown or its spec is invalid."""
 
 
+class EnvironmentFileError(BatonError, ValueError):
+    """Raised when an environment spec given at enqueue (`--env FILE`) is not valid; the
+    message names the file and what is wrong."""
+
+
 class RepoError(BatonError, RuntimeError):
     """Raised when a repository cannot be resolved or checked out."""
 

@@ -6,6 +6,7 @@ import hashlib
 import json
 import time
 from enum import StrEnum
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -194,6 +195,9 @@ class RunRecord(BaseModel):
     current_stage: str | None = None
     environment: str | None = None
     """The key of the environment its code stages run in (`baton-env:<key>`), once known."""
+    environment_spec: dict[str, Any] | None = None
+    """The environment spec given at enqueue (`baton enqueue --env FILE`, as its TOML table),
+    used instead of the repository's own; None: the repository's, or what its files imply."""
     created_at: float = Field(default_factory=time.time)
     updated_at: float = Field(default_factory=time.time)
     stages: dict[str, StageRecord] = Field(default_factory=dict)

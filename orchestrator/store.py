@@ -298,6 +298,7 @@ def _run_fields(run: RunRecord) -> dict[str, str]:
                 "commit": run.commit,
                 "idempotency_key": run.idempotency_key,
                 "created_at": run.created_at,
+                "environment_spec": run.environment_spec,
                 "stage_order": list(run.stages),
             }
         ),

@@ -154,11 +154,26 @@ def load(path: Path, *, root: Path | None = None) -> EnvironmentSpec:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise EnvironmentSpecError(f"{path}: not a readable TOML file: {exc}") from exc
-    if "test" in data and not isinstance(data["test"], str):
-        raise EnvironmentSpecError(f"{path}: test must be one command (a string)")
     if root is not None and path.resolve().is_relative_to(root.resolve()):
         own = path.resolve().relative_to(root.resolve()).as_posix()
-        data["inputs"] = [own, *data.get("inputs", [])]
+        inputs = data.get("inputs", [])
+        data["inputs"] = [own, *(inputs if isinstance(inputs, list) else [inputs])]
+    return from_table(data, origin=str(path))
+
+
+def from_table(data: Mapping[str, Any], *, origin: str) -> EnvironmentSpec:
+    """The spec in a TOML table read from `origin`: a spec file, or the file `baton enqueue
+    --env` read, which the run carries as a table (the orchestrator reaches this function
+    through the entry point `baton.checks:environment`, to refuse a bad one before a run exists).
+
+    Raises:
+        EnvironmentSpecError: the table is not a valid spec; the message names `origin` and
+            each field that is wrong.
+    """
+    if "test" in data and not isinstance(data["test"], str):
+        raise EnvironmentSpecError(f"{origin}: test must be one command (a string)")
+    if "source" in data:
+        raise EnvironmentSpecError(f"{origin}: source: Baton sets it; a spec may not")
     try:
         return EnvironmentSpec.model_validate({**data, "source": "file"})
     except ValidationError as exc:
@@ -168,7 +183,7 @@ def load(path: Path, *, root: Path | None = None) -> EnvironmentSpec:
             + error["msg"].removeprefix("Value error, ")
             for error in exc.errors()
         )
-        raise EnvironmentSpecError(f"{path}: {problems}") from exc
+        raise EnvironmentSpecError(f"{origin}: {problems}") from exc
 
 
 def detect(root: Path) -> EnvironmentSpec:

@@ -100,7 +100,12 @@ def test_enqueue_prints_the_run_id_and_watch_follows_it_to_the_end(
 ) -> None:
     env = {"BATON_REDIS_URL": stack.settings.require_redis_url()}
     repo = stack.sample_repo()
-    enqueued = baton("enqueue", str(SENTRY_EVENT), "--repo", str(repo), "--force", env=env)
+    spec = tmp_path / "env.toml"  # in place of the spec detected: another test command, a variable
+    spec.write_text('test = "python3 -B -m unittest discover -s tests -t . -v"\n'
+                    '[env]\nCART_CURRENCY = "EUR"\n')  # fmt: skip
+    enqueued = baton(
+        "enqueue", str(SENTRY_EVENT), "--repo", str(repo), "--env", str(spec), "--force", env=env
+    )
     run_id = enqueued.stdout.decode().strip()
 
     watched = baton("watch", run_id, "--interval", "0.2", env=env)
@@ -114,6 +119,30 @@ def test_enqueue_prints_the_run_id_and_watch_follows_it_to_the_end(
     assert list(shown["stages"]) == ["triage", "search", "plan", "fix", "pr"]
     assert again.stdout.decode().strip() == run_id
     assert b"already has run" in again.stderr
+    store = redis.Redis.from_url(env["BATON_REDIS_URL"], decode_responses=True)
+    built = store.hgetall(f"baton:env:{shown['environment']}")
+    assert built["test_command"] == "python3 -B -m unittest discover -s tests -t . -v"
+    assert json.loads(built["spec"])["env"] == {"CART_CURRENCY": "EUR"}
+    assert (built["passed"], built["failed"]) == ("2", "2")
+
+
+def test_a_bad_environment_file_exits_2_naming_the_field_and_writes_nothing(
+    empty_db: tuple[str, redis.Redis], tmp_path: Path
+) -> None:
+    url, client = empty_db
+    repo = make_sample_repo(tmp_path / "repo")
+    spec = tmp_path / "env.toml"
+    spec.write_text("[env]\nGITHUB_TOKEN = 'ghp_x'\n")
+    done = baton(
+        "enqueue", str(SENTRY_EVENT), "--repo", str(repo), "--env", str(spec),
+        env={"BATON_REDIS_URL": url},
+    )  # fmt: skip
+
+    assert done.returncode == 2
+    said = done.stderr.decode()
+    assert said.startswith(f"error: EnvironmentFileError: {spec}: env: GITHUB_TOKEN looks like")
+    assert b"ghp_x" not in done.stderr
+    assert client.dbsize() == 0
 
 
 def test_a_worker_serves_only_the_stages_it_is_given(

@@ -14,7 +14,7 @@ import redis
 
 from demo import SENTRY_EVENT
 from orchestrator import api
-from orchestrator.errors import RepoError
+from orchestrator.errors import EnvironmentFileError, RepoError
 from orchestrator.settings import Settings
 from tests.repos import Git, Upstream
 
@@ -95,3 +95,53 @@ def test_baton_enqueue_with_a_folder_inside_a_repository_exits_2_naming_it_and_w
     )
     assert done.stdout == ""
     assert redis_client.dbsize() == 0
+
+
+@pytest.mark.parametrize(
+    ("text", "fault"),
+    [
+        ("setup = [", "not a readable TOML file"),
+        ("[env]\nAWS_SECRET_ACCESS_KEY = 'x'", "env: AWS_SECRET_ACCESS_KEY looks like a secret"),
+        ('packages = ["curl; rm -rf /"]', "is not a Debian package name"),
+        ("tests = 'pytest'", "tests: Extra inputs are not permitted"),
+        ("source = 'detected'", "source: Baton sets it"),
+        ("built = 1979-05-27", "built: Extra inputs are not permitted"),
+    ],
+)
+def test_enqueue_refuses_a_bad_environment_file_naming_it_and_writes_nothing(
+    text: str, fault: str, upstream: Upstream, unit_redis_url: str, redis_client: redis.Redis,
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    spec = tmp_path / "env.toml"
+    spec.write_text(text)
+
+    with pytest.raises(EnvironmentFileError) as caught:
+        api.enqueue(
+            SENTRY_EVENT.read_bytes(),
+            repo=str(upstream.work),
+            environment=spec,
+            settings=Settings(redis_url=unit_redis_url),
+        )
+
+    assert str(caught.value).startswith(f"{spec}: ")
+    assert fault in str(caught.value)
+    assert redis_client.dbsize() == 0
+
+
+def test_an_environment_file_given_at_enqueue_travels_with_the_run(
+    upstream: Upstream, unit_redis_url: str, redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    spec = tmp_path / "env.toml"
+    spec.write_text('setup = ["pip install ."]\ntest = "pytest -q"\n[env]\nTZ = "UTC"\n')
+    settings = Settings(redis_url=unit_redis_url)
+
+    run_id = api.enqueue(
+        SENTRY_EVENT.read_bytes(), repo=str(upstream.work), environment=spec, settings=settings
+    )
+
+    run = api.get_run(run_id, settings=settings)
+    assert run.environment_spec == {
+        "setup": ["pip install ."],
+        "test": "pytest -q",
+        "env": {"TZ": "UTC"},
+    }
