@@ -49,7 +49,6 @@ from sandbox.stream import Capture, ExecStream
 
 logger = logging.getLogger(__name__)
 
-NAME_PREFIX = "baton-sbx-"
 BASE_ENV = {
     "HOME": "/tmp",
     "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
@@ -308,7 +307,7 @@ def _create(
         container_id: str = client.api.create_container(
             cfg.image,
             command=["sleep", str(ttl_s)],
-            name=f"{NAME_PREFIX}{uuid.uuid4().hex}",
+            name=label.container_name(extra_labels),
             user=cfg.user,
             working_dir=cfg.workspace,
             environment={**BASE_ENV, **env},

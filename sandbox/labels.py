@@ -1,4 +1,5 @@
-"""The labels every sandbox container carries, and who owns it. The reaper reads only these.
+"""The labels every sandbox container carries, who owns it, and its name. The reaper reads only
+the labels.
 
     baton.sandbox = 1                          marks Baton's sandboxes; nothing else is touched
     baton.expires = <epoch seconds>            creation time + ttl_s
@@ -6,12 +7,21 @@
 
 A pid alone is not an identity (pids are reused), so the owner also names the process's start
 time, in clock ticks since boot, as Linux reports it in /proc/<pid>/stat.
+
+An execution's sandbox also says whose it is: its labels `baton.run`, `baton.stage` and
+`baton.attempt` when it was started for it, and always its name,
+`baton-sbx-<run>.<stage>.<attempt>-<random>`. Labels are fixed when a container is created, so
+one a warm pool started before anyone asked for it gets its name when it is taken (a rename);
+`docker ps --filter name=<run>` finds a run's sandboxes either way, as `name_pattern` does.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import socket
+import uuid
+from collections.abc import Mapping
 from functools import cache
 
 SANDBOX = "baton.sandbox"
@@ -20,6 +30,36 @@ OWNER = "baton.owner"
 
 SANDBOX_FILTER = f"{SANDBOX}=1"
 """Docker label filter that selects every sandbox container."""
+
+NAME_PREFIX = "baton-sbx-"
+NAMED_BY = ("baton.run", "baton.stage", "baton.attempt")
+"""The labels a sandbox's name spells, in this order."""
+
+
+def container_name(labels: Mapping[str, str]) -> str:
+    """A new sandbox's name: `NAME_PREFIX`, the values of the `NAMED_BY` labels it has (from
+    the first, joined by dots) and a random part; only the random part when it has none."""
+    named = _named(labels)
+    return f"{NAME_PREFIX}{'.'.join(named) + '-' if named else ''}{uuid.uuid4().hex[:12]}"
+
+
+def name_pattern(labels: Mapping[str, str]) -> str | None:
+    """The Docker `name` filter matching every sandbox named for `labels`; None when `labels`
+    hold a label the name does not spell, or skip one it does (a stage without its run)."""
+    named = _named(labels)
+    if not named or len(named) != len(labels):
+        return None
+    whole = len(named) == len(NAMED_BY)
+    return f"^/{re.escape(NAME_PREFIX + '.'.join(named))}{'-' if whole else '[.]'}"
+
+
+def _named(labels: Mapping[str, str]) -> list[str]:
+    named = []
+    for key in NAMED_BY:
+        if key not in labels:
+            break
+        named.append(re.sub(r"[^A-Za-z0-9_-]", "_", labels[key]))
+    return named
 
 
 def process_start_time(pid: int) -> str | None:

@@ -12,8 +12,9 @@ longer than `idle_s`, and starts none for a configuration no execution asked for
 
 Pooled containers carry the sandbox labels the reaper reads (`baton.sandbox`, `baton.owner`,
 and a `baton.expires` that leaves a taken one its whole `ttl_s`) plus `baton.pool`. Labels
-cannot be added to a running container, so the labels an execution gives (`baton.run`,
-`baton.stage`) are kept in this process: `remove_labelled` finds a taken container by them.
+cannot be added to a container once created, so a taken one is renamed for the execution that
+took it (`sandbox.labels.container_name`): `remove_labelled` and `docker ps --filter name=<run>`
+find it by that name.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from contextlib import contextmanager
 
 import docker
 
-from sandbox.client import connect, remove
+from sandbox import labels as label
+from sandbox.client import connect, remove, translated
 from sandbox.config import SandboxConfig
 from sandbox.docker import DockerSandbox, _create
 from sandbox.errors import SandboxError
@@ -37,16 +39,6 @@ logger = logging.getLogger(__name__)
 POOL_LABEL = "baton.pool"
 
 PoolKey = tuple[SandboxConfig, tuple[tuple[str, str], ...]]
-
-_taken: dict[str, dict[str, str]] = {}
-"""Pooled containers in use in this process, by id: the labels their execution gave."""
-_taken_lock = threading.Lock()
-
-
-def taken_with(labels: Mapping[str, str]) -> list[str]:
-    """Ids of this process's pooled containers in use whose execution gave all of `labels`."""
-    with _taken_lock:
-        return [cid for cid, own in _taken.items() if labels.items() <= own.items()]
 
 
 class WarmPool:
@@ -61,14 +53,15 @@ class WarmPool:
         client: docker.DockerClient | None = None,
     ) -> None:
         self.size, self.max_configs, self.idle_s = size, max_configs, idle_s
-        self._client = client or connect()
+        self._client = client
+        """Connected, and the refilling thread started, at the first `start` (a worker that
+        never runs a code stage needs no Docker daemon)."""
         self._ready: dict[PoolKey, deque[tuple[str, float]]] = {}
         self._wanted: OrderedDict[PoolKey, None] = OrderedDict()
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._closed = threading.Event()
-        self._thread = threading.Thread(target=self._refill_forever, name="baton-pool", daemon=True)
-        self._thread.start()
+        self._thread: threading.Thread | None = None
 
     @contextmanager
     def start(
@@ -77,19 +70,16 @@ class WarmPool:
         """A ready sandbox for `cfg` and `env` if the pool has one, else a new one started now;
         removed when the block ends either way."""
         key: PoolKey = (cfg, tuple(sorted(env.items())))
-        container_id = self._take(key)
+        client = self._running()
+        container_id = self._take(client, key, labels)
         if container_id is None:
-            with DockerSandbox.start(cfg, labels=labels, env=env, client=self._client) as box:
+            with DockerSandbox.start(cfg, labels=labels, env=env, client=client) as box:
                 yield box
             return
-        with _taken_lock:
-            _taken[container_id] = dict(labels)
         try:
-            yield DockerSandbox(self._client, cfg, container_id)
+            yield DockerSandbox(client, cfg, container_id)
         finally:
-            with _taken_lock:
-                _taken.pop(container_id, None)
-            remove(self._client, container_id)
+            remove(client, container_id)
 
     def ready(self) -> int:
         """How many containers wait in the pool now."""
@@ -100,16 +90,34 @@ class WarmPool:
         """Stop refilling and remove every waiting container."""
         self._closed.set()
         self._wake.set()
-        self._thread.join(timeout=30)
+        if self._thread is not None:
+            self._thread.join(timeout=30)
         with self._lock:
             waiting = [cid for found in self._ready.values() for cid, _ in found]
             self._ready.clear()
-        for container_id in waiting:
-            remove(self._client, container_id)
+        if self._client is not None:
+            for container_id in waiting:
+                remove(self._client, container_id)
 
     # -- helpers ------------------------------------------------------------------------------
 
-    def _take(self, key: PoolKey) -> str | None:
+    def _running(self) -> docker.DockerClient:
+        """The pool's client, connected on first use, and its refilling thread started."""
+        with self._lock:
+            if self._client is None:
+                self._client = connect()
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._refill_forever, name="baton-pool", daemon=True
+                )
+                self._thread.start()
+            return self._client
+
+    def _take(
+        self, client: docker.DockerClient, key: PoolKey, labels: Mapping[str, str]
+    ) -> str | None:
+        """A ready container for `key`, renamed for the execution `labels` name; None if the
+        pool has none (or the one it had is gone)."""
         with self._lock:
             self._wanted[key] = None
             self._wanted.move_to_end(key)
@@ -118,6 +126,15 @@ class WarmPool:
             found = self._ready.get(key)
             taken = found.popleft()[0] if found else None
         self._wake.set()
+        if taken is None:
+            return None
+        try:
+            with translated(f"naming pooled sandbox {taken[:12]}"):
+                client.api.rename(taken, label.container_name(labels))
+        except SandboxError as exc:  # killed while it waited, say: start one cold instead
+            logger.warning("pooled sandbox %s could not be taken: %s", taken[:12], exc)
+            remove(client, taken)
+            return None
         return taken
 
     def _refill_forever(self) -> None:

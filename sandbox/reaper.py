@@ -17,7 +17,6 @@ import docker
 
 from sandbox import labels as label
 from sandbox.client import connected, remove, translated
-from sandbox.pool import taken_with
 
 logger = logging.getLogger(__name__)
 
@@ -53,9 +52,14 @@ def remove_labelled(
     labels: Mapping[str, str], client: docker.DockerClient | None = None
 ) -> list[str]:
     """Remove at once every sandbox carrying all of `labels` (a cancelled stage's, say), or
-    taken from this process's warm pool with them; the ids removed."""
+    named for them (`labels.container_name`: one taken from a warm pool has only its name to
+    say whose it is); the ids removed."""
     wanted = [label.SANDBOX_FILTER, *(f"{key}={value}" for key, value in labels.items())]
+    pattern = label.name_pattern(labels)
     with connected(client) as docker_client, translated("removing sandboxes"):
         found = docker_client.api.containers(all=True, filters={"label": wanted})
-        ids = [c["Id"] for c in found] + taken_with(labels)  # pooled ones: labels in-process
+        if pattern is not None:
+            named = {"label": label.SANDBOX_FILTER, "name": pattern}
+            found += docker_client.api.containers(all=True, filters=named)
+        ids = dict.fromkeys(c["Id"] for c in found)
         return [cid for cid in ids if remove(docker_client, cid)]

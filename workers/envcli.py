@@ -12,7 +12,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -21,12 +20,13 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+import sandbox
 from orchestrator.git import repo_source, resolve_commit
 from orchestrator.store import connect
 from sandbox.build import agent_config
 from sandbox.environment import load
 from workers.environments import Environments
-from workers.mirrors import RepoCache
+from workers.mirrors import RepoCache, repo_key
 from workers.settings import WorkerSettings
 
 out, err = Console(), Console(stderr=True)
@@ -125,8 +125,9 @@ def prune(days: float, dry_run: bool) -> None:
 @click.argument("repo")
 @click.option("--ref", default="HEAD", show_default=True, help="Branch, tag or commit.")
 def shell(repo: str, ref: str) -> None:
-    """An interactive shell in REPO's agent-phase sandbox: its environment image, hardened as
-    a stage's (no network, no capabilities, read-only root), the tree at REF in /workspace."""
+    """A shell in REPO's agent-phase sandbox: a stage's own, started the same way from its
+    environment image (no network, no capabilities, read-only root, its limits and variables),
+    with the tree at REF in the workspace. Its exit status is the shell's."""
     settings = WorkerSettings()
     commit = resolve_commit(repo, ref)
     environments = _environments(settings)
@@ -134,20 +135,16 @@ def shell(repo: str, ref: str) -> None:
     config = agent_config(settings.sandbox_config(), found.tag, found.spec)
     uid, gid = config.uid_gid
     tree = environments.mirrors.archive(repo_source(repo), commit, uid=uid, gid=gid)
-    with tempfile.NamedTemporaryFile(suffix=".tar") as archive:
-        archive.write(tree)
-        archive.flush()
-        argv = [
-            "docker", "run", "--rm", "-it", "--network", "none", "--cap-drop", "ALL",
-            "--security-opt", "no-new-privileges", "--read-only", "--tmpfs", "/tmp",
-            "--user", config.user, "--memory", f"{config.memory_mb}m",
-            "--pids-limit", str(config.pids_limit), "-v", config.workspace,
-            "-v", f"{archive.name}:/baton-tree.tar:ro",
-            *(arg for k, v in found.spec.env.items() for arg in ("-e", f"{k}={v}")),
-            found.tag, "sh", "-c", f"tar -xf /baton-tree.tar -C {config.workspace} && exec sh",
-        ]  # fmt: skip
+    shown = {"baton.shell": repo_key(repo_source(repo))}
+    with sandbox.DockerSandbox.start(config, labels=shown, env=dict(found.spec.env)) as box:
+        box.put_archive(config.workspace, tree)
         err.print(f"{found.tag}, {commit[:12]} in {config.workspace}; exit to leave")
-        sys.exit(subprocess.call(argv, env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")}))
+        interactive = ["-it"] if sys.stdin.isatty() else ["-i"]
+        docker_cli = {k: v for k, v in os.environ.items() if k == "PATH" or k.startswith("DOCKER_")}
+        status = subprocess.call(  # the docker CLI for the terminal; nothing of ours goes in
+            ["docker", "exec", *interactive, "-w", config.workspace, box.id, "sh"], env=docker_cli
+        )
+    sys.exit(status)
 
 
 def _ago(now: float, stamp: str | None) -> str:

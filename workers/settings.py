@@ -18,11 +18,11 @@ class WorkerSettings(Settings):
 
     sandbox: SandboxConfig = SandboxConfig()
     """Limits of every code stage's container (`BATON_SANDBOX__MEMORY_MB=2048`, …)."""
-    sandbox_pool_size: int = Field(0, ge=0, le=16)
-    """`BATON_SANDBOX_POOL_SIZE`: ready sandboxes each worker process keeps per recently used
-    environment (`sandbox.pool`); 0, the default, starts each one when a stage asks. A pooled
-    sandbox cannot carry its run's labels (they are kept in the worker process), so
-    `docker ps --filter label=baton.run=…` does not find it."""
+    sandbox_pool_size: int = Field(1, ge=0, le=16)
+    """`BATON_SANDBOX_POOL_SIZE`: started, idle sandboxes each worker process keeps ready for
+    each environment it used lately (`sandbox.pool`), so that a stage does not wait for one to
+    start; 0 starts each one when a stage asks. A taken one is named for its execution, not
+    labelled: `docker ps --filter name=<run>` finds a run's sandboxes either way."""
     build: BuildSettings = BuildSettings()
     """How environments are built (`BATON_BUILD__INDEX_URL`, `BATON_BUILD__CA_BUNDLE`, …):
     build-time registry settings, never given to a stage's sandbox."""

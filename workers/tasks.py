@@ -12,8 +12,10 @@ import logging
 import os
 import socket
 from functools import cache
+from typing import Any
 
 from celery import Task
+from celery.signals import worker_process_shutdown, worker_shutdown
 
 from orchestrator.conductor import Completion, Conductor, StageResult, StageStart, StartAction
 from orchestrator.pipeline import load_pipeline
@@ -59,7 +61,7 @@ def services() -> WorkerServices:
         sandboxes=DockerSandboxes(
             mirrors,
             sandbox_config,
-            pool=WarmPool(size=settings.sandbox_pool_size) if settings.sandbox_pool_size else None,
+            pool=warm_pool(),
         ),
         environments=Environments(
             store.redis, mirrors, settings.build_settings(), sandbox_config=sandbox_config
@@ -74,6 +76,21 @@ def services() -> WorkerServices:
         clients=ModelClients(),
         loop=asyncio.new_event_loop(),
     )
+
+
+@worker_process_shutdown.connect
+@worker_shutdown.connect  # the solo and threads pools run tasks in the worker's own process
+def _close_pool(**_: Any) -> None:
+    """A process that ran stages is exiting: its idle sandboxes go now (else the reaper removes
+    them once it sees their owner gone)."""
+    if warm_pool.cache_info().currsize and (pool := warm_pool()) is not None:
+        pool.close()
+
+
+@cache
+def warm_pool() -> WarmPool | None:
+    """This process's ready sandboxes (`BATON_SANDBOX_POOL_SIZE`; 0: none)."""
+    return WarmPool(size=settings.sandbox_pool_size) if settings.sandbox_pool_size else None
 
 
 @app.task(name=STAGE_TASK, bind=True, max_retries=None, acks_late=True, reject_on_worker_lost=True)

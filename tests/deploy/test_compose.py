@@ -29,6 +29,7 @@ from orchestrator import api
 from orchestrator.models import RunRecord, RunStatus, StageStatus
 from orchestrator.settings import FAKE_API_KEY, Settings
 from sandbox.image import ensure_image as ensure_sandbox_image
+from tests.containers import sandboxes
 from tests.repos import Git
 
 COMPOSE_FILES = (ROOT / "compose.yaml", Path(__file__).with_name("compose.test.yaml"))
@@ -173,10 +174,7 @@ def test_compose_stack_fixes_the_demo_issue_end_to_end_and_leaves_nothing_behind
     assert client.containers.list(all=True, filters=ours) == []
     assert client.volumes.list(filters=ours) == []
     assert client.networks.list(filters=ours) == []
-    sandboxes = client.containers.list(
-        all=True, filters={"label": ["baton.sandbox=1", f"baton.run={run_id}"]}
-    )
-    assert sandboxes == []
+    assert sandboxes(run_id) == []
 
 
 def _services(stack: Stack, client: docker.DockerClient, image: str) -> list[str]:

@@ -14,16 +14,9 @@ from demo import SENTRY_EVENT
 from orchestrator import api
 from orchestrator.models import RunRecord, RunStatus, StageStatus
 from orchestrator.store import RunStore
+from tests.containers import sandboxes
 
 from .conftest import Stack
-
-
-def containers(run_id: str) -> list[str]:
-    listed = subprocess.run(
-        ["docker", "ps", "-aq", "--filter", f"label=baton.run={run_id}"],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
-    return listed.stdout.split()
 
 
 def branches(remote: Path) -> list[str]:
@@ -75,7 +68,7 @@ def test_a_cancel_while_the_pr_stage_waits_for_its_model_pushes_nothing(
     pr = run.stages["pr"]
     assert pr.finished_at is not None and pr.finished_at >= cancelled_at
     assert pr.requests == 2  # what the stopped execution cost is kept
-    until(lambda: containers(run_id) == [], "the pr stage's sandbox was not removed", 15)
+    until(lambda: sandboxes(run_id) == [], "the pr stage's sandbox was not removed", 15)
     done = [e for e in run_store.audit_log(run_id) if e["kind"] == "stage_done"]
     assert [e["branch"] for e in done] == [
         f"fixer.{s}" for s in ("triage", "search", "plan", "fix")

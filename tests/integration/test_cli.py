@@ -17,6 +17,7 @@ import redis
 
 from demo import SENTRY_EVENT
 from demo.runner import make_sample_repo
+from tests.containers import sandboxes
 
 from .conftest import CANARY_KEY, Stack
 
@@ -189,14 +190,6 @@ def test_a_worker_serves_only_the_stages_it_is_given(
     assert b"baton.triage" in (tmp_path / "worker.log").read_bytes()
 
 
-def sandboxes_of(run_id: str) -> list[str]:
-    listed = subprocess.run(
-        ["docker", "ps", "-aq", "--filter", f"label=baton.run={run_id}"],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
-    return listed.stdout.split()
-
-
 def test_demo_json_reports_every_stage_the_proof_and_the_branch(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("BATON_REDIS_URL", "GOOGLE_API_KEY")}
     done = subprocess.run(
@@ -222,7 +215,7 @@ def test_demo_json_reports_every_stage_the_proof_and_the_branch(tmp_path: Path) 
     assert stages["fix"]["tests_before"] == {"exit_code": 1, "passed": 2, "failed": 2}
     assert stages["fix"]["tests_after"] == {"exit_code": 0, "passed": 4, "failed": 0}
     assert stages["pr"]["branch"] == f"baton/{summary['run_id']}"
-    assert sandboxes_of(summary["run_id"]) == []
+    assert sandboxes(summary["run_id"]) == []
 
 
 def test_top_shows_the_queues_the_workers_and_the_runs(stack: Stack) -> None:

@@ -25,6 +25,7 @@ from orchestrator.settings import Settings
 from orchestrator.store import RunStore
 from testkit import services
 from testkit.services import worker_env
+from tests.containers import sandboxes
 from tests.repos import Git
 
 from .conftest import Stack, demo_scenario, stack_settings
@@ -39,14 +40,6 @@ FAST_RECOVERY = {
 """Relaxed recovery settings (defaults: lease 30 s, reconcile every 30 s, stuck after 120 s), so
 that a stage lost with its worker is back within seconds rather than up to a minute and these
 tests finish in a test's time. `python -m bench soak` soaks the defaults."""
-
-
-def containers(*labels: str) -> list[str]:
-    filters = [arg for label in labels for arg in ("--filter", f"label={label}")]
-    listed = subprocess.run(
-        ["docker", "ps", "-aq", *filters], capture_output=True, text=True, check=True
-    )
-    return listed.stdout.split()
 
 
 @pytest.fixture
@@ -94,7 +87,7 @@ def test_cancel_during_a_sandboxed_stage_leaves_no_container_and_a_cancelled_run
     with services.worker(env, QUEUES, logfile=own_db.workdir / "worker.log"):
         run_id = own_db.enqueue(SENTRY_EVENT.read_bytes(), own_db.sample_repo())
         deadline = time.monotonic() + 60
-        while not containers(f"baton.run={run_id}", "baton.stage=fix"):
+        while not sandboxes(run_id, "fix"):
             assert time.monotonic() < deadline, "the fix stage never started its sandbox"
             time.sleep(0.1)
         time.sleep(0.5)
@@ -110,7 +103,7 @@ def test_cancel_during_a_sandboxed_stage_leaves_no_container_and_a_cancelled_run
 
     run = api.get_run(run_id, settings=own_db.settings)
     assert (run.status, run.reason) == (RunStatus.CANCELLED, "cancelled by request")
-    assert containers(f"baton.run={run_id}") == []
+    assert sandboxes(run_id) == []
     assert stopped_after < 10, "the stage should stop at once, not when its model call ends"
     assert run.stages["pr"].status == StageStatus.PENDING
 

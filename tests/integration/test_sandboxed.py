@@ -22,6 +22,7 @@ from testkit import services
 from testkit.github import FakeGitHub
 from testkit.services import worker_env
 from testkit.sinks import MemoryArtifacts
+from tests.containers import sandboxes
 from tests.repos import Git
 from workers.gemini import build_model, close_model
 from workers.inputs import StageInputs, resolve
@@ -82,7 +83,7 @@ def test_the_fix_is_proven_in_the_sandbox_and_the_branch_holds_exactly_that_chan
     assert "- before the change: exit code 1, 2 passed, 2 failed" in message
     assert "- after the change: exit code 0, 4 passed, 0 failed" in message
     assert run_store.output(run.id, "pr")["branch"] == branch  # type: ignore[index]
-    assert containers(f"baton.run={run.id}") == []
+    assert sandboxes(run.id) == []
 
 
 def test_a_repository_as_it_is_runs_to_the_end_and_names_its_environment(
@@ -110,7 +111,7 @@ def test_a_repository_as_it_is_runs_to_the_end_and_names_its_environment(
     assert (environment["passed"], environment["failed"]) == ("2", "2")
     changed = git("diff", "--name-only", "main", f"baton/{run.id}", cwd=repo).split()
     assert changed == ["shopcart/cart.py"]
-    assert containers(f"baton.run={run.id}") == []
+    assert sandboxes(run.id) == []
 
 
 def test_a_fix_whose_tests_still_fail_is_not_published(stack: Stack, git: Git) -> None:
@@ -181,15 +182,15 @@ def test_a_worker_killed_mid_stage_leaves_no_container_once_the_reaper_ran(
     with services.worker(worker_env(settings), queues, logfile=tmp_path / "first.log") as first:
         run_id = mine.enqueue(SENTRY_EVENT.read_bytes(), mine.sample_repo())
         deadline = time.monotonic() + 60
-        while not containers(f"baton.run={run_id}"):
+        while not sandboxes(run_id):
             assert time.monotonic() < deadline, "the fix stage never started its sandbox"
             time.sleep(0.1)
         os.killpg(first.pid, signal.SIGKILL)
         first.wait()
-        left = containers(f"baton.run={run_id}")
+        left = sandboxes(run_id)
         stack.fake.set_faults([])
         with services.worker(worker_env(settings), ["baton.none"], logfile=tmp_path / "second.log"):
-            remaining = containers(f"baton.run={run_id}")
+            remaining = sandboxes(run_id)
 
     assert left, "the killed worker's sandbox should outlive it until the reaper runs"
     assert remaining == []

@@ -1,10 +1,13 @@
-"""Who owns a sandbox, and when the reaper may consider that owner gone."""
+"""Who owns a sandbox, when the reaper may consider that owner gone, and what its name says."""
 
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
+
+import pytest
 
 from sandbox import labels
 
@@ -44,3 +47,36 @@ def test_another_hosts_owner_is_never_gone_from_here() -> None:
 
 def test_a_malformed_owner_is_left_alone() -> None:
     assert labels.owner_is_gone("nonsense") is False
+
+
+@pytest.mark.parametrize(
+    ("given", "matches", "misses"),
+    [
+        ({"baton.run": "r1"}, ["r1.fix.1", "r1.search.3"], ["r10.fix.1", "r2.fix.1", "r1-2.fix.1"]),
+        ({"baton.run": "r1", "baton.stage": "fix"}, ["r1.fix.1", "r1.fix.12"],
+         ["r1.fixer.1", "r1.search.1"]),
+        ({"baton.run": "r1", "baton.stage": "fix", "baton.attempt": "1"}, ["r1.fix.1"],
+         ["r1.fix.12", "r1.fix.2"]),
+    ],
+)  # fmt: skip
+def test_a_sandboxs_name_spells_its_execution_and_the_pattern_finds_exactly_those(
+    given: dict[str, str], matches: list[str], misses: list[str]
+) -> None:
+    pattern = labels.name_pattern(given)
+    assert pattern is not None
+
+    def named(execution: str) -> str:  # as Docker lists a name: with a leading slash
+        run, stage, attempt = execution.split(".") if "." in execution else (execution, "", "")
+        own = {"baton.run": run, "baton.stage": stage, "baton.attempt": attempt}
+        return "/" + labels.container_name({k: v for k, v in own.items() if v})
+
+    assert all(re.search(pattern, named(m)) for m in matches)
+    assert not any(re.search(pattern, named(m)) for m in misses)
+
+
+def test_names_hold_only_what_docker_allows_and_say_nothing_they_cannot() -> None:
+    name = labels.container_name({"baton.run": "r/1 x", "baton.stage": "fix"})
+    assert re.fullmatch(r"baton-sbx-r_1_x\.fix-[0-9a-f]{12}", name)
+    assert re.fullmatch(r"baton-sbx-[0-9a-f]{12}", labels.container_name({}))
+    assert labels.name_pattern({"baton.stage": "fix"}) is None  # a stage of any run
+    assert labels.name_pattern({"baton.run": "r1", "team": "x"}) is None

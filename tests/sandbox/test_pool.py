@@ -1,10 +1,15 @@
 """The warm pool against the real dockerd: ready containers, one per execution, refilled in the
-background, expired when idle, known to the reaper and found by their execution's labels."""
+background, expired when idle, known to the reaper, and named for the execution that took them."""
 
 from __future__ import annotations
 
+import json
+import re
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import docker
 import pytest
@@ -14,6 +19,11 @@ from sandbox import labels as label
 from sandbox.pool import POOL_LABEL, WarmPool
 
 CFG = SandboxConfig(memory_mb=128)
+ROOT = Path(__file__).resolve().parents[2]
+REMOVE = (
+    "import json, sys; from sandbox import remove_labelled\n"
+    "print(*remove_labelled(json.loads(sys.argv[1])))"
+)
 
 
 def until(check: Callable[[], bool], what: str, timeout_s: float = 30.0) -> None:
@@ -72,18 +82,32 @@ def test_pooled_containers_carry_what_the_reaper_reads_and_a_full_ttl(
         assert float(labels[label.EXPIRES]) >= time.time() + CFG.ttl_s
 
 
-def test_an_executions_labels_find_its_pooled_sandbox_for_removal(
+def test_a_taken_sandbox_is_named_for_its_execution_and_found_by_it_from_another_process(
     pool: WarmPool, docker_client: docker.DockerClient
 ) -> None:
     with pool.start(CFG, labels={}, env={}):
         pass
     until(lambda: pool.ready() == 2, "the pool did not fill")
+    waiting = pooled(docker_client)
+    execution = {"baton.run": "r-pool", "baton.stage": "fix", "baton.attempt": "2"}
 
-    with pool.start(CFG, labels={"baton.run": "r-pool", "baton.stage": "fix"}, env={}) as box:
-        removed = remove_labelled({"baton.run": "r-pool", "baton.stage": "fix"})
-        assert removed == [box.id]
+    with pool.start(CFG, labels=execution, env={}) as box:
+        name = docker_client.api.inspect_container(box.id)["Name"]
+        listed = subprocess.run(
+            ["docker", "ps", "-q", "--no-trunc", "--filter", "name=r-pool.fix"],
+            capture_output=True, text=True, check=True,
+        ).stdout.split()  # fmt: skip
+        removed = subprocess.run(  # a process other than the pool's, as `baton cancel` is
+            [sys.executable, "-c", REMOVE, json.dumps({"baton.run": "r-pool"})],
+            capture_output=True, text=True, check=True, cwd=ROOT,
+        ).stdout.split()  # fmt: skip
         with pytest.raises(docker.errors.NotFound):
             docker_client.api.inspect_container(box.id)
+
+    assert box.id in waiting
+    assert re.fullmatch(r"/baton-sbx-r-pool\.fix\.2-[0-9a-f]{12}", name)
+    assert listed == [box.id]
+    assert removed == [box.id]
     assert remove_labelled({"baton.run": "r-pool"}) == []
 
 
