@@ -23,7 +23,7 @@ unit: setup
 
 # Everything: lint, then both tiers against real redis-server, Celery workers, dockerd, Chromium.
 test: lint
-	env -u PYTHONDONTWRITEBYTECODE bash scripts/with-docker.sh $(BIN)/pytest -q
+	env -u PYTHONDONTWRITEBYTECODE bash scripts/with-docker.sh $(BIN)/pytest -q --durations=15
 
 bench: setup
 	bash scripts/with-docker.sh $(BIN)/python -m bench
