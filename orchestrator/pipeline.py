@@ -14,6 +14,7 @@ import json
 import re
 import tomllib
 from collections.abc import Mapping
+from enum import StrEnum
 from functools import cache
 from importlib import resources
 from pathlib import Path
@@ -97,6 +98,45 @@ class VerifyRule(BaseModel):
         return key, field
 
 
+class ChangeClass(StrEnum):
+    """Kinds of changed file that a publishing stage refuses unless its pipeline allows them:
+    issue text is untrusted, and a change steered by it could reach further than the fix."""
+
+    UNPLANNED = "unplanned"
+    """A file the plan did not name (`PublishRule.planned_from`)."""
+    CI = "ci"
+    """CI, workflow or repository configuration: `.github/`, `.gitlab-ci.yml`, `Jenkinsfile`,
+    `.gitattributes`, `CODEOWNERS`, …"""
+    DEPENDENCIES = "dependencies"
+    """A dependency manifest or lockfile (`pyproject.toml`, `requirements*.txt`,
+    `package-lock.json`, …) or the repository's environment spec."""
+    BINARY = "binary"
+    """A file git does not diff as text."""
+    EXECUTABLE = "executable"
+    """A file that becomes executable."""
+
+
+class PublishRule(BaseModel):
+    """What a stage's `publish` tool may put on a branch. The change is checked on the worker
+    host, as applied there, never as the sandbox that made it describes it; symlinks,
+    submodules and paths inside `.git` are refused whatever is allowed."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    planned_from: str | None = Field(None, pattern=f"^{_NAME}(?::{_NAME})?\\.{_NAME}$")
+    """`<upstream output key>.<field>` listing the files the change is meant to touch, e.g.
+    `plan.files_to_change`; any other file is `unplanned`. None: no file is unplanned."""
+    allow: tuple[ChangeClass, ...] = ()
+    """The classes of change published anyway (and listed in the pull request as such)."""
+
+    @property
+    def source(self) -> tuple[str, str] | None:
+        if self.planned_from is None:
+            return None
+        key, _, field = self.planned_from.rpartition(".")
+        return key, field
+
+
 class StageSpec(BaseModel):
     """One stage: what it is told, what it may use, what it must return."""
 
@@ -115,6 +155,8 @@ class StageSpec(BaseModel):
     budget: StageBudget = StageBudget()
     stop_when: StopRule | None = None
     verify: VerifyRule | None = None
+    publish: PublishRule = PublishRule()
+    """What its `publish` tool may publish (a stage without that tool ignores it)."""
     sandbox_network: str | None = Field(None, pattern=r"^\w[\w.-]*$")
     """The Docker network this stage's sandbox joins (an egress proxy's, say); by default it
     has no network at all. Never `host` or another container's."""
@@ -172,6 +214,12 @@ class Pipeline(BaseModel):
                 raise ValueError(
                     f"stage {stage.name!r} verifies with {stage.verify.command_from!r}, which "
                     "names no earlier stage's output"
+                )
+            planned = stage.publish.source
+            if planned and planned[0] not in known:
+                raise ValueError(
+                    f"stage {stage.name!r} takes its planned files from "
+                    f"{stage.publish.planned_from!r}, which names no earlier stage's output"
                 )
             if stage.output_key in known:
                 raise ValueError(f"stage {stage.name!r} reuses output key {stage.output_key!r}")

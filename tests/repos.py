@@ -91,6 +91,7 @@ class Upstream:
         self.git("clone", "--quiet", self.bare, scratch)
         self.git("checkout", "--quiet", "--detach", base or self.pinned, cwd=scratch)
         for name, data in files.items():
+            (scratch / name).parent.mkdir(parents=True, exist_ok=True)
             (scratch / name).write_bytes(data)
         self.git("add", "--intent-to-add", "--all", cwd=scratch)
         return self.git.raw("diff", "--binary", "HEAD", cwd=scratch)

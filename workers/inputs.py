@@ -44,6 +44,9 @@ class StageInputs:
     """The change the stages before this one made, applied to its workspace first."""
     evidence: str = ""
     """What a publishing stage adds to its pull request: the tests Baton measured."""
+    planned_files: tuple[str, ...] | None = None
+    """The files a publishing stage's change is meant to touch (`spec.publish.planned_from`);
+    None: no file counts as unplanned."""
     environment: Environment | None = None
     """The run's environment, for a code stage's sandbox (the worker prepares it)."""
 
@@ -80,6 +83,7 @@ def resolve(
         verify_command=_verify_command(run, spec, store),
         upstream_diff=_upstream_diff(run, pipeline, spec, store),
         evidence=_evidence(run, pipeline, spec, store),
+        planned_files=_planned_files(run, spec, store),
     )
 
 
@@ -91,6 +95,19 @@ def _verify_command(run: RunRecord, spec: StageSpec, store: RunStore) -> str | N
     if not isinstance(command, str) or not command.strip():
         raise StageError(f"stage {key!r} gave no {name!r} to verify {spec.name!r} with")
     return command
+
+
+def _planned_files(run: RunRecord, spec: StageSpec, store: RunStore) -> tuple[str, ...] | None:
+    source = spec.publish.source if "publish" in spec.tools else None
+    if source is None:
+        return None
+    key, name = source
+    files = (store.output(run.id, key) or {}).get(name)
+    if not isinstance(files, list) or not all(isinstance(path, str) for path in files):
+        raise StageError(
+            f"stage {key!r} gave no list {name!r} of the files {spec.name!r} may change"
+        )
+    return tuple(files)
 
 
 def _upstream_diff(

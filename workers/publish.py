@@ -41,6 +41,8 @@ from orchestrator.git import (
     repo_source,
     run_git,
 )
+from orchestrator.pipeline import ChangeClass
+from workers.changes import ChangedFile, ChangePolicy, UnsafeChangeError, listing, read_changes
 from workers.errors import PublishError
 from workers.github import (
     GITHUB_API_URL,
@@ -102,11 +104,14 @@ class Publisher:
         body: str,
         workdir: Path,
         fence: Callable[[], None] | None = None,
+        policy: ChangePolicy | None = None,
     ) -> PublishResult:
         """Commit `diff` on top of `commit` as `branch` of `repo`, push it, open a pull request.
 
         `title` is the commit's subject and the pull request's title, `body` the rest of the
-        message and the pull request's description. The working copy is made in
+        message and the pull request's description, to which the list of changed files is
+        added. The change, as applied here, must pass `policy` (by default: any class of change,
+        but never a symlink, a submodule or a path inside `.git`). The working copy is made in
         `workdir / "publish"` (replacing one a failed attempt left there); deleting it is up to
         the caller. `fence` is called right before the push and again right after it, before
         the pull request: if it raises after the push (the run was cancelled meanwhile), the
@@ -116,12 +121,15 @@ class Publisher:
         copy = _WorkingCopy(
             source, branch, workdir / "publish", self._git_config(source), self._secrets()
         )
-        subject, message = _commit_message(title, body, copy)
+        _commit_message(title, body, copy)  # a title, before any work
         if not diff.strip():
             raise copy.error("nothing to publish: the fix's diff is empty")
         _check_branch_name(copy)
         self._checkout(copy, commit)
         tree = _apply(copy, commit, diff)
+        policy = policy or ChangePolicy.of(None, ChangeClass)  # any class; nothing unsafe
+        body = f"{body.strip()}\n\n{listing(_checked(copy, commit, policy), policy)}"
+        subject, message = _commit_message(title, body, copy)
         remote = _remote_head(copy)
         if remote and _has_content(copy, remote, tree=tree, parent=commit, message=message):
             fix, pushed = remote, False
@@ -141,7 +149,7 @@ class Publisher:
             redact(source),
             "pushed" if pushed else "already there",
         )
-        pull = self._pull_request(copy, fix, subject, body.strip())
+        pull = self._pull_request(copy, fix, subject, body.strip())  # the listing included
         return PublishResult(
             branch=branch,
             commit=fix,
@@ -267,6 +275,24 @@ def _apply(copy: _WorkingCopy, commit: str, diff: bytes) -> str:
     if tree == copy.out("rev-parse", f"{commit}^{{tree}}"):
         raise copy.error(f"nothing to publish: the diff changes nothing in commit {commit}")
     return tree
+
+
+def _checked(copy: _WorkingCopy, commit: str, policy: ChangePolicy) -> list[ChangedFile]:
+    """The files the applied change touches, as git on this host reads them from the index;
+    refused unless `policy` allows every one."""
+    flags = ["--cached", "-z", "--no-renames", commit]
+    raw = copy.run("diff-index", "--raw", *flags)
+    numstat = copy.run("diff-index", "--numstat", *flags)
+    if raw.returncode != 0 or numstat.returncode != 0:
+        raise copy.error("cannot list the change's files", raw if raw.returncode else numstat)
+    try:
+        files = read_changes(raw.stdout, numstat.stdout, policy)
+    except UnsafeChangeError as exc:
+        raise copy.error(f"refused: {exc}") from None
+    refusal = policy.refusal(files)
+    if refusal is not None:
+        raise copy.error(f"refused: {refusal}")
+    return files
 
 
 def _remote_head(copy: _WorkingCopy) -> str:

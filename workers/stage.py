@@ -29,6 +29,7 @@ from workers import output as outputs
 from workers import proof
 from workers.agent import AgentSpec, AuditSink, StageSession, Usage, build_agent
 from workers.budget import json_chars
+from workers.changes import ChangePolicy
 from workers.errors import StageError, StageOutputError, TestsFailedError
 from workers.inputs import StageInputs
 from workers.publish import Publisher
@@ -261,6 +262,7 @@ def _tools(
                 body=f"{body}\n\n{inputs.evidence}".strip(),
                 workdir=Path(tmp),
                 fence=fence,
+                policy=ChangePolicy.of(inputs.planned_files, inputs.spec.publish.allow),
             )
         facts[Fact.PUBLISHED_BRANCH] = published.branch
         facts[Fact.PUBLISHED_COMMIT] = published.commit

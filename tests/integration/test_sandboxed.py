@@ -35,6 +35,7 @@ from workers.stage import StageOutput, StageSinks, execute_stage
 from .conftest import CANARY_KEY, Stack, demo_scenario, stack_settings
 
 STAGES = ["triage", "search", "plan", "fix", "pr"]
+ROOT = Path(__file__).resolve().parents[2]
 GITHUB_CANARY = "ghp_CanaryTokenThatMustNeverLeak0000000000"
 
 
@@ -128,6 +129,52 @@ def test_a_fix_whose_tests_still_fail_is_not_published(stack: Stack, git: Git) -
     assert "exit code 1, 2 passed, 2 failed" in run.reason
     assert run.stages["pr"].status == StageStatus.PENDING
     assert git("branch", "--list", "baton/*", cwd=repo) == ""
+
+
+def _fix_that_also_adds_a_workflow() -> dict[str, Any]:
+    scenario = demo_scenario()
+    workflow = {"path": ".github/workflows/x.yml", "old_text": "", "new_text": "on: push\n"}
+    scenario["agents"]["fix"]["steps"].insert(2, {"call": {"name": "edit_file", "args": workflow}})
+    return scenario
+
+
+def test_a_fix_that_also_adds_a_workflow_is_refused_with_that_reason(
+    stack: Stack, git: Git
+) -> None:
+    stack.fake.set_scenario(_fix_that_also_adds_a_workflow())
+    repo = stack.sample_repo()
+    run = stack.wait(stack.enqueue(SENTRY_EVENT.read_bytes(), repo))
+
+    assert run.status == RunStatus.FAILED
+    assert run.reason is not None and run.reason.startswith(f"pr: cannot publish baton/{run.id}")
+    assert "refused: the change holds what this pipeline does not publish: " \
+        ".github/workflows/x.yml (unplanned, ci)" in run.reason  # fmt: skip
+    assert git("branch", "--list", "baton/*", cwd=repo) == ""
+
+
+def test_the_same_fix_with_those_classes_allowed_is_published_and_lists_the_file(
+    stack: Stack, git: Git, tmp_path: Path
+) -> None:
+    fixer = (ROOT / "orchestrator" / "pipelines" / "fixer.toml").read_text()
+    planned_only = 'publish = { planned_from = "plan.files_to_change" }'
+    assert planned_only in fixer
+    allowing = tmp_path / "fixer-allowing-ci.toml"
+    allowed = planned_only.replace(" }", ', allow = ["unplanned", "ci"] }')
+    allowing.write_text(fixer.replace(planned_only, allowed))
+    stack.fake.set_scenario(_fix_that_also_adds_a_workflow())
+    repo = stack.sample_repo()
+    run = stack.wait(stack.enqueue(SENTRY_EVENT.read_bytes(), repo, pipeline=str(allowing)))
+
+    assert run.status == RunStatus.DONE, run.reason
+    branch = f"baton/{run.id}"
+    changed = git("diff", "--name-only", "main", branch, cwd=repo).split()
+    assert changed == [".github/workflows/x.yml", "shopcart/cart.py"]
+    message = git("log", "-1", "--format=%B", branch, cwd=repo)
+    assert message.rstrip().endswith(
+        "Changed files, as Baton checked them:\n"
+        "- `.github/workflows/x.yml` — added; unplanned (allowed), ci (allowed)\n"
+        "- `shopcart/cart.py` — modified; planned"
+    )
 
 
 def test_no_secret_reaches_a_container_a_model_request_an_artifact_or_the_audit_log(

@@ -79,8 +79,11 @@ def _pipeline(**stage_overrides: object) -> dict[str, object]:
         ({"output_schema": "orchestrator.schemas:Nope"}, "cannot be imported"),
         ({"budget": {"soft_time_limit_s": 10, "time_limit_s": 5}}, "soft_time_limit_s"),
         ({"name": "Bad Name"}, "name"),
+        ({"publish": {"planned_from": "plan.files_to_change"}},
+         "takes its planned files from 'plan.files_to_change', which names no earlier stage"),
+        ({"publish": {"allow": ["workflows"]}}, "publish.allow.0"),
     ],
-)
+)  # fmt: skip
 def test_invalid_pipelines_are_refused_with_the_reason(
     override: dict[str, object], message: str
 ) -> None:
@@ -136,3 +139,8 @@ def test_the_stages_before_one_come_nearest_first() -> None:
     assert [s.name for s in pipeline.before("fix")] == ["plan", "search", "triage"]
     assert pipeline.before("triage") == ()
     assert pipeline.next_after("fix") is not None and pipeline.next_after("pr") is None
+
+
+def test_the_fixer_publishes_only_planned_files_and_no_special_class() -> None:
+    pr = load_pipeline("fixer").stage("pr")
+    assert (pr.publish.planned_from, pr.publish.allow) == ("plan.files_to_change", ())

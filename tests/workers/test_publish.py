@@ -13,9 +13,11 @@ from typing import Any
 import pytest
 from pydantic import SecretStr
 
+from orchestrator.pipeline import ChangeClass
 from testkit.github import FakeGitHub
 from tests.fences import failing_at
 from tests.repos import Git, Upstream
+from workers.changes import ChangePolicy
 from workers.errors import PublishError
 from workers.github import git_auth_config, github_slug
 from workers.mirrors import RepoCache
@@ -54,7 +56,10 @@ def publisher(tmp_path: Path) -> Publisher:
 
 
 FIX = {"app.py": b"def answer():\n    return 42\n"}
-MESSAGE = "Return the right answer\n\nThe answer was off by one.\n"
+MESSAGE = (
+    "Return the right answer\n\nThe answer was off by one.\n\n"
+    "Changed files, as Baton checked them:\n- `app.py` — modified; code\n"
+)
 
 
 def publish(
@@ -65,6 +70,7 @@ def publish(
     *,
     branch: str = "baton/run-1",
     repo: str | None = None,
+    policy: ChangePolicy | None = None,
 ) -> PublishResult:
     return publisher.publish(
         repo=repo or str(upstream.bare),
@@ -74,6 +80,7 @@ def publish(
         title="Return the right answer",
         body="The answer was off by one.",
         workdir=workdir,
+        policy=policy,
     )
 
 
@@ -314,7 +321,7 @@ def test_a_pull_request_is_opened_once_from_the_branch_into_the_default_branch(
             "base": "develop",
             "head": "baton/run-1",
             "title": "Return the right answer",
-            "body": "The answer was off by one.",
+            "body": MESSAGE.split("\n\n", 1)[1].strip(),  # the listing of files included
         }
     ]
     lists = [entry["query"] for entry in fake_github.requests if entry["path"].endswith("/pulls")]
@@ -485,3 +492,78 @@ def test_taking_a_push_back_restores_what_the_branch_held_before(
         )  # fmt: skip
 
     assert upstream.commits_on("baton/run-1") == [earlier.commit]
+
+
+# -- what may be published ----------------------------------------------------------------------
+
+WORKFLOW = {".github/workflows/x.yml": b"on: push\njobs: {}\n"}
+PLANNED = ChangePolicy.of(["app.py"], [])
+
+
+def test_a_change_outside_the_plan_into_ci_is_refused_naming_the_file_and_nothing_is_pushed(
+    upstream: Upstream, publisher: Publisher, tmp_path: Path
+) -> None:
+    diff = upstream.diff({**FIX, **WORKFLOW})
+
+    with pytest.raises(PublishError) as refused:
+        publish(publisher, upstream, diff, tmp_path / "run", policy=PLANNED)
+
+    assert "refused: the change holds what this pipeline does not publish: " \
+        ".github/workflows/x.yml (unplanned, ci)" in str(refused.value)  # fmt: skip
+    assert "app.py" not in str(refused.value).split("publish: ", 1)[1]
+    assert upstream.branches() == ["refs/heads/main"]
+
+
+def test_allowed_classes_are_published_and_every_changed_file_is_listed_with_its_class(
+    upstream: Upstream, publisher: Publisher, tmp_path: Path, git: Git
+) -> None:
+    lock = {"requirements.txt": b"requests==2.32.3\n", "logo.bin": BINARY[::-1]}
+    diff = upstream.diff({**FIX, **WORKFLOW, **lock})
+    allowing = ChangePolicy.of(
+        ["app.py"], [ChangeClass.UNPLANNED, ChangeClass.CI, ChangeClass.DEPENDENCIES,
+                     ChangeClass.BINARY],
+    )  # fmt: skip
+
+    result = publish(publisher, upstream, diff, tmp_path / "run", policy=allowing)
+
+    body = git("log", "-1", "--format=%b", result.commit, cwd=upstream.bare)
+    assert body.split("\n\n", 1)[1].splitlines() == [
+        "Changed files, as Baton checked them:",
+        "- `.github/workflows/x.yml` — added; unplanned (allowed), ci (allowed)",
+        "- `app.py` — modified; planned",
+        "- `logo.bin` — modified; unplanned (allowed), binary (allowed)",
+        "- `requirements.txt` — added; unplanned (allowed), dependencies (allowed)",
+    ]
+
+
+SYMLINK = b"""diff --git a/passwd b/passwd
+new file mode 120000
+--- /dev/null
++++ b/passwd
+@@ -0,0 +1 @@
++/etc/passwd
+\\ No newline at end of file
+"""
+EXECUTABLE = b"""diff --git a/app.py b/app.py
+old mode 100644
+new mode 100755
+"""
+
+
+@pytest.mark.parametrize(
+    ("diff", "said"),
+    [(SYMLINK, "refused: passwd is a symlink"),
+     (EXECUTABLE, "refused: the change holds what this pipeline does not publish: "
+                  "app.py (executable)")],
+    ids=["symlink", "executable"],
+)  # fmt: skip
+def test_what_the_host_reads_back_is_checked_not_what_the_sandbox_said(
+    diff: bytes, said: str, upstream: Upstream, publisher: Publisher, tmp_path: Path
+) -> None:
+    every_class_but_executable = ChangePolicy.of(None, set(ChangeClass) - {ChangeClass.EXECUTABLE})
+
+    with pytest.raises(PublishError) as refused:
+        publish(publisher, upstream, diff, tmp_path / "run", policy=every_class_but_executable)
+
+    assert said in str(refused.value)
+    assert upstream.branches() == ["refs/heads/main"]
