@@ -3,9 +3,10 @@ published.
 
 The sandbox that produced a diff is not trusted (a test command can rewrite its `.git/config`
 or plant a symlink), so the publisher applies the diff to its own copy and reads the result
-back from git's index: `changes(copy, commit)` lists every changed file with its status and
-classes (`orchestrator.pipeline.ChangeClass`), and `ChangePolicy.check` refuses what the
-pipeline does not allow. Symlinks, submodules and paths inside `.git` are refused always.
+back from git's index (`workers.publish`): `read_changes` turns git's listing into every changed
+file with its status and classes (`orchestrator.pipeline.ChangeClass`), refusing symlinks,
+submodules and paths inside `.git` always, and `ChangePolicy.refusal` says what the pipeline
+does not allow.
 """
 
 from __future__ import annotations
