@@ -1,6 +1,7 @@
 """The baseline of the overhead benchmark: a plain Celery chain whose every task makes one
 google-genai call to the same fake server, on the same Redis and with the same worker settings
-as Baton (acks late, prefetch 1, prefork). One client per process, reused; task starts traced
+as Baton (acks late, prefetch 1, prefork) and the same garbage collector settings in its pool
+process (`orchestrator.queue.collect_less`). One client per process, reused; task starts traced
 (`bench.trace`) as in Baton's worker.
 """
 
@@ -10,12 +11,13 @@ import functools
 import os
 
 from celery import Celery
+from celery.signals import worker_process_init
 from google import genai
 from google.genai import types
 
 from bench import trace
 from bench.stack import API_KEY
-from orchestrator.queue import celery_config
+from orchestrator.queue import celery_config, collect_less
 from orchestrator.settings import DEFAULT_MODEL, QueueConfig
 
 MODEL = DEFAULT_MODEL
@@ -24,6 +26,7 @@ MODEL = DEFAULT_MODEL
 app = Celery("bench-chain")
 app.conf.update(celery_config(os.environ["BATON_REDIS_URL"], QueueConfig()))
 trace.install()
+worker_process_init.connect(collect_less, weak=False)  # as Baton's worker does
 
 
 @functools.cache

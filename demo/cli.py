@@ -1,4 +1,5 @@
-"""`baton demo` and `baton fake-gemini`, added to the `baton` command by entry point."""
+"""`baton demo`, `baton fake-gemini` and `baton replay`, added to the `baton` command by entry
+point: they need the fake Gemini server (the `fake` extra)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,11 @@ import sys
 
 import click
 from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
 
 from demo import SCENARIO
-from orchestrator.models import RunStatus
+from orchestrator.models import RunRecord, RunStatus, StageStatus
 from orchestrator.settings import Settings
 
 EXIT_FAILED_RUN = 1
@@ -53,3 +56,57 @@ def fake_gemini(scenario: str | None, host: str, port: int, record: str | None) 
     if record:
         argv += ["--record", record]
     os.execv(sys.executable, argv)
+
+
+@click.command()
+@click.argument("run_id")
+@click.option("--stage", help="The stage to play again (default: the one that failed, else the "
+              "last that ran).")  # fmt: skip
+@click.option("--attempt", type=int, help="Which execution's replies (default: the latest).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def replay(run_id: str, stage: str | None, attempt: int | None, as_json: bool) -> None:
+    """Play a stage of RUN_ID again offline: the model's recorded replies, served by the fake
+    server in this process, with real tools in a fresh sandbox; nothing is published or written
+    into the run. Exits 0 when the output is the recorded one, 1 when not."""
+    from orchestrator.store import RunStore
+    from testkit.replay import replay as play_again
+    from workers.settings import WorkerSettings
+
+    settings = WorkerSettings()
+    store = RunStore.from_url(settings.require_redis_url())
+    run = store.get(run_id)
+    chosen = stage or _stage_to_replay(run)
+    result = play_again(store, run_id, chosen, attempt=attempt, settings=settings)
+    summary = {
+        "run_id": run_id,
+        "stage": result.stage,
+        "attempt": result.attempt,
+        "turns": [{"agent": t.agent, "reply": t.reply} for t in result.turns],
+        "requests": result.requests,
+        "same_output": result.same_output,
+        "output": result.output,
+        "recorded_output": result.recorded_output,
+        "error": result.error,
+    }
+    if as_json:
+        click.echo(json.dumps(summary, indent=2))
+    else:
+        out = Console()
+        table = Table(title=f"replay of {run_id} · {result.stage} · attempt {result.attempt}")
+        for column in ("#", "agent", "recorded reply"):
+            table.add_column(column)
+        for number, turn in enumerate(result.turns, 1):
+            table.add_row(str(number), turn.agent, escape(turn.reply))
+        out.print(table)
+        verdict = "the recorded output" if result.same_output else "not the recorded output"
+        out.print(f"{result.requests} model requests; the replay gave {verdict}"
+                  + (f": {escape(result.error)}" if result.error else ""))  # fmt: skip
+    sys.exit(0 if result.same_output else EXIT_FAILED_RUN)
+
+
+def _stage_to_replay(run: RunRecord) -> str:
+    ran = [name for name, record in run.stages.items() if record.attempts]
+    failed = [name for name in ran if run.stages[name].status == StageStatus.FAILED]
+    if not ran:
+        raise click.UsageError(f"no stage of run {run.id} has run yet")
+    return (failed or ran)[-1]

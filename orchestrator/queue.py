@@ -5,6 +5,7 @@ The orchestrator never imports `workers`; it only knows the task's name and the 
 
 from __future__ import annotations
 
+import gc
 import json
 import time
 from collections.abc import Iterator
@@ -56,6 +57,22 @@ class RedisTransport(kombu_redis.Transport):
 
 TRANSPORT = f"{RedisTransport.__module__}:{RedisTransport.__qualname__}"
 """`broker_transport` of every Baton app: the Redis broker, through `RedisTransport`."""
+
+
+YOUNG_COLLECTION_EVERY = 20_000
+"""Allocations (net of frees) between collections of the youngest generation in a worker's pool
+process (CPython's default: 700)."""
+
+
+def collect_less(**_: Any) -> None:
+    """For Celery's `worker_process_init`, in a pool process right after the fork: what the
+    parent imported (ADK, google-genai, their pydantic models: most of the heap, alive until
+    the process ends) is moved out of the collector's sight, and young objects are collected
+    every `YOUNG_COLLECTION_EVERY` allocations. A task allocates many short-lived objects; with
+    CPython's defaults, collecting them took about a tenth of a stage's CPU
+    (docs/benchmarks.md, orchestration overhead)."""
+    gc.freeze()
+    gc.set_threshold(YOUNG_COLLECTION_EVERY, *gc.get_threshold()[1:])
 
 
 def celery_config(redis_url: str | None, queue: QueueConfig) -> dict[str, Any]:

@@ -16,12 +16,18 @@ import threading
 from typing import Any
 
 from celery import Celery
-from celery.signals import celeryd_init, worker_process_shutdown, worker_ready, worker_shutdown
+from celery.signals import (
+    celeryd_init,
+    worker_process_init,
+    worker_process_shutdown,
+    worker_ready,
+    worker_shutdown,
+)
 
 import sandbox
 from orchestrator.conductor import Conductor
 from orchestrator.errors import ConfigError
-from orchestrator.queue import Dispatcher, celery_app
+from orchestrator.queue import Dispatcher, celery_app, collect_less
 from orchestrator.reconciler import Reconciler
 from orchestrator.store import RunStore
 from workers import metrics
@@ -61,6 +67,9 @@ def _prepare_metrics(**_: Any) -> None:
 def _serve_metrics(**_: Any) -> None:
     if settings.metrics_port is not None:
         metrics.serve(settings.metrics_port)
+
+
+worker_process_init.connect(collect_less, weak=False)
 
 
 @worker_process_shutdown.connect

@@ -17,6 +17,8 @@ import redis
 
 from demo import SENTRY_EVENT
 from demo.runner import make_sample_repo
+from orchestrator import keys
+from testkit.services import worker_env
 from tests.containers import sandboxes
 
 from .conftest import CANARY_KEY, Stack
@@ -243,3 +245,28 @@ def test_watch_shows_what_a_running_stage_is_doing(stack: Stack) -> None:
     # While its third model call is held 4 s, search has made two calls and used two tools.
     assert watched.returncode == 0
     assert re.search(rb"search\s.*running.*\s2\s.*thinking", watched.stdout) is not None
+
+
+def test_replay_plays_a_stage_again_offline_from_its_record_and_writes_nothing(
+    stack: Stack,
+) -> None:
+    run = stack.wait(stack.enqueue(SENTRY_EVENT.read_bytes(), stack.sample_repo()))
+    assert run.status.value == "done", run.reason
+    env = worker_env(stack.settings)
+    store = redis.Redis.from_url(env["BATON_REDIS_URL"], decode_responses=True)
+    audit_before, served_before = store.xlen(keys.audit(run.id)), len(stack.requests())
+
+    done = baton("replay", run.id, "--stage", "fix", "--json", env=env, timeout_s=300)
+    table = baton("replay", run.id, "--stage", "search", env=env, timeout_s=300)
+
+    assert done.returncode == 0, done.stderr
+    shown = json.loads(done.stdout)
+    replies = [turn["reply"] for turn in shown["turns"]]
+    assert replies[:4] == ["call run_tests", "call edit_file", "call run_tests", "call show_diff"]
+    assert replies[4].startswith('text: {"summary":"average_price_cents now returns 0')
+    assert (shown["requests"], shown["same_output"], shown["error"]) == (5, True, None)
+    assert shown["output"]["tests_after"]["failed"] == 0  # the tests ran again, in a sandbox
+    assert table.returncode == 0, table.stderr
+    assert b"the replay gave the recorded output" in table.stdout
+    assert store.xlen(keys.audit(run.id)) == audit_before  # nothing written into the run
+    assert len(stack.requests()) == served_before  # no model was asked: the record answered

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -9,6 +12,8 @@ import pytest
 from orchestrator.pipeline import load_pipeline
 from orchestrator.queue import STAGE_TASK, Dispatcher, celery_app
 from orchestrator.settings import QueueConfig
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("stage", ["triage", "fix"])
@@ -33,3 +38,15 @@ def test_a_stage_is_sent_as_the_one_stage_task_but_named_for_its_stage_everywher
     assert message.sent_event["name"] == f"baton.{stage}"  # and the sender's, for Flower
     assert message.sent_event["uuid"] == task_id
     assert options["queue"].name == spec.queue == f"baton.{stage}"
+
+
+def test_a_pool_process_collects_less_and_leaves_what_it_inherited_alone() -> None:
+    probe = (
+        "import gc; from orchestrator.queue import YOUNG_COLLECTION_EVERY, collect_less\n"
+        "before = gc.get_threshold(); collect_less()\n"
+        "print(before[0], gc.get_threshold() == (YOUNG_COLLECTION_EVERY, *before[1:]),"
+        " gc.get_freeze_count() > 1000)"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          check=True, cwd=ROOT)  # fmt: skip
+    assert done.stdout.split() == ["700", "True", "True"]

@@ -35,7 +35,10 @@ def until(check: Callable[[], bool], what: str, timeout_s: float = 30.0) -> None
 
 
 def pooled(client: docker.DockerClient) -> list[str]:
-    found = client.api.containers(all=True, filters={"label": f"{POOL_LABEL}=1"})
+    """This process's pooled containers (a worker another test killed may have left its own
+    for the reaper)."""
+    mine = [f"{POOL_LABEL}=1", f"{label.OWNER}={label.owner()}"]
+    found = client.api.containers(all=True, filters={"label": mine})
     return sorted(c["Id"] for c in found)
 
 
