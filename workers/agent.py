@@ -84,6 +84,10 @@ class Usage:
         )
 
 
+REQUEST_FIELDS = {"model", "contents", "config"}
+"""What of an `LlmRequest` is kept when requests are recorded: what goes on the wire."""
+
+
 @dataclass
 class AgentSpec:
     """What to build one stage's agent from."""
@@ -99,6 +103,8 @@ class AgentSpec:
     """Ask the API for `application/json` (only for stages without tools)."""
     checkpoint: Callable[[], None] | None = None
     """Called before every model and tool call: the stage's safe points (it raises to stop)."""
+    record_request: Callable[[dict[str, Any]], None] | None = None
+    """Given every model request as it is sent (after trimming), as JSON-ready data."""
 
 
 def build_agent(spec: AgentSpec, model: BaseLlm, usage: Usage) -> LlmAgent:
@@ -110,6 +116,9 @@ def build_agent(spec: AgentSpec, model: BaseLlm, usage: Usage) -> LlmAgent:
 
     def count_request(callback_context: Any, llm_request: LlmRequest) -> None:
         usage.requests += 1
+        if spec.record_request is not None:
+            sent = llm_request.model_dump(mode="json", include=REQUEST_FIELDS, exclude_none=True)
+            spec.record_request({"agent": spec.name, "number": usage.requests, **sent})
 
     def safe_point(*_: Any, **__: Any) -> None:
         if spec.checkpoint is not None:

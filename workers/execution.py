@@ -10,6 +10,7 @@ once (`failure`), so the task, the metrics and the run's reason all read the sam
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from dataclasses import dataclass, replace
@@ -48,6 +49,8 @@ from workers.stage import StageOutput, StageSinks, execute_stage
 
 logger = logging.getLogger(__name__)
 
+REQUESTS_ARTIFACT = "model-requests.jsonl"
+"""Every model request of an execution, as sent (`WorkerServices.keep_model_requests`)."""
 ENV_BUILD_ARTIFACT = "environment-build.log"
 ENV_BASELINE_ARTIFACT = "environment-baseline.log"
 
@@ -74,6 +77,8 @@ class WorkerServices:
     loop: asyncio.AbstractEventLoop | None = None
     """The process's one event loop, which every execution runs on (the shared clients' HTTP
     connections belong to it); None: each execution gets a new loop."""
+    keep_model_requests: bool = False
+    """Save every model request as the artifact `REQUESTS_ARTIFACT`."""
 
     @property
     def store(self) -> RunStore:
@@ -144,7 +149,12 @@ class Execution:
     async def execute(self) -> StageOutput:
         """Resolve the inputs and run the stage; raises an `ExecutionError` if it has no
         output."""
-        sinks = StageSinks(artifacts=self.artifacts, audit=self.audit, usage=self.usage)
+        sinks = StageSinks(
+            artifacts=self.artifacts,
+            audit=self.audit,
+            usage=self.usage,
+            requests=[] if self.services.keep_model_requests else None,
+        )
         try:
             inputs = resolve(self.run, self.pipeline, self.spec, self.attempt, self.services.store)
             if self.spec.tools:
@@ -163,6 +173,9 @@ class Execution:
         finally:
             if self._model is not None:
                 await close_model(self._model)
+            if sinks.requests:  # kept whether the stage finished or not
+                lines = "".join(json.dumps(request) + "\n" for request in sinks.requests)
+                self.artifacts.save(REQUESTS_ARTIFACT, lines.encode(), "application/x-ndjson")
 
     async def _environment(self) -> Environment | None:
         """The run's environment (built in a thread the first time, the fleet over), its logs

@@ -23,6 +23,10 @@ class WorkerSettings(Settings):
     each environment it used lately (`sandbox.pool`), so that a stage does not wait for one to
     start; 0 starts each one when a stage asks. A taken one is named for its execution, not
     labelled: `docker ps --filter name=<run>` finds a run's sandboxes either way."""
+    keep_model_requests: bool = False
+    """`BATON_KEEP_MODEL_REQUESTS`: keep every model request of a stage, as sent, as its artifact
+    `model-requests.jsonl` (the replies are always in the audit log; `baton replay` needs only
+    those). Requests hold the prompts — issue text and code — and can be large."""
     build: BuildSettings = BuildSettings()
     """How environments are built (`BATON_BUILD__INDEX_URL`, `BATON_BUILD__CA_BUNDLE`, …):
     build-time registry settings, never given to a stage's sandbox."""

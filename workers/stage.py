@@ -65,6 +65,9 @@ class StageSinks:
     artifacts: ArtifactSink
     audit: AuditSink
     usage: Usage = field(default_factory=Usage)
+    requests: list[dict[str, Any]] | None = None
+    """Every model request as sent, when the caller keeps them (`BATON_KEEP_MODEL_REQUESTS`);
+    None: not kept."""
 
 
 @dataclass(frozen=True)
@@ -112,6 +115,7 @@ async def execute_stage(
                 tools=tools,
                 json_reply=not tools,
                 checkpoint=checkpoint or fence,
+                record_request=_recorder(sinks),
             ),
             model,
             sinks.usage,
@@ -237,6 +241,10 @@ def _with_facts(
         raise StageOutputError(f"measured fields do not fit {schema.__name__}: {exc}") from exc
 
 
+def _recorder(sinks: StageSinks) -> Callable[[dict[str, Any]], None] | None:
+    return sinks.requests.append if sinks.requests is not None else None
+
+
 def _tools(
     inputs: StageInputs,
     workspace: Workspace | None,
@@ -302,6 +310,7 @@ async def _fit_budget(
             contract=outputs.contract(schema),
             budget=inputs.spec.budget.model_copy(update={"max_model_calls": 2}),
             json_reply=True,
+            record_request=_recorder(sinks),
         ),
         model,
         sinks.usage,

@@ -75,6 +75,7 @@ def services() -> WorkerServices:
         streaming=settings.streaming,
         clients=ModelClients(),
         loop=asyncio.new_event_loop(),
+        keep_model_requests=settings.keep_model_requests,
     )
 
 

@@ -18,6 +18,7 @@ import redis
 from demo import SENTRY_EVENT
 from demo.runner import make_sample_repo
 from orchestrator import keys
+from orchestrator.store import RunStore
 from testkit.services import worker_env
 from tests.containers import sandboxes
 
@@ -157,6 +158,7 @@ def test_a_worker_serves_only_the_stages_it_is_given(
         "BATON_GEMINI_BASE_URL": stack.fake.url,
         "GOOGLE_API_KEY": CANARY_KEY,
         "BATON_REPO_CACHE_DIR": str(tmp_path / "cache"),
+        "BATON_KEEP_MODEL_REQUESTS": "true",
     }
     log = open(tmp_path / "worker.log", "wb")
     worker = subprocess.Popen(
@@ -189,6 +191,13 @@ def test_a_worker_serves_only_the_stages_it_is_given(
     assert shown["stages"]["triage"]["status"] == "done"
     assert shown["stages"]["search"]["status"] == "queued"
     assert queued == 1
+    store = RunStore.from_url(url)  # the triage's requests, as BATON_KEEP_MODEL_REQUESTS asked
+    ref = store.get(run_id).stages["triage"].artifacts["model-requests.jsonl"]
+    kept = [json.loads(line) for line in store.artifact(ref).decode().splitlines()]
+    store.redis.close()
+    assert [(r["agent"], r["number"]) for r in kept] == [("triage", 1)]
+    assert "ZeroDivisionError" in json.dumps(kept[0]["config"])  # the issue, as sent
+    assert CANARY_KEY not in json.dumps(kept)  # the key travels in a header, never kept
     assert b"baton.triage" in (tmp_path / "worker.log").read_bytes()
 
 

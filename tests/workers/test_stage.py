@@ -252,3 +252,19 @@ def test_thinking_counts_as_output_as_the_reply_s_usage_says(harness: Harness) -
     assert (
         harness.sinks.usage.output_tokens == usage["candidates_tokens"] + usage["thoughts_tokens"]
     )
+
+
+def test_kept_requests_are_what_the_server_received_one_per_model_call(harness: Harness) -> None:
+    harness.sinks = StageSinks(artifacts=harness.artifacts, audit=harness.audit.extend,
+                               requests=[])  # fmt: skip
+    harness.run(harness.inputs("search"), {"search": steps("search")})
+
+    kept, received = harness.sinks.requests or [], harness.fake.requests()
+    assert [(r["agent"], r["number"]) for r in kept] == [
+        ("search", n) for n in range(1, len(received) + 1)
+    ]
+    assert [len(r["contents"]) for r in kept] == [
+        len(entry["request"]["contents"]) for entry in received
+    ]
+    assert ISSUE in kept[0]["config"]["system_instruction"]
+    json.dumps(kept)  # JSON-ready, as the artifact stores it
