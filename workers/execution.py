@@ -174,8 +174,15 @@ class Execution:
             if self._model is not None:
                 await close_model(self._model)
             if sinks.requests:  # kept whether the stage finished or not
-                lines = "".join(json.dumps(request) + "\n" for request in sinks.requests)
-                self.artifacts.save(REQUESTS_ARTIFACT, lines.encode(), "application/x-ndjson")
+                self._keep_requests(sinks.requests)
+
+    def _keep_requests(self, requests: list[dict[str, Any]]) -> None:
+        lines = "".join(json.dumps(request) + "\n" for request in requests)
+        try:
+            self.artifacts.save(REQUESTS_ARTIFACT, lines.encode(), "application/x-ndjson")
+        except Exception:  # how the execution ended matters more than this record of it
+            logger.warning("could not keep the model requests of %s of run %s",
+                           self.spec.name, self.run.id, exc_info=True)  # fmt: skip
 
     async def _environment(self) -> Environment | None:
         """The run's environment (built in a thread the first time, the fleet over), its logs
