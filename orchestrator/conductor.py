@@ -9,6 +9,7 @@ stage to the next costs one round of Redis writes and one broker message.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import secrets
@@ -36,6 +37,15 @@ from orchestrator.queue import Dispatcher
 from orchestrator.store import RunStore
 
 logger = logging.getLogger(__name__)
+
+
+def _env_part(environment: Mapping[str, Any] | None) -> str:
+    """What an environment spec given at enqueue adds to a run's idempotency key: the same
+    issue run in another environment is another run."""
+    if environment is None:
+        return ""
+    canonical = json.dumps(environment, sort_keys=True, separators=(",", ":"))
+    return "|env:" + hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
 def new_run_id() -> str:
@@ -82,7 +92,7 @@ class Conductor:
             repo=repo,
             commit=commit,
             issue=issue,
-            idempotency_key=issue.idempotency_key() + f"|{repo}|{pipeline}",
+            idempotency_key=f"{issue.idempotency_key()}|{repo}|{pipeline}{_env_part(environment)}",
             current_stage=spec.first.name,
             environment_spec=dict(environment) if environment is not None else None,
             stages=stages,

@@ -145,3 +145,21 @@ def test_an_environment_file_given_at_enqueue_travels_with_the_run(
         "test": "pytest -q",
         "env": {"TZ": "UTC"},
     }
+
+
+def test_the_same_issue_in_another_environment_is_another_run(
+    upstream: Upstream, unit_redis_url: str, redis_client: redis.Redis
+) -> None:
+    settings = Settings(redis_url=unit_redis_url)
+    event, repo = SENTRY_EVENT.read_bytes(), str(upstream.work)
+    pytest_env = {"setup": ["pip install -e ."], "test": "pytest -q"}
+
+    plain = api.submit(event, repo=repo, settings=settings)
+    given = api.submit(event, repo=repo, environment=pytest_env, settings=settings)
+    again = api.submit(event, repo=repo, environment=dict(reversed(pytest_env.items())),
+                       settings=settings)  # fmt: skip
+    other = api.submit(event, repo=repo, environment={"test": "pytest -x"}, settings=settings)
+
+    assert [created for _, created in (plain, given, again, other)] == [True, True, False, True]
+    assert again[0] == given[0]  # the same spec, written in another order
+    assert len({plain[0], given[0], other[0]}) == 3
