@@ -114,7 +114,7 @@ def test_enqueue_prints_the_run_id_and_watch_follows_it_to_the_end(
 
     watched = baton("watch", run_id, "--interval", "0.2", env=env)
     shown = json.loads(baton("status", run_id, "--json", env=env).stdout)
-    again = baton("enqueue", str(SENTRY_EVENT), "--repo", str(repo), env=env)
+    again = baton("enqueue", str(SENTRY_EVENT), "--repo", str(repo), "--env", str(spec), env=env)
 
     assert enqueued.returncode == 0 and len(run_id) == 22
     assert watched.returncode == 0
