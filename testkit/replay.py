@@ -26,10 +26,9 @@ from orchestrator.execution import session_id
 from orchestrator.models import RunRecord
 from orchestrator.pipeline import load_pipeline
 from orchestrator.store import RunStore
-from sandbox.environment import from_table
 from testkit.inprocess import InProcessGemini
 from testkit.sinks import MemoryArtifacts
-from workers.environments import Environments
+from workers.environments import Environments, given_spec
 from workers.execution import as_execution_error
 from workers.gemini import close_model
 from workers.inputs import resolve
@@ -164,9 +163,7 @@ def _environment(
     environments = Environments(
         store.redis, mirrors, build, sandbox_config=settings.sandbox_config()
     )
-    given = run.environment_spec
-    spec = from_table(given, origin="the run's environment spec") if given else None
-    return environments.prepare(run.repo, run.commit, spec=spec)
+    return environments.prepare(run.repo, run.commit, spec=given_spec(run))
 
 
 def _step(parts: list[dict[str, Any]]) -> tuple[dict[str, Any] | None, str]:

@@ -28,6 +28,7 @@ from typing import Any
 import docker
 import redis
 
+from orchestrator.models import RunRecord
 from sandbox import SandboxConfig
 from sandbox.build import (
     BuildSettings,
@@ -38,7 +39,7 @@ from sandbox.build import (
     validate_environment,
 )
 from sandbox.client import connected, translated
-from sandbox.environment import EnvironmentSpec, detect, environment_key
+from sandbox.environment import EnvironmentSpec, detect, environment_key, from_table
 from workers.mirrors import RepoCache, repo_key
 from workers.outcomes import Outcome, Outcomes, parse, with_ids
 
@@ -272,6 +273,12 @@ class Environments:
             pipe.hset(record, mapping=fields)
             pipe.expire(record, FAILED_TTL_S)
             pipe.execute()
+
+
+def given_spec(run: RunRecord) -> EnvironmentSpec | None:
+    """The spec `baton enqueue --env` gave `run` (checked there), or None: the repository's."""
+    given = run.environment_spec
+    return from_table(given, origin="the run's environment spec") if given else None
 
 
 def _key_of(repo: str, commit: str, spec: EnvironmentSpec | None) -> str:

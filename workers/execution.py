@@ -27,10 +27,9 @@ from orchestrator.pipeline import Pipeline, StageSpec
 from orchestrator.settings import ModelConfig, RetryConfig
 from orchestrator.store import RunStore
 from sandbox.build import EnvironmentBuildError, EnvironmentValidationError
-from sandbox.environment import from_table
 from sandbox.errors import EnvironmentSpecError
 from workers.agent import Usage
-from workers.environments import Environment, Environments
+from workers.environments import Environment, Environments, given_spec
 from workers.errors import (
     ExecutionError,
     InfrastructureError,
@@ -190,10 +189,8 @@ class Execution:
         environments = self.services.environments
         if environments is None or not environments.settings.enabled:
             return None
-        given = self.run.environment_spec  # `baton enqueue --env`, checked there
-        spec = from_table(given, origin="the run's environment spec") if given else None
         env = await asyncio.to_thread(
-            environments.prepare, self.run.repo, self.run.commit, spec=spec
+            environments.prepare, self.run.repo, self.run.commit, spec=given_spec(self.run)
         )
         self.environment = env.key
         if env.build_log:
