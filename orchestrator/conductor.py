@@ -31,8 +31,15 @@ from orchestrator.execution import (
     branch_label,
     session_id,
 )
-from orchestrator.models import Issue, RunRecord, RunStatus, StageRecord, StageStatus
-from orchestrator.pipeline import Pipeline, load_pipeline
+from orchestrator.models import (
+    Issue,
+    Iteration,
+    RunRecord,
+    RunStatus,
+    StageRecord,
+    StageStatus,
+)
+from orchestrator.pipeline import LoopRule, Pipeline, load_pipeline
 from orchestrator.queue import Dispatcher
 from orchestrator.store import RunStore
 
@@ -188,16 +195,7 @@ class Conductor:
                 return Completion.CANCELLED, None, run
             if run.status.is_terminal:
                 return Completion.LOST, None, run
-            pipeline = load_pipeline(run.pipeline)
-            pipe.hset(keys.outputs(run_id), pipeline.stage(stage).output_key, payload)
-            _record_figures(record, result.figures)
-            record.status, record.finished_at = StageStatus.DONE, time.time()
-            record.waiting_until, record.error = None, None
-            record.output_chars = len(payload)
-            record.compacted = result.compacted
-            record.lease_until = None
-            self._audit(run, stage, record.attempts, "stage_done", pipe=pipe, chars=len(payload))
-            return Completion.RECORDED, _decide(run, pipeline, stage, result.output), run
+            return Completion.RECORDED, self._record(run, pipe, stage, result, payload), run
 
         done, decision, run = self.store.transact(run_id, mutate)
         attempt = run.stages[stage].attempts
@@ -212,6 +210,60 @@ class Conductor:
             return done
         self._carry_out(run, decision)
         return done
+
+    def _record(
+        self, run: RunRecord, pipe: Any, stage: str, result: StageResult, payload: str
+    ) -> Next:
+        """Within `complete`'s transaction: store the output, and decide what comes next."""
+        pipeline = load_pipeline(run.pipeline)
+        spec, record = pipeline.stage(stage), run.stages[stage]
+        pipe.hset(keys.outputs(run.id), spec.output_key, payload)
+        _record_figures(record, result.figures)
+        record.finished_at, record.waiting_until, record.error = time.time(), None, None
+        record.output_chars = len(payload)
+        record.compacted = result.compacted
+        record.lease_until = None
+        if spec.loop is not None:
+            pipe.hset(keys.outputs(run.id), f"{spec.output_key}.{record.iteration}", payload)
+            again = self._iterate(run, pipe, stage, spec.loop, result.output)
+            if again is not None:
+                return again
+        record.status = StageStatus.DONE
+        self._audit(run, stage, record.attempts, "stage_done", pipe=pipe, chars=len(payload))
+        return _decide(run, pipeline, stage, result.output)
+
+    def _iterate(
+        self, run: RunRecord, pipe: Any, stage: str, loop: LoopRule, output: dict[str, Any]
+    ) -> Next | None:
+        """Within `complete`'s transaction, for a looped stage: record the iteration that
+        ended; when its condition does not hold, queue the next one (`Next(send=stage)`) or,
+        once `max_iterations` have run, fail the run with the last one's reason. None: the
+        condition holds and the stage is done."""
+        record = run.stages[stage]
+        passed = loop.holds(output)
+        reason = "" if passed else loop.reason(output)
+        record.iterations.append(
+            Iteration(
+                number=record.iteration, attempt=record.attempts, passed=passed, reason=reason,
+                requests=record.requests, prompt_tokens_total=record.prompt_tokens_total,
+                output_tokens=record.output_tokens, started_at=record.started_at,
+                finished_at=record.finished_at,
+            )
+        )  # fmt: skip
+        self._audit(run, stage, record.attempts, "iteration_done", pipe=pipe,
+                    iteration=record.iteration, passed=passed, reason=reason)  # fmt: skip
+        if passed:
+            return None
+        if record.iteration >= loop.max_iterations:
+            error = f"{reason} (after {record.iteration} iterations)"
+            record.status, record.error = StageStatus.FAILED, error
+            run.status, run.reason, run.current_stage = RunStatus.FAILED, f"{stage}: {error}", None
+            self._audit(run, stage, record.attempts, "stage_failed", pipe=pipe, error=error)
+            return Next(ended=True)
+        record.iteration += 1
+        record.status, record.queued_at, record.owner = StageStatus.QUEUED, time.time(), None
+        run.current_stage = stage
+        return Next(send=stage)
 
     def advance(self, run_id: str, completed: str) -> str | None:
         """Enqueue the stage after `completed`, or end the run. Safe to call more than once."""
@@ -392,7 +444,7 @@ class Conductor:
         redo = [pipeline.stage(name).output_key for name in names[names.index(target) :]]
         self.store.revive(run, drop_outputs=redo)
         self._audit(run, target, 0, "run_resumed", from_stage=target)
-        self.dispatcher.send_stage(run_id, pipeline.stage(target))
+        self.dispatcher.send_stage(run_id, pipeline.stage(target), run.stages[target].iteration)
         return target
 
     def _carry_out(self, run: RunRecord, decision: Next) -> str | None:
@@ -401,7 +453,8 @@ class Conductor:
             self.store.retire(run)
         if decision.send is None:
             return None
-        self.dispatcher.send_stage(run.id, load_pipeline(run.pipeline).stage(decision.send))
+        spec = load_pipeline(run.pipeline).stage(decision.send)
+        self.dispatcher.send_stage(run.id, spec, run.stages[decision.send].iteration)
         return decision.send
 
     def _record_execution(self, run: RunRecord, pipe: Any, figures: StageFigures | None) -> None:

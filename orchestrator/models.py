@@ -133,6 +133,25 @@ class ArtifactRef(BaseModel):
         return f"artifact://{self.run_id}/{self.name}"
 
 
+class Iteration(BaseModel):
+    """One finished iteration of a looped stage: what it cost and how it ended."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    number: int
+    attempt: int
+    """The execution that finished it (its session is `<run>:<stage>:<attempt>`)."""
+    passed: bool
+    """The loop's condition held."""
+    reason: str = ""
+    """Why it did not, when it did not."""
+    requests: int = 0
+    prompt_tokens_total: int = 0
+    output_tokens: int = 0
+    started_at: float | None = None
+    finished_at: float | None = None
+
+
 class StageRecord(BaseModel):
     """Status, attempts, timings and token use of one stage of a run."""
 
@@ -140,6 +159,10 @@ class StageRecord(BaseModel):
 
     status: StageStatus = StageStatus.PENDING
     attempts: int = 0
+    iteration: int = 1
+    """The iteration of a looped stage that is running or ran last (1 for any other stage)."""
+    iterations: list[Iteration] = Field(default_factory=list)
+    """The finished iterations of a looped stage, in order."""
     queued_at: float | None = None
     started_at: float | None = None
     finished_at: float | None = None

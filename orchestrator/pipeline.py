@@ -18,7 +18,7 @@ from enum import StrEnum
 from functools import cache
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import (
     BaseModel,
@@ -30,11 +30,18 @@ from pydantic import (
 )
 
 from orchestrator.errors import PipelineError
+from orchestrator.schemas import Fact, Reproduction, measured_fields
 
 ISSUE_KEY = "issue"
 """State key of the issue digest every stage may reference."""
+PREVIOUS_ATTEMPT_KEY = "previous_attempt"
+"""State key a looped stage may reference: Baton's compact summary of its previous iteration
+(its diff stat, failing tests and the tail of their output); empty in the first."""
+MAX_ITERATIONS = 10
 
 _NAME = r"[a-z_][a-z0-9_]*"
+_SOURCE = f"^{_NAME}(?::{_NAME})?\\.{_NAME}$"
+"""`<upstream output key>.<field>`."""
 _TOKEN = re.compile(r"\{\{|\}\}|\{(" + _NAME + r"(?::" + _NAME + r")?)(\?)?\}")
 
 
@@ -88,14 +95,13 @@ class VerifyRule(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    command_from: str = Field(pattern=f"^{_NAME}(?::{_NAME})?\\.{_NAME}$")
+    command_from: str = Field(pattern=_SOURCE)
     """`<upstream output key>.<field>` that holds the test command, e.g. `plan.test_command`."""
     require_pass: bool = True
 
     @property
     def source(self) -> tuple[str, str]:
-        key, _, field = self.command_from.rpartition(".")
-        return key, field
+        return _split_source(self.command_from)
 
 
 class ChangeClass(StrEnum):
@@ -123,18 +129,59 @@ class PublishRule(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    planned_from: str | None = Field(None, pattern=f"^{_NAME}(?::{_NAME})?\\.{_NAME}$")
-    """`<upstream output key>.<field>` listing the files the change is meant to touch, e.g.
-    `plan.files_to_change`; any other file is `unplanned`. None: no file is unplanned."""
+    planned_from: tuple[Annotated[str, Field(pattern=_SOURCE)], ...] = ()
+    """`<upstream output key>.<field>`s listing the files the change is meant to touch, e.g.
+    `plan.files_to_change` and `reproduce.test_files`; any other file is `unplanned`. Empty:
+    no file is unplanned."""
     allow: tuple[ChangeClass, ...] = ()
     """The classes of change published anyway (and listed in the pull request as such)."""
 
+    @field_validator("planned_from", mode="before")
+    @classmethod
+    def _one_or_many(cls, value: Any) -> Any:
+        return (value,) if isinstance(value, str) else value
+
     @property
-    def source(self) -> tuple[str, str] | None:
-        if self.planned_from is None:
-            return None
-        key, _, field = self.planned_from.rpartition(".")
-        return key, field
+    def sources(self) -> list[tuple[str, str]]:
+        return [_split_source(source) for source in self.planned_from]
+
+
+class ProofRule(BaseModel):
+    """Baton proves the stage's change itself, in clean sandboxes of the run's environment:
+    the reproducing tests fail with only the change's test files applied and pass with the
+    whole change, and no test of the repository's suite that passed before fails after. The
+    verdict fills the output's `Measured(Fact.PROOF)` field; a change without a passing proof
+    is never handed on (in a loop, the next iteration tries again)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    reproduction_from: str = Field(pattern=f"^{_NAME}(?::{_NAME})?$")
+    """The output key of the earlier stage that reproduced the report (a `reproduce` stage)."""
+    suite: bool = True
+    """Run the repository's whole test suite (its environment's test command) before and after
+    too, and refuse a change that makes a passing test fail."""
+
+
+class LoopRule(BaseModel):
+    """Run the stage again, in a fresh session, until a condition over its output holds or
+    `max_iterations` have run; each iteration is seeded with a compact summary of the one
+    before (`{previous_attempt?}`), never with its conversation."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    until: str = Field(pattern=f"^{_NAME}(?:\\.{_NAME})*$")
+    """A dotted path into the stage's output that must be true, e.g. `proof.passed`."""
+    max_iterations: int = Field(3, ge=1, le=MAX_ITERATIONS)
+    reason_from: str | None = Field(None, pattern=f"^{_NAME}(?:\\.{_NAME})*$")
+    """A dotted path into the output that says why the condition did not hold, e.g.
+    `proof.reason`: the run's reason when the iterations run out."""
+
+    def holds(self, output: Mapping[str, Any]) -> bool:
+        return _at(output, self.until) is True
+
+    def reason(self, output: Mapping[str, Any]) -> str:
+        said = _at(output, self.reason_from) if self.reason_from else None
+        return str(said) if said else f"{self.until} was not true"
 
 
 class StageSpec(BaseModel):
@@ -155,6 +202,12 @@ class StageSpec(BaseModel):
     budget: StageBudget = StageBudget()
     stop_when: StopRule | None = None
     verify: VerifyRule | None = None
+    reproduce: bool = False
+    """Baton runs the output's `test_command` on the unchanged code, with only the stage's test
+    files applied, in a clean sandbox, and fails the stage unless the tests fail there with the
+    output's `expected_failure` (the output schema is a `orchestrator.schemas.Reproduction`)."""
+    proof: ProofRule | None = None
+    loop: LoopRule | None = None
     publish: PublishRule = PublishRule()
     """What its `publish` tool may publish (a stage without that tool ignores it)."""
     sandbox_network: str | None = Field(None, pattern=r"^\w[\w.-]*$")
@@ -203,24 +256,19 @@ class Pipeline(BaseModel):
             raise ValueError(f"stage names repeat: {names}")
         known = {ISSUE_KEY}
         for stage in self.stages:
-            for key in stage.inputs:
-                if key not in known:
-                    raise ValueError(
-                        f"stage {stage.name!r} references {{{key}}}, which is neither "
-                        f"{{{ISSUE_KEY}}} nor an earlier stage's output key (write {{{{ for a "
-                        "literal brace)"
-                    )
+            _check_inputs(stage, known)
             if stage.verify and stage.verify.source[0] not in known:
                 raise ValueError(
                     f"stage {stage.name!r} verifies with {stage.verify.command_from!r}, which "
                     "names no earlier stage's output"
                 )
-            planned = stage.publish.source
-            if planned and planned[0] not in known:
-                raise ValueError(
-                    f"stage {stage.name!r} takes its planned files from "
-                    f"{stage.publish.planned_from!r}, which names no earlier stage's output"
-                )
+            for key, _ in stage.publish.sources:
+                if key not in known:
+                    raise ValueError(
+                        f"stage {stage.name!r} takes its planned files from {key!r}, which "
+                        "names no earlier stage's output"
+                    )
+            _check_proof_and_loop(stage, known, self.stages)
             if stage.output_key in known:
                 raise ValueError(f"stage {stage.name!r} reuses output key {stage.output_key!r}")
             known.add(stage.output_key)
@@ -247,6 +295,67 @@ class Pipeline(BaseModel):
 
     def _index(self, name: str) -> int:
         return [s.name for s in self.stages].index(self.stage(name).name)
+
+
+def _check_inputs(stage: StageSpec, known: set[str]) -> None:
+    for key in stage.inputs:
+        if key == PREVIOUS_ATTEMPT_KEY:
+            if stage.loop is None:
+                raise ValueError(
+                    f"stage {stage.name!r} references {{{key}}}, which only a stage with a "
+                    "`loop` has"
+                )
+        elif key not in known:
+            raise ValueError(
+                f"stage {stage.name!r} references {{{key}}}, which is neither "
+                f"{{{ISSUE_KEY}}} nor an earlier stage's output key (write {{{{ for a "
+                "literal brace)"
+            )
+
+
+def _check_proof_and_loop(stage: StageSpec, known: set[str], stages: tuple[StageSpec, ...]) -> None:
+    schema = stage.schema_class()
+    if stage.reproduce and not issubclass(schema, Reproduction):
+        raise ValueError(
+            f"stage {stage.name!r} reproduces, so its output schema must be a Reproduction "
+            f"(orchestrator.schemas:Reproduction), not {stage.output_schema!r}"
+        )
+    if stage.reproduce and not stage.tools:
+        raise ValueError(f"stage {stage.name!r} reproduces, so it needs code tools")
+    if stage.proof is not None:
+        source = stage.proof.reproduction_from
+        reproducers = [s for s in stages if s.output_key == source and s.reproduce]
+        if source not in known or not reproducers:
+            raise ValueError(
+                f"stage {stage.name!r} proves with {source!r}, which names no earlier stage "
+                "with `reproduce = true`"
+            )
+        if Fact.PROOF not in measured_fields(schema):
+            raise ValueError(
+                f"stage {stage.name!r} has a proof, but its output schema {stage.output_schema!r} "
+                "has no field for it (`Measured(Fact.PROOF)`)"
+            )
+    if stage.loop is not None:
+        head = stage.loop.until.split(".")[0]
+        if head not in schema.model_fields:
+            raise ValueError(
+                f"stage {stage.name!r} loops until {stage.loop.until!r}, but its output schema "
+                f"{stage.output_schema!r} has no field {head!r}"
+            )
+
+
+def _split_source(source: str) -> tuple[str, str]:
+    key, _, field = source.rpartition(".")
+    return key, field
+
+
+def _at(value: Any, path: str) -> Any:
+    """The value at a dotted path into nested mappings; None when any step is missing."""
+    for part in path.split("."):
+        if not isinstance(value, Mapping):
+            return None
+        value = value.get(part)
+    return value
 
 
 def render(template: str, values: Mapping[str, Any]) -> str:

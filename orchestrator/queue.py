@@ -25,9 +25,10 @@ STAGE_TASK = "baton.run_stage"
 """Name of the one Celery task that runs any stage; routed by queue."""
 
 
-def stage_task_id(run_id: str, stage: str) -> str:
-    """Deterministic task id of a stage of a run: redeliveries and retries keep it."""
-    return f"{run_id}.{stage}"
+def stage_task_id(run_id: str, stage: str, iteration: int = 1) -> str:
+    """Deterministic task id of a stage of a run, `<run>.<stage>`, and `<run>.<stage>.<n>` for
+    a looped stage's iteration n > 1: redeliveries and retries keep it."""
+    return f"{run_id}.{stage}" if iteration <= 1 else f"{run_id}.{stage}.{iteration}"
 
 
 class _PublishingChannel(kombu_redis.Channel):
@@ -175,8 +176,8 @@ class Dispatcher:
             celery_app("baton-orchestrator", redis_url, queue, set_as_current=False), owned=True
         )
 
-    def send_stage(self, run_id: str, stage: StageSpec) -> str:
-        task_id = stage_task_id(run_id, stage.name)
+    def send_stage(self, run_id: str, stage: StageSpec, iteration: int = 1) -> str:
+        task_id = stage_task_id(run_id, stage.name, iteration)
         self.app.send_task(
             STAGE_TASK,
             args=[run_id, stage.name],

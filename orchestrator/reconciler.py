@@ -102,7 +102,7 @@ class Reconciler:
         if not self.conductor.store.transact(run.id, mutate):
             return None
         spec = load_pipeline(run.pipeline).stage(stage)
-        self.conductor.dispatcher.send_stage(run.id, spec)
+        self.conductor.dispatcher.send_stage(run.id, spec, record.iteration)
         logger.warning("run %s: stage %s was stuck %s; sent again", run.id, stage, was)
         return Repair(run.id, stage, was)
 
@@ -115,5 +115,6 @@ class Reconciler:
             return record.waiting_until is not None and record.waiting_until + late < now
         if record.status == StageStatus.QUEUED:
             queued_long_ago = record.queued_at is not None and record.queued_at + late < now
-            return queued_long_ago and stage_task_id(run.id, stage) not in held()
+            task_id = stage_task_id(run.id, stage, record.iteration)
+            return queued_long_ago and task_id not in held()
         return False

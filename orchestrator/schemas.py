@@ -29,6 +29,11 @@ class Fact(StrEnum):
     """The branch the change was pushed to."""
     PUBLISHED_COMMIT = "published_commit"
     """The commit that holds the change on that branch."""
+    REPRODUCED = "reproduced"
+    """The reproducing tests run on the unchanged code (a `Reproduced`)."""
+    PROOF = "proof"
+    """The verdict on a change: reproducing tests fail before, pass after, no regression (a
+    `Proof`)."""
 
 
 @dataclass(frozen=True)
@@ -99,6 +104,75 @@ class TestRun(_Output):
     timed_out: bool = False
 
 
+class Reproduced(_Output):
+    """The reproducing tests on the unchanged code, as Baton ran them in a clean sandbox."""
+
+    command: str
+    exit_code: int | None
+    failed_tests: list[str] = Field(
+        default_factory=list, description="Ids of the failed tests, when the output names them."
+    )
+    expected_failure_seen: bool
+    """The output holds the failure the stage said the report is about."""
+
+
+class Reproduction(_Output):
+    """A test that fails on the unchanged code for the reason the report gives."""
+
+    test_files: list[str] = Field(
+        min_length=1, description="The test files you wrote or changed (or the failing ones)."
+    )
+    test_command: str = Field(
+        description="Command that runs only the reproducing tests, e.g. `python -m pytest -q "
+        "tests/test_x.py::test_y`."
+    )
+    expected_failure: str = Field(
+        description="Text the failing tests print that shows the reported failure: the "
+        "exception name or the wrong value, e.g. `ZeroDivisionError`."
+    )
+    explanation: str = Field(description="How the test shows the reported failure.")
+    reproduced: Annotated[Reproduced | None, Measured(Fact.REPRODUCED)] = Field(
+        None, description="Filled in by Baton: the test command run on the unchanged code."
+    )
+
+
+class TestCounts(_Output):
+    """How many tests of one run passed and failed."""
+
+    __test__ = False
+
+    passed: int
+    failed: int
+
+
+class Proof(_Output):
+    """Baton's verdict on a change, measured in clean sandboxes of the run's environment: the
+    reproducing tests fail with only the change's test files applied and pass with the whole
+    change, and no test of the repository's suite that passed before fails after."""
+
+    passed: bool
+    reason: str
+    """`proven: …`, or which part failed."""
+    reproducing_command: str
+    fail_to_pass: list[str] = Field(default_factory=list)
+    """Reproducing tests that failed before and pass after."""
+    still_failing: list[str] = Field(default_factory=list)
+    """Reproducing tests that fail after the change."""
+    passed_before: list[str] = Field(default_factory=list)
+    """Reproducing tests that already passed before the change: they prove nothing."""
+    pass_to_fail: list[str] = Field(default_factory=list)
+    """Suite tests that passed before and fail (or no longer run) after; at most `MAX_IDS`."""
+    pass_to_fail_count: int = 0
+    suite_command: str | None = None
+    suite_before: TestCounts | None = None
+    suite_after: TestCounts | None = None
+    diff_stat: str = ""
+    """`git diff --stat`-like lines of the change: which files, how many lines."""
+    failure_tail: str = ""
+    """The end of what the failing tests printed, when the proof failed (for the next
+    attempt)."""
+
+
 class Fix(_Output):
     """The change made and what the tests said."""
 
@@ -111,6 +185,9 @@ class Fix(_Output):
     )
     tests_after: Annotated[TestRun | None, Measured(Fact.TESTS_AFTER)] = Field(
         None, description="Filled in by Baton: the test command after the change."
+    )
+    proof: Annotated[Proof | None, Measured(Fact.PROOF)] = Field(
+        None, description="Filled in by Baton: its verdict on the change."
     )
 
 

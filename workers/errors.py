@@ -13,6 +13,8 @@
             ├── ModelCallLimitError               the model-call budget ran out
             ├── StageOutputError  (ValueError)    the output failed its schema
             ├── TestsFailedError                  the tests still fail after the change
+            │   └── ProofFailedError              Baton's proof of the change failed
+            ├── NotReproducedError                the reproducing tests do not fail as said
             ├── PublishError                      the fix could not be pushed
             ├── StageTimeLimitError (TimeoutError) the soft time limit passed
             ├── InterruptedTooOftenError          its workers were lost too often
@@ -33,8 +35,8 @@ from orchestrator.errors import BatonError
 
 Reason = Literal[
     "rate_limited", "infrastructure", "cancelled", "lost", "stage_error", "model_rejected",
-    "model_unavailable", "model_call_limit", "output_invalid", "tests_failed", "publish_failed",
-    "time_limit", "internal",
+    "model_unavailable", "model_call_limit", "output_invalid", "tests_failed", "proof_failed",
+    "not_reproduced", "publish_failed", "time_limit", "internal",
 ]  # fmt: skip
 """Why an execution ended without its output: the `reason` label of
 `baton_stage_failures_total`."""
@@ -139,7 +141,20 @@ class TestsFailedError(StageError):
     """Raised when a fix's tests still fail after the change, so it is not handed on."""
 
     __test__ = False  # not a pytest test class
-    reason = "tests_failed"
+    reason: ClassVar[Reason] = "tests_failed"
+
+
+class ProofFailedError(TestsFailedError):
+    """Raised when Baton's proof of a change fails (and no loop tries again)."""
+
+    reason = "proof_failed"
+
+
+class NotReproducedError(StageError):
+    """Raised when the reproducing tests do not fail on the unchanged code, or fail for another
+    reason than the one the stage named; the message says which."""
+
+    reason = "not_reproduced"
 
 
 class PublishError(StageError):

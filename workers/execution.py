@@ -157,7 +157,10 @@ class Execution:
         try:
             inputs = resolve(self.run, self.pipeline, self.spec, self.attempt, self.services.store)
             if self.spec.tools:
-                inputs = replace(inputs, environment=await self._environment())
+                env = await self._environment()
+                inputs = replace(
+                    inputs, environment=env, suite_command=env.test_command if env else None
+                )
             self._model = self._build_model()
             return await execute_stage(
                 inputs,

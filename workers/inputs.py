@@ -14,7 +14,7 @@ from typing import Any
 
 from orchestrator.execution import branch_label, session_id
 from orchestrator.models import RunRecord
-from orchestrator.pipeline import ISSUE_KEY, Pipeline, StageSpec
+from orchestrator.pipeline import ISSUE_KEY, PREVIOUS_ATTEMPT_KEY, Pipeline, StageSpec
 from orchestrator.store import RunStore
 from workers import proof
 from workers.environments import Environment
@@ -49,6 +49,14 @@ class StageInputs:
     None: no file counts as unplanned."""
     environment: Environment | None = None
     """The run's environment, for a code stage's sandbox (the worker prepares it)."""
+    iteration: int = 1
+    """Which iteration of a looped stage this is."""
+    reproduction: Mapping[str, Any] | None = None
+    """The output of the stage that reproduced the report, for a stage that proves its change
+    (`spec.proof`)."""
+    suite_command: str | None = None
+    """The repository's own test command, which a proof runs before and after the change; the
+    worker takes it from the run's environment."""
 
     @property
     def labels(self) -> dict[str, str]:
@@ -68,10 +76,16 @@ def resolve(
     Raises:
         StageError: the stage verifies with a command an earlier stage did not give.
     """
-    wanted = [key for key in spec.inputs if key != ISSUE_KEY]
+    wanted = [key for key in spec.inputs if key not in (ISSUE_KEY, PREVIOUS_ATTEMPT_KEY)]
     state: dict[str, Any] = store.outputs(run.id, wanted)
     if ISSUE_KEY in spec.inputs:
         state[ISSUE_KEY] = run.issue.digest()
+    iteration = run.stages[spec.name].iteration if spec.name in run.stages else 1
+    if PREVIOUS_ATTEMPT_KEY in spec.inputs:
+        previous = store.output(run.id, spec.output_key) if iteration > 1 else None
+        state[PREVIOUS_ATTEMPT_KEY] = (
+            previous_attempt(spec, previous, iteration - 1) if previous is not None else None
+        )
     return StageInputs(
         run_id=run.id,
         pipeline=run.pipeline,
@@ -84,6 +98,8 @@ def resolve(
         upstream_diff=_upstream_diff(run, pipeline, spec, store),
         evidence=_evidence(run, pipeline, spec, store),
         planned_files=_planned_files(run, spec, store),
+        iteration=iteration,
+        reproduction=_reproduction(run, spec, store),
     )
 
 
@@ -98,16 +114,30 @@ def _verify_command(run: RunRecord, spec: StageSpec, store: RunStore) -> str | N
 
 
 def _planned_files(run: RunRecord, spec: StageSpec, store: RunStore) -> tuple[str, ...] | None:
-    source = spec.publish.source if "publish" in spec.tools else None
-    if source is None:
+    sources = spec.publish.sources if "publish" in spec.tools else []
+    if not sources:
         return None
-    key, name = source
-    files = (store.output(run.id, key) or {}).get(name)
-    if not isinstance(files, list) or not all(isinstance(path, str) for path in files):
+    files: list[str] = []
+    for key, name in sources:
+        listed = (store.output(run.id, key) or {}).get(name)
+        if not isinstance(listed, list) or not all(isinstance(path, str) for path in listed):
+            raise StageError(
+                f"stage {key!r} gave no list {name!r} of the files {spec.name!r} may change"
+            )
+        files += listed
+    return tuple(dict.fromkeys(files))
+
+
+def _reproduction(run: RunRecord, spec: StageSpec, store: RunStore) -> Mapping[str, Any] | None:
+    if spec.proof is None:
+        return None
+    found = store.output(run.id, spec.proof.reproduction_from)
+    if not found or not found.get("reproduced"):
         raise StageError(
-            f"stage {key!r} gave no list {name!r} of the files {spec.name!r} may change"
+            f"stage {spec.name!r} proves its change with the reproduction "
+            f"{spec.proof.reproduction_from!r}, which the run does not have"
         )
-    return tuple(files)
+    return found
 
 
 def _upstream_diff(
@@ -124,10 +154,58 @@ def _upstream_diff(
 
 
 def _evidence(run: RunRecord, pipeline: Pipeline, spec: StageSpec, store: RunStore) -> str:
-    """The measured tests of the newest earlier stage that verifies, for a publishing stage."""
+    """The measured tests of the newest earlier stage that verifies or proves, for a publishing
+    stage.
+
+    Raises:
+        StageError: that stage proves its change, and its proof did not pass: nothing short of
+            a passing proof is published.
+    """
     if "publish" not in spec.tools:
         return ""
     for stage in pipeline.before(spec.name):
-        if stage.verify:
-            return proof.evidence(stage.schema_class(), store.output(run.id, stage.output_key))
+        if stage.verify or stage.proof:
+            output = store.output(run.id, stage.output_key)
+            if stage.proof:
+                verdict = (output or {}).get("proof") or {}
+                if verdict.get("passed") is not True:
+                    said = verdict.get("reason") or "no proof was recorded"
+                    raise StageError(
+                        f"the change of stage {stage.name!r} is not proven ({said}), so it is "
+                        "not published"
+                    )
+            return proof.evidence(stage.schema_class(), output)
     return ""
+
+
+PREVIOUS_ATTEMPT_CHARS = 2_500
+"""The most a looped stage's summary of its previous iteration may hold."""
+
+
+def previous_attempt(spec: StageSpec, output: Mapping[str, Any], number: int) -> str:
+    """What iteration `number + 1` of a looped stage is told about iteration `number`: why it
+    was not accepted, what it changed, which tests failed and the tail of their output; never
+    its conversation. At most `PREVIOUS_ATTEMPT_CHARS`, the output's tail cut first."""
+    assert spec.loop is not None
+    verdict = output.get("proof") if isinstance(output.get("proof"), Mapping) else {}
+    assert isinstance(verdict, Mapping)
+    lines = [
+        f"Your previous attempt (iteration {number} of {spec.loop.max_iterations}) was not "
+        f"accepted: {spec.loop.reason(output)}",
+    ]
+    if output.get("summary"):
+        lines.append(f"It said of itself: {str(output['summary'])[:300]}")
+    if verdict.get("diff_stat"):
+        lines.append(f"Its change (Baton discarded it; you start again from the plan):\n"
+                     f"{verdict['diff_stat']}")  # fmt: skip
+    for key, what in (("still_failing", "Reproducing tests that still failed"),
+                      ("passed_before", "Reproducing tests that passed even without it"),
+                      ("pass_to_fail", "Tests that passed before and failed with it")):  # fmt: skip
+        if verdict.get(key):
+            lines.append(f"{what}: {', '.join(map(str, verdict[key][:10]))}")
+    head = "\n".join(lines)
+    tail = str(verdict.get("failure_tail") or "")
+    room = PREVIOUS_ATTEMPT_CHARS - len(head) - 60
+    if tail and room > 200:
+        head += f"\nThe end of their output:\n```\n{tail[-room:]}\n```"
+    return head[:PREVIOUS_ATTEMPT_CHARS]

@@ -7,13 +7,24 @@ none, only the exit code is known and the counts are left empty.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel
 
-from orchestrator.schemas import Fact, TestRun, measured_fields
-from workers.errors import StageError
+from orchestrator.schemas import (
+    Fact,
+    Proof,
+    Reproduced,
+    TestCounts,
+    TestRun,
+    measured_fields,
+)
+from workers.errors import NotReproducedError, StageError
+from workers.outcomes import Outcome, Outcomes, parse, with_ids
+from workers.tools.artifacts import ArtifactSink
 from workers.tools.code import TEST_ENV, split_command
 from workers.tools.errors import ToolError
 from workers.tools.workspace import CommandResult, Workspace
@@ -84,15 +95,314 @@ def run_tests(workspace: Workspace, command: str, *, timeout_s: float) -> tuple[
 
 
 def evidence(schema: type[BaseModel], verified: Mapping[str, Any] | None) -> str:
-    """The test results a pull request carries, from the output of the stage that verified
-    (its `schema` says which fields hold the measured tests)."""
+    """The test results a pull request carries, from the output of the stage that verified or
+    proved (its `schema` says which fields hold what Baton measured)."""
     fields = measured_fields(schema)
-    if not verified or not verified.get(fields.get(Fact.TESTS_AFTER, "")):
-        return ""
-    after = TestRun.model_validate(verified[fields[Fact.TESTS_AFTER]])
-    lines = [f"Verified by Baton in a sandbox with `{after.command}`:"]
-    before = verified.get(fields.get(Fact.TESTS_BEFORE, ""))
-    if before:
-        lines.append(f"- before the change: {describe(TestRun.model_validate(before))}")
-    lines.append(f"- after the change: {describe(after)}")
+    lines: list[str] = []
+    if verified and verified.get(fields.get(Fact.TESTS_AFTER, "")):
+        after = TestRun.model_validate(verified[fields[Fact.TESTS_AFTER]])
+        lines.append(f"Verified by Baton in a sandbox with `{after.command}`:")
+        before = verified.get(fields.get(Fact.TESTS_BEFORE, ""))
+        if before:
+            lines.append(f"- before the change: {describe(TestRun.model_validate(before))}")
+        lines.append(f"- after the change: {describe(after)}")
+    if verified and verified.get(fields.get(Fact.PROOF, "")):
+        lines += _proof_lines(Proof.model_validate(verified[fields[Fact.PROOF]]))
     return "\n".join(lines)
+
+
+def _proof_lines(verdict: Proof) -> list[str]:
+    if not verdict.passed:
+        return []
+    f2p = ", ".join(f"`{i}`" for i in verdict.fail_to_pass) or "the reproducing tests"
+    lines = [
+        "",
+        "Proven by Baton in clean sandboxes:",
+        f"- `{verdict.reproducing_command}`: {f2p} fail without the change's code and pass with it",
+    ]
+    if verdict.suite_before is not None and verdict.suite_after is not None:
+        lines.append(
+            f"- `{verdict.suite_command}`: {verdict.suite_before.passed} passed, "
+            f"{verdict.suite_before.failed} failed before; {verdict.suite_after.passed} passed, "
+            f"{verdict.suite_after.failed} failed after; no test that passed before fails"
+        )
+    return lines
+
+
+# -- reproduction and proof -------------------------------------------------------------------
+
+MAX_IDS = 50
+"""Test ids a verdict lists by kind; the count says how many more there were."""
+TAIL_CHARS = 1_500
+TEST_PATH = re.compile(
+    r"(^|/)(tests?|testing|__tests__|spec)/"
+    r"|(^|/)(test_[^/]*|[^/]*_tests?\.py|conftest\.py|[^/]*\.(test|spec)\.[jt]sx?)$"
+)
+"""Paths that hold tests: a `tests/`, `test/`, `testing/`, `__tests__/` or `spec/` folder, or a
+file named like `test_x.py`, `x_test.py`, `conftest.py`, `x.test.js`, `x.spec.ts`."""
+
+OpenClean = Callable[[], AbstractContextManager[Workspace]]
+"""Opens a clean workspace of the run's environment at the pinned commit, nothing applied."""
+
+
+def is_test_file(path: str) -> bool:
+    return TEST_PATH.search(path) is not None
+
+
+def split_diff(diff: str) -> dict[str, str]:
+    """A git diff's sections by the path they change (the new path; the old one when deleted)."""
+    sections: dict[str, str] = {}
+    starts = list(re.finditer(r"^diff --git a/(.*?) b/(.*)$", diff, re.MULTILINE))
+    for match, following in zip(starts, [*starts[1:], None][: len(starts)], strict=True):
+        end = following.start() if following else len(diff)
+        sections[match.group(2)] = diff[match.start() : end]
+    return sections
+
+
+def test_part(diff: str, test_files: Iterable[str] = ()) -> str:
+    """The sections of `diff` that change test files (by path, or named in `test_files`)."""
+    named = set(test_files)
+    return "".join(s for path, s in split_diff(diff).items() if path in named or is_test_file(path))
+
+
+def diff_stat(diff: str) -> str:
+    """One line per changed file: `path | +added -removed`."""
+    lines = []
+    for path, section in split_diff(diff).items():
+        body = section.splitlines()
+        added = sum(1 for ln in body if ln.startswith("+") and not ln.startswith("+++"))
+        removed = sum(1 for ln in body if ln.startswith("-") and not ln.startswith("---"))
+        lines.append(f"{path} | +{added} -{removed}")
+    return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class _Ran:
+    """One command run for a proof: exit status, the outcomes it named, its log."""
+
+    command: str
+    result: CommandResult
+    outcomes: Outcomes
+
+    @property
+    def ok(self) -> bool:
+        return self.result.exit_code == 0 and not self.result.timed_out and not self.outcomes.failed
+
+    @property
+    def counts(self) -> TestCounts:
+        if self.outcomes.by_id:
+            return TestCounts(passed=len(self.outcomes.passed), failed=len(self.outcomes.failed))
+        passed, failed = counts(self.result.output)
+        return TestCounts(passed=passed or 0, failed=failed or 0)
+
+    def log(self, title: str) -> str:
+        ending = "timed out" if self.result.timed_out else f"exit code {self.result.exit_code}"
+        return f"## {title}\n$ {self.command}\n{self.result.output}\n[{ending}]\n\n"
+
+
+def _run(workspace: Workspace, command: str, *, shell: bool, timeout_s: float) -> _Ran:
+    """`command` asked to name its tests (`with_ids`); with `shell`, through `sh -c` (the
+    repository's own test command may use shell syntax), else split without a shell."""
+    named = with_ids(command)
+    try:
+        argv = ["sh", "-c", named] if shell else split_command(named)
+    except ToolError as exc:
+        raise StageError(f"the test command {command!r} is unusable: {exc.message}") from exc
+    result = workspace.run(argv, timeout_s=timeout_s, env=TEST_ENV)
+    return _Ran(named, result, parse(result.output))
+
+
+def _applied(workspace: Workspace, diff: str, what: str) -> None:
+    if not diff.strip():
+        return
+    try:
+        workspace.apply_patch(diff)
+    except ToolError as exc:
+        raise StageError(f"{what} does not apply to a clean checkout: {exc.message}") from exc
+
+
+def check_reproduction(
+    open_clean: OpenClean,
+    *,
+    change: str,
+    command: str,
+    expected_failure: str,
+    test_files: Iterable[str],
+    timeout_s: float,
+    artifacts: ArtifactSink,
+) -> Reproduced:
+    """Run the reproducing `command` on the unchanged code with `change` (test files only)
+    applied, in a clean workspace; the measured result.
+
+    Raises:
+        NotReproducedError: the change touches more than tests, or the tests do not fail with
+            `expected_failure` in their output.
+    """
+    for what, paths in (("changes", split_diff(change)), ("names", test_files)):
+        others = sorted({path for path in paths if not is_test_file(path)})
+        if others:
+            raise NotReproducedError(
+                f"the reproduction {what} files that are not tests: {', '.join(others)}; it "
+                "may only add or change tests (files under tests/, test/, or named test_*, "
+                "*_test.py, conftest.py, *.test.js, *.spec.ts, …)"
+            )
+    with open_clean() as workspace:
+        _applied(workspace, change, "the reproducing test")
+        ran = _run(workspace, command, shell=False, timeout_s=timeout_s)
+    artifacts.save("reproduce.log", ran.log("the reproducing tests, unchanged code").encode())
+    seen = bool(expected_failure.strip()) and expected_failure.strip() in ran.result.output
+    measured = Reproduced(
+        command=ran.command,
+        exit_code=None if ran.result.timed_out else ran.result.exit_code,
+        failed_tests=ran.outcomes.failed[:MAX_IDS],
+        expected_failure_seen=seen,
+    )
+    failed = ran.outcomes.failed or (counts(ran.result.output)[1] or 0) > 0
+    said = f"`{command}` on the unchanged code"
+    if ran.result.timed_out:
+        raise NotReproducedError(f"could not reproduce the report: {said} timed out")
+    if ran.result.exit_code == 0 or not failed:
+        raise NotReproducedError(
+            f"could not reproduce the report: {said} ran no failing test "
+            f"({_described(ran)}); a reproducing test must fail before the fix"
+        )
+    if not seen:
+        raise NotReproducedError(
+            f"could not reproduce the report: {said} fails ({_described(ran)}), but its output "
+            f"never shows {expected_failure.strip()!r}, the failure the report is about"
+        )
+    return measured
+
+
+def prove(
+    open_clean: OpenClean,
+    *,
+    change: str,
+    command: str,
+    test_files: Iterable[str],
+    suite_command: str | None,
+    timeout_s: float,
+    artifacts: ArtifactSink,
+) -> Proof:
+    """Baton's verdict on `change`: the reproducing `command` with only its test files applied
+    (must fail) and with all of it (must pass), and the suite (`suite_command`, through a
+    shell) in both (nothing that passed before may fail after); each in a clean workspace."""
+    tests_only = test_part(change, test_files)
+    with open_clean() as workspace:
+        _applied(workspace, tests_only, "the change's test files")
+        repro_before = _run(workspace, command, shell=False, timeout_s=timeout_s)
+        suite_before = (
+            _run(workspace, suite_command, shell=True, timeout_s=timeout_s)
+            if suite_command
+            else None
+        )
+    with open_clean() as workspace:
+        _applied(workspace, change, "the change")
+        repro_after = _run(workspace, command, shell=False, timeout_s=timeout_s)
+        suite_after = (
+            _run(workspace, suite_command, shell=True, timeout_s=timeout_s)
+            if suite_command
+            else None
+        )
+    logs = [repro_before.log("reproducing tests, test files only"),
+            *([suite_before.log("suite, test files only")] if suite_before else [])]  # fmt: skip
+    artifacts.save("proof-before.log", "".join(logs).encode())
+    logs = [repro_after.log("reproducing tests, whole change"),
+            *([suite_after.log("suite, whole change")] if suite_after else [])]  # fmt: skip
+    artifacts.save("proof-after.log", "".join(logs).encode())
+    return _verdict(change, repro_before, repro_after, suite_before, suite_after, suite_command)
+
+
+def _verdict(
+    change: str,
+    repro_before: _Ran,
+    repro_after: _Ran,
+    suite_before: _Ran | None,
+    suite_after: _Ran | None,
+    suite_command: str | None,
+) -> Proof:
+    failing_before = set(repro_before.outcomes.failed)
+    passing_after = set(repro_after.outcomes.passed)
+    regressed: list[str] = []
+    if suite_before is not None and suite_after is not None:
+        after = suite_after.outcomes.by_id
+        regressed = [i for i in suite_before.outcomes.passed if after.get(i) != Outcome.PASSED]
+    verdict = Proof(
+        passed=False,
+        reason="",
+        reproducing_command=repro_after.command,
+        fail_to_pass=sorted(failing_before & passing_after)[:MAX_IDS],
+        still_failing=repro_after.outcomes.failed[:MAX_IDS],
+        passed_before=repro_before.outcomes.passed[:MAX_IDS],
+        pass_to_fail=regressed[:MAX_IDS],
+        pass_to_fail_count=len(regressed),
+        suite_command=suite_after.command if suite_after else suite_command,
+        suite_before=suite_before.counts if suite_before else None,
+        suite_after=suite_after.counts if suite_after else None,
+        diff_stat=diff_stat(change),
+    )
+    failure, tail_of = _failure(repro_before, repro_after, suite_before, suite_after, regressed)
+    if failure is None:
+        suite = (
+            f"; {verdict.suite_before.passed} suite tests passed before and pass after"
+            if verdict.suite_before is not None
+            else ""
+        )
+        proven = len(verdict.fail_to_pass) or "the"
+        reason = f"proven: {proven} reproducing tests fail without the change, pass with it{suite}"
+        return verdict.model_copy(update={"passed": True, "reason": reason})
+    tail = tail_of.result.output[-TAIL_CHARS:] if tail_of is not None else ""
+    return verdict.model_copy(update={"reason": failure, "failure_tail": tail})
+
+
+def _failure(
+    repro_before: _Ran,
+    repro_after: _Ran,
+    suite_before: _Ran | None,
+    suite_after: _Ran | None,
+    regressed: list[str],
+) -> tuple[str | None, _Ran | None]:
+    """Which part of the proof failed, and whose output shows it; (None, None) if none did."""
+    if not repro_before.result.exit_code and not repro_before.outcomes.failed:
+        return (
+            "the reproducing tests already pass without the change's code "
+            f"({_described(repro_before)}): they prove nothing about it",
+            repro_before,
+        )
+    if repro_before.result.timed_out:
+        return "the reproducing tests timed out without the change's code", repro_before
+    if not repro_after.ok:
+        still = repro_after.outcomes.failed
+        named = f": {', '.join(still[:5])}" if still else ""
+        return (
+            f"the reproducing tests still fail with the change ({_described(repro_after)}){named}",
+            repro_after,
+        )
+    if suite_before is None or suite_after is None:
+        return (
+            "the repository has no test command Baton knows, so no regression can be ruled "
+            "out; name one in .baton/environment.toml (`test = …`)",
+            None,
+        )
+    if suite_after.result.timed_out or suite_before.result.timed_out:
+        return "the repository's tests timed out", suite_after
+    if not suite_before.outcomes.by_id:
+        return (
+            f"the suite's output (`{suite_before.command}`) names no test, so no regression "
+            "can be ruled out",
+            suite_before,
+        )
+    if regressed:
+        return (
+            f"{len(regressed)} tests that passed before fail with the change: "
+            f"{', '.join(regressed[:5])}",
+            suite_after,
+        )
+    return None, None
+
+
+def _described(ran: _Ran) -> str:
+    if ran.result.timed_out:
+        return "timed out"
+    found = ran.counts
+    return f"exit code {ran.result.exit_code}, {found.passed} passed, {found.failed} failed"

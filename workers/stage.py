@@ -24,13 +24,13 @@ from google.adk.models.base_llm import BaseLlm
 from pydantic import BaseModel, ValidationError
 
 from orchestrator.pipeline import StageSpec
-from orchestrator.schemas import Fact, TestRun, measured_fields
+from orchestrator.schemas import Fact, Proof, Reproduced, TestRun, measured_fields
 from workers import output as outputs
 from workers import proof
 from workers.agent import AgentSpec, AuditSink, StageSession, Usage, build_agent
 from workers.budget import json_chars
 from workers.changes import ChangePolicy
-from workers.errors import StageError, StageOutputError, TestsFailedError
+from workers.errors import ProofFailedError, StageError, StageOutputError, TestsFailedError
 from workers.inputs import StageInputs
 from workers.publish import Publisher
 from workers.sandboxes import Sandboxes, WorkspaceRequest
@@ -102,6 +102,7 @@ async def execute_stage(
     spec = inputs.spec
     schema = spec.schema_class()
     facts: dict[Fact, Any] = {}
+    change = ""
     with _workspace(inputs, sandboxes) as workspace:
         if workspace is not None and inputs.verify_command:
             facts[Fact.TESTS_BEFORE] = _verify(inputs, workspace, sinks.artifacts, "before")
@@ -133,8 +134,13 @@ async def execute_stage(
         if workspace is not None and inputs.verify_command:
             facts[Fact.TESTS_AFTER] = _verify(inputs, workspace, sinks.artifacts, "after")
         if workspace is not None and WRITE_TOOLS & set(spec.tools):
-            sinks.artifacts.save(DIFF_ARTIFACT, workspace.diff().encode(), "text/x-diff")
+            change = workspace.diff()
+            sinks.artifacts.save(DIFF_ARTIFACT, change.encode(), "text/x-diff")
     _require_passing_tests(spec, facts)
+    if spec.reproduce:
+        facts[Fact.REPRODUCED] = _reproduce(inputs, result, change, sandboxes, sinks.artifacts)
+    if spec.proof is not None:
+        facts[Fact.PROOF] = _prove(inputs, change, sandboxes, sinks.artifacts)
     result, compacted = await _fit_budget(result, inputs, schema, model, sinks, streaming)
     result = _with_facts(result, facts, schema)
     logger.info(
@@ -145,16 +151,8 @@ async def execute_stage(
     return StageOutput(output=result, compacted=compacted)
 
 
-@contextmanager
-def _workspace(inputs: StageInputs, sandboxes: Sandboxes | None) -> Iterator[Workspace | None]:
-    """A workspace at the pinned commit with the upstream change applied, for a stage with
-    tools; none for one without."""
-    if not inputs.spec.tools:
-        yield None
-        return
-    if sandboxes is None:
-        raise StageError(f"stage {inputs.spec.name!r} has tools but was given no sandboxes")
-    request = WorkspaceRequest(
+def _request(inputs: StageInputs) -> WorkspaceRequest:
+    return WorkspaceRequest(
         repo=inputs.repo,
         commit=inputs.commit,
         stage=inputs.spec.name,
@@ -166,7 +164,18 @@ def _workspace(inputs: StageInputs, sandboxes: Sandboxes | None) -> Iterator[Wor
         network=inputs.spec.sandbox_network,
         environment=inputs.environment,
     )
-    with sandboxes.open(request) as workspace:
+
+
+@contextmanager
+def _workspace(inputs: StageInputs, sandboxes: Sandboxes | None) -> Iterator[Workspace | None]:
+    """A workspace at the pinned commit with the upstream change applied, for a stage with
+    tools; none for one without."""
+    if not inputs.spec.tools:
+        yield None
+        return
+    if sandboxes is None:
+        raise StageError(f"stage {inputs.spec.name!r} has tools but was given no sandboxes")
+    with sandboxes.open(_request(inputs)) as workspace:
         if inputs.upstream_diff and inputs.upstream_diff.strip():
             try:
                 workspace.apply_patch(inputs.upstream_diff)
@@ -206,6 +215,67 @@ def _verify(
     logger.info("tests %s %s of run %s: %s", when, inputs.spec.name, inputs.run_id,
                 proof.describe(run))  # fmt: skip
     return run
+
+
+def _clean(inputs: StageInputs, sandboxes: Sandboxes | None) -> proof.OpenClean:
+    """Opens a fresh workspace of the run's environment at the pinned commit, nothing applied:
+    where Baton measures a change, away from the sandbox that made it."""
+    if sandboxes is None:
+        raise StageError(f"stage {inputs.spec.name!r} measures a change but has no sandboxes")
+    request = _request(inputs)
+    return lambda: sandboxes.open(request)
+
+
+def _proof_timeout_s(spec: StageSpec) -> float:
+    return min(MAX_VERIFY_TIMEOUT_S, spec.budget.soft_time_limit_s / 6)
+
+
+def _reproduce(
+    inputs: StageInputs,
+    result: dict[str, Any],
+    change: str,
+    sandboxes: Sandboxes | None,
+    artifacts: ArtifactSink,
+) -> Reproduced:
+    """Baton runs the reproducing tests the stage named on the unchanged code."""
+    measured = proof.check_reproduction(
+        _clean(inputs, sandboxes),
+        change=change,
+        command=str(result["test_command"]),
+        expected_failure=str(result["expected_failure"]),
+        test_files=result["test_files"],
+        timeout_s=_proof_timeout_s(inputs.spec),
+        artifacts=artifacts,
+    )
+    logger.info("run %s reproduced: %s failed as expected", inputs.run_id,
+                measured.failed_tests or measured.command)  # fmt: skip
+    return measured
+
+
+def _prove(
+    inputs: StageInputs, change: str, sandboxes: Sandboxes | None, artifacts: ArtifactSink
+) -> Proof:
+    """Baton's verdict on the stage's change; without a loop to try again, a failed one ends
+    the stage."""
+    assert inputs.spec.proof is not None and inputs.reproduction is not None
+    suite = inputs.suite_command if inputs.spec.proof.suite else None
+    if not change.strip():
+        verdict = Proof(passed=False, reason="the stage changed nothing", reproducing_command="")
+    else:
+        verdict = proof.prove(
+            _clean(inputs, sandboxes),
+            change=change,
+            command=str(inputs.reproduction["test_command"]),
+            test_files=inputs.reproduction.get("test_files") or (),
+            suite_command=suite,
+            timeout_s=_proof_timeout_s(inputs.spec),
+            artifacts=artifacts,
+        )
+    logger.info("proof of %s of run %s (iteration %d): %s", inputs.spec.name, inputs.run_id,
+                inputs.iteration, verdict.reason)  # fmt: skip
+    if not verdict.passed and inputs.spec.loop is None:
+        raise ProofFailedError(f"the change is not proven: {verdict.reason}")
+    return verdict
 
 
 def _require_passing_tests(spec: StageSpec, facts: dict[Fact, Any]) -> None:

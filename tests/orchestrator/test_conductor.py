@@ -144,10 +144,8 @@ def test_last_stage_done_ends_the_run_and_removes_temp_outputs(
             },
         ),
         ("plan", {"approach": "a", "steps": ["s"], "files_to_change": ["a"], "test_command": "t"}),
-        (
-            "fix",
-            {"summary": "s", "files_changed": ["a"], "test_command": "t", "tests_passed": True},
-        ),
+        ("reproduce", {"test_files": ["t.py"], "test_command": "t", "expected_failure": "E"}),
+        ("fix", {"summary": "s", "files_changed": ["a"], "proof": {"passed": True}}),
         ("pr", {"branch": "b", "commit": "c", "title": "t", "body": "b"}),
     ]:
         begin(conductor, run_id, stage)
@@ -157,8 +155,10 @@ def test_last_stage_done_ends_the_run_and_removes_temp_outputs(
     assert run.status == RunStatus.DONE
     assert sorted(redis_client.hkeys(keys.outputs(run_id))) == [
         "fix",
+        "fix.1",  # each iteration's output of the looped stage
         "plan",
         "pr",
+        "reproduce",
         "search",
         "triage",
     ]
@@ -285,7 +285,9 @@ def test_resume_reruns_from_the_failed_stage_and_keeps_earlier_outputs(
     conductor: Conductor, redis_client: redis.Redis
 ) -> None:
     run_id, _ = conductor.submit(ISSUE, repo="/r", commit="abc", pipeline="fixer")
-    for stage, output in [("triage", TRIAGE_OK), ("search", SEARCH), ("plan", PLAN)]:
+    for stage, output in [
+        ("triage", TRIAGE_OK), ("search", SEARCH), ("plan", PLAN), ("reproduce", {"r": 1})
+    ]:  # fmt: skip
         begin(conductor, run_id, stage)
         conductor.complete(run_id, stage, result(output))
     begin(conductor, run_id, "fix")
@@ -459,7 +461,7 @@ def test_resuming_a_run_with_nothing_left_says_how_to_run_stages_again(
 
     message = str(caught.value)
     assert "--from STAGE" in message
-    assert "triage, search, plan, fix, pr" in message
+    assert "triage, search, plan, reproduce, fix, pr" in message
 
 
 def pending_entry(kind: str) -> dict[str, str]:
@@ -496,3 +498,101 @@ def test_pending_audit_entries_are_written_even_when_the_output_is_refused(
     kinds = [e["kind"] for e in conductor.store.audit_log(run_id)]
     assert kinds == ["stage_begin", "stage_begin", "model_reply", "model_reply"]
     assert conductor.store.get(run_id).stages["triage"].owner == "host:2:b"
+
+
+# -- loops ------------------------------------------------------------------------------------
+
+BEFORE_FIX = ("triage", "search", "plan", "reproduce")
+
+
+def at_fix(conductor: Conductor) -> str:
+    """A fixer run whose stages before fix are done (their outputs stand in for the real ones)."""
+    run_id, _ = conductor.submit(ISSUE, repo="/r", commit="abc", pipeline="fixer")
+    for stage in BEFORE_FIX:
+        begin(conductor, run_id, stage)
+        output = TRIAGE_OK if stage == "triage" else {"stage": stage}
+        assert conductor.complete(run_id, stage, result(output), owner="host:1:t") == (
+            Completion.RECORDED
+        )
+    return run_id
+
+
+def fix_output(passed: bool, reason: str) -> dict[str, object]:
+    return {"summary": "changed cart.py", "proof": {"passed": passed, "reason": reason}}
+
+
+def test_a_fix_whose_proof_fails_runs_again_as_its_next_iteration(
+    conductor: Conductor, redis_client: redis.Redis
+) -> None:
+    run_id = at_fix(conductor)
+    assert queued_task_ids(redis_client, "baton.fix") == [f"{run_id}.fix"]
+    begin(conductor, run_id, "fix", owner="w:1")
+
+    conductor.complete(run_id, "fix", result(fix_output(False, "1 still fails")), owner="w:1")
+
+    run = conductor.store.get(run_id)
+    record = run.stages["fix"]
+    assert (run.status, run.current_stage) == (RunStatus.RUNNING, "fix")
+    assert (record.status, record.iteration) == (StageStatus.QUEUED, 2)
+    assert [(i.number, i.attempt, i.passed, i.reason, i.requests) for i in record.iterations] == [
+        (1, 1, False, "1 still fails", 2)
+    ]
+    assert sorted(queued_task_ids(redis_client, "baton.fix")) == [
+        f"{run_id}.fix",
+        f"{run_id}.fix.2",
+    ]
+    assert queued_task_ids(redis_client, "baton.pr") == []
+    assert conductor.store.output(run_id, "fix.1") == fix_output(False, "1 still fails")
+
+    second = begin(conductor, run_id, "fix", owner="w:2")
+    assert (second.action, second.attempt) == (StartAction.RUN, 2)  # a fresh session
+    assert conductor.store.get(run_id).stages["fix"].session_id == f"{run_id}:fix:2"
+    conductor.complete(run_id, "fix", result(fix_output(True, "proven")), owner="w:2")
+
+    run = conductor.store.get(run_id)
+    assert (run.stages["fix"].status, run.stages["fix"].iteration) == (StageStatus.DONE, 2)
+    assert [i.passed for i in run.stages["fix"].iterations] == [False, True]
+    assert conductor.store.output(run_id, "fix") == fix_output(True, "proven")
+    assert queued_task_ids(redis_client, "baton.pr") == [f"{run_id}.pr"]
+    kinds = [e["kind"] for e in conductor.store.audit_log(run_id)]
+    assert kinds.count("iteration_done") == 2
+
+
+def test_a_loop_that_runs_out_fails_the_run_with_the_last_reason(
+    conductor: Conductor, redis_client: redis.Redis
+) -> None:
+    run_id = at_fix(conductor)
+    for number in (1, 2, 3):
+        begin(conductor, run_id, "fix", owner=f"w:{number}")
+        said = fix_output(False, f"attempt {number}: 1 still fails")
+        conductor.complete(run_id, "fix", result(said), owner=f"w:{number}")
+
+    run = conductor.store.get(run_id)
+    assert run.status == RunStatus.FAILED
+    assert run.reason == "fix: attempt 3: 1 still fails (after 3 iterations)"
+    assert run.stages["fix"].status == StageStatus.FAILED
+    assert len(run.stages["fix"].iterations) == 3
+    assert run.stages["pr"].status == StageStatus.PENDING
+    assert sorted(queued_task_ids(redis_client, "baton.fix")) == [
+        f"{run_id}.fix", f"{run_id}.fix.2", f"{run_id}.fix.3"
+    ]  # fmt: skip
+    assert queued_task_ids(redis_client, "baton.pr") == []
+
+    assert conductor.resume(run_id) == "fix"  # a resumed loop starts again at its first
+    record = conductor.store.get(run_id).stages["fix"]
+    assert (record.iteration, record.iterations, record.attempts) == (1, [], 3)
+
+
+def test_a_stale_delivery_of_an_earlier_iteration_runs_nothing_twice(
+    conductor: Conductor,
+) -> None:
+    run_id = at_fix(conductor)
+    begin(conductor, run_id, "fix", owner="w:1")
+    conductor.complete(run_id, "fix", result(fix_output(False, "no")), owner="w:1")
+    begin(conductor, run_id, "fix", owner="w:2")  # iteration 2 is running
+
+    late = begin(conductor, run_id, "fix", owner="w:3")  # iteration 1's message, again
+
+    assert late.action == StartAction.BUSY
+    conductor.complete(run_id, "fix", result(fix_output(True, "proven")), owner="w:2")
+    assert begin(conductor, run_id, "fix", owner="w:3").action == StartAction.ADVANCE

@@ -6,16 +6,11 @@ from orchestrator.errors import PipelineError
 from orchestrator.pipeline import Pipeline, load_pipeline, render
 
 
-def test_fixer_pipeline_has_five_stages_each_on_its_own_queue() -> None:
+def test_fixer_pipeline_has_six_stages_each_on_its_own_queue() -> None:
     pipeline = load_pipeline("fixer")
-    assert [s.name for s in pipeline.stages] == ["triage", "search", "plan", "fix", "pr"]
-    assert [s.queue for s in pipeline.stages] == [
-        "baton.triage",
-        "baton.search",
-        "baton.plan",
-        "baton.fix",
-        "baton.pr",
-    ]
+    names = ["triage", "search", "plan", "reproduce", "fix", "pr"]
+    assert [s.name for s in pipeline.stages] == names
+    assert [s.queue for s in pipeline.stages] == [f"baton.{name}" for name in names]
 
 
 def test_fixer_stages_reference_only_what_they_need() -> None:
@@ -24,7 +19,8 @@ def test_fixer_stages_reference_only_what_they_need() -> None:
         "triage": ["issue"],
         "search": ["triage", "issue"],
         "plan": ["triage", "search"],
-        "fix": ["plan", "search"],
+        "reproduce": ["plan", "issue"],
+        "fix": ["plan", "search", "reproduce", "previous_attempt"],
         "pr": ["triage", "fix"],
     }
 
@@ -80,7 +76,15 @@ def _pipeline(**stage_overrides: object) -> dict[str, object]:
         ({"budget": {"soft_time_limit_s": 10, "time_limit_s": 5}}, "soft_time_limit_s"),
         ({"name": "Bad Name"}, "name"),
         ({"publish": {"planned_from": "plan.files_to_change"}},
-         "takes its planned files from 'plan.files_to_change', which names no earlier stage"),
+         "takes its planned files from 'plan', which names no earlier stage"),
+        ({"instruction": "again: {previous_attempt?}"}, "only a stage with a `loop` has"),
+        ({"loop": {"until": "verdict.passed"}}, "has no field 'verdict'"),
+        ({"loop": {"until": "summary", "max_iterations": 11}}, "max_iterations"),
+        ({"reproduce": True}, "its output schema must be a Reproduction"),
+        ({"output_schema": "orchestrator.schemas:Reproduction", "reproduce": True},
+         "reproduces, so it needs code tools"),
+        ({"proof": {"reproduction_from": "triage"}},
+         "proves with 'triage', which names no earlier stage with `reproduce = true`"),
         ({"publish": {"allow": ["workflows"]}}, "publish.allow.0"),
     ],
 )  # fmt: skip
@@ -136,11 +140,26 @@ def test_a_stage_may_opt_its_sandbox_into_a_named_network() -> None:
 def test_the_stages_before_one_come_nearest_first() -> None:
     pipeline = load_pipeline("fixer")
 
-    assert [s.name for s in pipeline.before("fix")] == ["plan", "search", "triage"]
+    assert [s.name for s in pipeline.before("fix")] == ["reproduce", "plan", "search", "triage"]
     assert pipeline.before("triage") == ()
     assert pipeline.next_after("fix") is not None and pipeline.next_after("pr") is None
 
 
 def test_the_fixer_publishes_only_planned_files_and_no_special_class() -> None:
     pr = load_pipeline("fixer").stage("pr")
-    assert (pr.publish.planned_from, pr.publish.allow) == ("plan.files_to_change", ())
+    planned = ("plan.files_to_change", "reproduce.test_files")  # the fix and its test
+    assert (pr.publish.planned_from, pr.publish.allow) == (planned, ())
+
+
+def test_the_fixer_reproduces_first_then_loops_fix_until_proven() -> None:
+    pipeline = load_pipeline("fixer")
+    fix = pipeline.stage("fix")
+    assert pipeline.stage("reproduce").reproduce
+    assert fix.proof is not None and fix.proof.reproduction_from == "reproduce"
+    assert fix.loop is not None
+    assert (fix.loop.until, fix.loop.max_iterations) == ("proof.passed", 3)
+    assert fix.loop.holds({"proof": {"passed": True}})
+    assert not fix.loop.holds({"proof": {"passed": "yes"}})  # true, not truthy
+    assert not fix.loop.holds({"summary": "no proof"})
+    assert fix.loop.reason({"proof": {"passed": False, "reason": "2 still fail"}}) == "2 still fail"
+    assert fix.loop.reason({}) == "proof.passed was not true"

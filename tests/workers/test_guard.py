@@ -259,7 +259,7 @@ def test_every_call_of_the_demo_scenario_fits_its_stages_real_tools(tmp_path: Pa
                 assert call(guard, FunctionTool(real[name]), args) is None, (stage.name, name)
                 checked += 1
 
-    assert checked == 9
+    assert checked == 13  # 3 search, 3 reproduce, 5 fix, 2 pr
 
 
 def test_a_real_code_tool_refused_is_shown_with_its_signature(tmp_path: Path) -> None:

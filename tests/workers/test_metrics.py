@@ -24,13 +24,15 @@ from google.genai import errors as genai_errors
 from prometheus_client.parser import text_string_to_metric_families
 
 import sandbox
-from orchestrator.pipeline import load_pipeline
+from orchestrator.pipeline import VerifyRule, load_pipeline
 from orchestrator.schemas import Fact, Plan, TestRun
 from workers import errors as workers_errors
 from workers import output, stage
 from workers.errors import (
     FAILURE_REASONS,
     ModelCallLimitError,
+    NotReproducedError,
+    ProofFailedError,
     PublishError,
     QuotaWaitError,
     StageCancelledError,
@@ -316,7 +318,8 @@ def ended(exc: BaseException) -> BaseException:
 
 
 def fix_with_failing_tests() -> None:
-    fix = load_pipeline("fixer").stage("fix")
+    verified = VerifyRule(command_from="plan.test_command")  # the fixer's proof decides instead
+    fix = load_pipeline("fixer").stage("fix").model_copy(update={"verify": verified})
     before = TestRun(command="pytest", exit_code=1, passed=2, failed=2)
     after = TestRun(command="pytest", exit_code=1, passed=3, failed=1)
     stage._require_passing_tests(fix, {Fact.TESTS_BEFORE: before, Fact.TESTS_AFTER: after})
@@ -334,6 +337,8 @@ def fix_with_failing_tests() -> None:
         (lambda: ModelCallLimitError("reached its budget of 8 model calls"), "model_call_limit"),
         (lambda: raised(lambda: output.parse("not json", Plan)), "output_invalid"),
         (lambda: raised(fix_with_failing_tests), "tests_failed"),
+        (lambda: ProofFailedError("the change is not proven: …"), "proof_failed"),
+        (lambda: NotReproducedError("could not reproduce the report: …"), "not_reproduced"),
         (lambda: PublishError("cannot push baton/x"), "publish_failed"),
         (lambda: ended(sandbox.SandboxStartError("image missing")), "stage_error"),
         (lambda: ended(sandbox.SandboxUnavailableError("daemon restarted")), "infrastructure"),
@@ -360,6 +365,6 @@ def test_every_error_class_names_a_known_reason() -> None:
     assert {cls.reason for cls in classes} <= set(FAILURE_REASONS)
     assert set(FAILURE_REASONS) == {
         "model_rejected", "model_unavailable", "model_call_limit", "output_invalid",
-        "tests_failed", "publish_failed", "rate_limited", "infrastructure", "time_limit",
-        "cancelled", "lost", "stage_error", "internal",
+        "tests_failed", "proof_failed", "not_reproduced", "publish_failed", "rate_limited",
+        "infrastructure", "time_limit", "cancelled", "lost", "stage_error", "internal",
     }  # fmt: skip

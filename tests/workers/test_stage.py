@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -18,13 +20,19 @@ import pytest
 from demo import SCENARIO
 from demo.runner import make_sample_repo
 from orchestrator.git import resolve_commit
-from orchestrator.pipeline import ISSUE_KEY, StageBudget, load_pipeline
+from orchestrator.pipeline import ISSUE_KEY, PREVIOUS_ATTEMPT_KEY, StageBudget, load_pipeline
 from testkit.inprocess import InProcessGemini
 from testkit.sandboxes import LocalSandboxes
 from testkit.sinks import MemoryArtifacts
 from tests.fences import failing_at
 from tests.repos import Git
-from workers.errors import StageCancelledError, StageError, StageOutputError, TestsFailedError
+from workers.errors import (
+    NotReproducedError,
+    ProofFailedError,
+    StageCancelledError,
+    StageError,
+    StageOutputError,
+)
 from workers.inputs import StageInputs
 from workers.mirrors import RepoCache
 from workers.publish import Publisher
@@ -34,6 +42,9 @@ PIPELINE = load_pipeline("fixer")
 DEMO = json.loads(SCENARIO.read_text())
 TEST_COMMAND = "python3 -m unittest discover -s tests -t ."
 ISSUE = "Title: ZeroDivisionError in average_price_cents\nSource: text"
+REPRO_ID = (
+    "tests.test_empty_cart_checkout.EmptyCartCheckoutTest.test_checkout_summary_of_an_empty_cart"
+)
 
 
 def steps(agent: str) -> list[dict[str, Any]]:
@@ -62,7 +73,7 @@ class Harness:
         spec = PIPELINE.stage(stage)
         state = {ISSUE_KEY: ISSUE}
         for key in spec.inputs:
-            if key != ISSUE_KEY:
+            if key not in (ISSUE_KEY, PREVIOUS_ATTEMPT_KEY):
                 state[key] = output_of(key)
         values: dict[str, Any] = {
             "run_id": "r1", "pipeline": "fixer", "spec": spec, "attempt": 1,
@@ -92,9 +103,23 @@ def harness(tmp_path: Path) -> Harness:
     return Harness(tmp_path)
 
 
+def fix_inputs(harness: Harness, **overrides: Any) -> StageInputs:
+    """The fix stage's inputs after the demo's reproduce stage ran: its test applied first,
+    its output the reproduction the proof runs, the sample repository's suite."""
+    reproduced = harness.run(harness.inputs("reproduce"), {"reproduce": steps("reproduce")})
+    values = {
+        "verify_command": TEST_COMMAND,
+        "upstream_diff": harness.artifacts.data["workspace.diff"].decode(),
+        "reproduction": reproduced.output,
+        "suite_command": TEST_COMMAND,
+        **overrides,
+    }
+    return harness.inputs("fix", **values)
+
+
 def fix_diff(harness: Harness) -> str:
     """The demo fix's change, as the fix stage hands it on."""
-    harness.run(harness.inputs("fix", verify_command=TEST_COMMAND), {"fix": steps("fix")})
+    harness.run(fix_inputs(harness), {"fix": steps("fix")})
     return harness.artifacts.data["workspace.diff"].decode()
 
 
@@ -164,28 +189,165 @@ def test_requests_are_trimmed_to_the_stage_budget(harness: Harness) -> None:
 def test_the_fix_is_verified_before_and_after_and_measured_fields_replace_claims(
     harness: Harness,
 ) -> None:
-    claims = {**output_of("fix"), "tests_before": None, "tests_after": None}
+    claims = {**output_of("fix"), "tests_before": None, "tests_after": None, "proof": None}
     fix = [*steps("fix")[:-1], {"json": claims}]
 
-    out = harness.run(harness.inputs("fix", verify_command=TEST_COMMAND), {"fix": fix})
+    out = harness.run(fix_inputs(harness), {"fix": fix})
 
     before, after = out.output["tests_before"], out.output["tests_after"]
     assert before["command"] == after["command"] == TEST_COMMAND
-    assert before["exit_code"] != 0 and before["failed"] == 2
-    assert after["exit_code"] == 0 and after["failed"] == 0
+    # the sample's two empty-cart tests and the reproducing one fail; all five pass after
+    assert (before["exit_code"] != 0, before["passed"], before["failed"]) == (True, 2, 3)
+    assert (after["exit_code"], after["passed"], after["failed"]) == (0, 5, 0)
     saved = harness.artifacts.data
     assert "ZeroDivisionError" in saved["tests-before.log"].decode()
     assert "if count == 0:" in saved["workspace.diff"].decode()
+    assert "tests/test_empty_cart_checkout.py" in saved["workspace.diff"].decode()
+
+
+def test_a_reproduction_is_run_by_baton_on_the_unchanged_code(harness: Harness) -> None:
+    claims = {**output_of("reproduce"), "reproduced": {"command": "x", "exit_code": 1,
+              "failed_tests": ["made-up"], "expected_failure_seen": True}}  # fmt: skip
+    out = harness.run(
+        harness.inputs("reproduce"), {"reproduce": [*steps("reproduce")[:-1], {"json": claims}]}
+    )
+
+    measured = out.output["reproduced"]
+    assert measured["failed_tests"] == [REPRO_ID]
+    assert measured["expected_failure_seen"] is True
+    assert measured["command"].endswith("tests.test_empty_cart_checkout -v")  # ids asked for
+    assert "ZeroDivisionError" in harness.artifacts.data["reproduce.log"].decode()
+    # measured in a second, clean workspace, not in the one the model wrote the test in
+    assert len(harness.sandboxes.requests) == 2
+    assert harness.sandboxes.open_now == 0
+
+
+def _reproduction_writing(test: str, expected: str = "ZeroDivisionError") -> list[dict[str, Any]]:
+    path = "tests/test_repro.py"
+    write = {
+        "call": {"name": "edit_file", "args": {"path": path, "old_text": "", "new_text": test}}
+    }
+    said = {**output_of("reproduce"), "test_files": [path], "expected_failure": expected,
+            "test_command": "python3 -m unittest tests.test_repro"}  # fmt: skip
+    return [write, {"json": said}]
+
+
+PASSING_TEST = """import unittest
+from shopcart.cart import Cart, Item
+
+
+class T(unittest.TestCase):
+    def test_total(self):
+        self.assertEqual(Cart([Item("a", 5)]).total_cents(), 5)
+"""
+WRONG_REASON_TEST = PASSING_TEST.replace("), 5)", "), 6)")
+
+
+@pytest.mark.parametrize(
+    ("script", "said"),
+    [
+        (_reproduction_writing(PASSING_TEST), "ran no failing test (exit code 0, 1 passed"),
+        (_reproduction_writing(WRONG_REASON_TEST), "never shows 'ZeroDivisionError'"),
+        (
+            [
+                {"call": {"name": "edit_file", "args": {"path": "shopcart/cart.py",
+                 "old_text": "", "new_text": "x = 1\n"}}},
+                {"json": {**output_of("reproduce"), "test_files": ["shopcart/cart.py"]}},
+            ],
+            "names files that are not tests: shopcart/cart.py",
+        ),
+        (
+            [
+                {"call": {"name": "edit_file", "args": {"path": "shopcart/extra.py",
+                 "old_text": "", "new_text": "x = 1\n"}}},
+                *steps("reproduce")[1:],
+            ],
+            "changes files that are not tests: shopcart/extra.py",
+        ),
+    ],
+    ids=["passes-already", "fails-for-another-reason", "names-a-source-file", "changes-code"],
+)  # fmt: skip
+def test_a_reproduction_that_does_not_fail_as_reported_is_refused(
+    harness: Harness, script: list[dict[str, Any]], said: str
+) -> None:
+    with pytest.raises(NotReproducedError, match=re.escape(said)):
+        harness.run(harness.inputs("reproduce"), {"reproduce": script})
+    assert harness.sandboxes.open_now == 0
+
+
+def test_a_fix_is_proven_fail_to_pass_with_no_regression(harness: Harness) -> None:
+    out = harness.run(fix_inputs(harness), {"fix": steps("fix")})
+
+    verdict = out.output["proof"]
+    assert verdict["passed"] is True, verdict["reason"]
+    assert verdict["fail_to_pass"] == [REPRO_ID]
+    assert (verdict["still_failing"], verdict["passed_before"], verdict["pass_to_fail"]) == (
+        [], [], []
+    )  # fmt: skip
+    assert verdict["suite_before"] == {"passed": 2, "failed": 3}
+    assert verdict["suite_after"] == {"passed": 5, "failed": 0}
+    assert verdict["diff_stat"].splitlines() == [
+        "shopcart/cart.py | +4 -1", "tests/test_empty_cart_checkout.py | +15 -0"
+    ]  # fmt: skip
+    logs = harness.artifacts.data
+    assert "ZeroDivisionError" in logs["proof-before.log"].decode()
+    assert "Ran 5 tests" in logs["proof-after.log"].decode()
+
+
+WEAKENED = {
+    "call": {"name": "edit_file", "args": {"path": "tests/test_empty_cart_checkout.py",
+             "old_text": 'summary(Cart())["average_price_cents"], 0)',
+             "new_text": 'Cart().total_cents(), 0)'}},
+}  # fmt: skip
+"""A "fix" that makes the reproducing test pass by no longer testing the reported failure."""
+REGRESSING = {
+    "call": {"name": "edit_file", "args": {"path": "shopcart/cart.py",
+             "old_text": "        return self.total_cents() // self.item_count()\n",
+             "new_text": "        return 0\n"}},
+}  # fmt: skip
+"""A "fix" that makes the reproducing tests pass and breaks a test that passed."""
+
+
+@pytest.mark.parametrize(
+    ("change", "said", "field", "ids"),
+    [
+        (WEAKENED, "already pass without the change's code", "passed_before", [REPRO_ID]),
+        (REGRESSING, "1 tests that passed before fail with the change", "pass_to_fail",
+         ["tests.test_cart.CartTest.test_average_price_rounds_down"]),
+    ],
+    ids=["test-passed-already", "regression"],
+)  # fmt: skip
+def test_a_fix_short_of_the_proof_is_not_handed_on(
+    harness: Harness, change: dict[str, Any], said: str, field: str, ids: list[str]
+) -> None:
+    script = [change, steps("fix")[-1]]
+    inputs = fix_inputs(harness)
+
+    looped = harness.run(inputs, {"fix": script})  # the fixer's fix loops: a verdict to try again
+    with pytest.raises(ProofFailedError, match=re.escape(said)):  # without a loop: the end
+        harness.run(replace(inputs, spec=inputs.spec.model_copy(update={"loop": None})),
+                    {"fix": script})  # fmt: skip
+
+    verdict = looped.output["proof"]
+    assert verdict["passed"] is False and said in verdict["reason"]
+    assert verdict[field] == ids
+    assert verdict["failure_tail"]  # what the next attempt is shown
+    assert {"proof-before.log", "proof-after.log"} <= set(harness.artifacts.data)
+    assert harness.sandboxes.open_now == 0
 
 
 def test_a_fix_whose_tests_still_fail_keeps_its_evidence(harness: Harness) -> None:
     no_change = [steps("fix")[0], steps("fix")[-1]]
+    inputs = fix_inputs(harness)
+    once = replace(inputs, spec=inputs.spec.model_copy(update={"loop": None}))
 
-    with pytest.raises(TestsFailedError, match="the tests still fail after the change"):
-        harness.run(harness.inputs("fix", verify_command=TEST_COMMAND), {"fix": no_change})
+    with pytest.raises(ProofFailedError, match="the reproducing tests still fail with the change"):
+        harness.run(once, {"fix": no_change})
 
-    assert set(harness.artifacts.data) >= {"tests-before.log", "tests-after.log", "test-log-1.txt"}
-    assert harness.sinks.usage.requests == 2
+    assert {"tests-before.log", "tests-after.log", "test-log-1.txt", "proof-after.log"} <= set(
+        harness.artifacts.data
+    )
+    assert harness.sinks.usage.requests > 2  # the reproduce stage's, then the fix's two
     assert harness.sinks.usage.prompt_tokens_total > 0
     assert harness.sandboxes.open_now == 0
 
