@@ -255,7 +255,8 @@ class Conductor:
         if passed:
             return None
         if record.iteration >= loop.max_iterations:
-            error = f"{reason} (after {record.iteration} iterations)"
+            ran = f"{record.iteration} iteration" + ("s" if record.iteration > 1 else "")
+            error = f"{reason} (after {ran})"
             record.status, record.error = StageStatus.FAILED, error
             run.status, run.reason, run.current_stage = RunStatus.FAILED, f"{stage}: {error}", None
             self._audit(run, stage, record.attempts, "stage_failed", pipe=pipe, error=error)

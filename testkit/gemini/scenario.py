@@ -22,7 +22,9 @@ Agents. The agent of a request is the name ADK puts in the system instruction, e
 (a text reply holding that value as JSON), `call` (one function call) or `calls` (several
 function calls in one reply), and may set `thought`, its thought summary (default: "I will
 call NAME, NAME." or "I will answer in text."). Past the end of the script the last step
-repeats. In a `text` or `json` step, `{{fn:NAME.FIELD}}` is replaced by FIELD of the newest
+repeats. A script may have `"variants": [{"when": TEXT, "steps": [...]}]`: a request whose system
+instruction holds TEXT plays the first such variant's steps instead (a looped stage's second
+iteration, whose instruction tells of the first, gets other replies). In a `text` or `json` step, `{{fn:NAME.FIELD}}` is replaced by FIELD of the newest
 response of function NAME in the request (e.g. the commit a tool made).
 
 Steps. The step a request gets depends on its contents alone, so a retried or redelivered
@@ -150,20 +152,32 @@ class Step(_Model):
         return [self.call] if self.call is not None else (self.calls or [])
 
 
+class Variant(_Model):
+    """Other replies for the agent's sessions whose system instruction holds `when`."""
+
+    when: str = Field(min_length=1)
+    steps: list[Step] = Field(min_length=1)
+
+
 class AgentScript(_Model):
     """The replies one agent gets, by step."""
 
     steps: list[Step] = Field(min_length=1)
     """Replies in order; the last one repeats."""
+    variants: list[Variant] = Field(default_factory=list)
+    """Checked in order: the first whose `when` the request's system instruction holds plays
+    its steps instead (a looped stage's second iteration, told of its first, say)."""
 
     @model_validator(mode="before")
     @classmethod
     def _accept_bare_list(cls, data: Any) -> Any:
         return {"steps": data} if isinstance(data, list) else data
 
-    def step(self, index: int) -> Step:
-        """The reply for step `index` (0-based); past the end, the last step."""
-        return self.steps[min(index, len(self.steps) - 1)]
+    def step(self, index: int, system: str = "") -> Step:
+        """The reply for step `index` (0-based) of a session whose system instruction is
+        `system`; past the end, the last step."""
+        steps = next((v.steps for v in self.variants if v.when in system), self.steps)
+        return steps[min(index, len(steps) - 1)]
 
 
 class FaultRule(_Model):

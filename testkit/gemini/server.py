@@ -191,7 +191,7 @@ class FakeServer:
                 "script"
             )
             return _Answer(_error(400, message), 400, unanswered)
-        step = script.step(asked.step)
+        step = script.step(asked.step, system_text(asked.body))
         parts, usage = self._reply(step, asked)
         if asked.stream:
             events = wire.stream_events(parts, asked.model, usage)
@@ -270,13 +270,17 @@ def create_app(
     return Starlette(routes=routes)
 
 
+def system_text(body: Mapping[str, Any]) -> str:
+    """The text of the request's system instruction."""
+    system = body.get("systemInstruction")
+    parts = system.get("parts", []) if isinstance(system, dict) else []
+    return "\n".join(part.get("text") or "" for part in parts if isinstance(part, dict))
+
+
 def agent_name(body: Mapping[str, Any], headers: Mapping[str, str]) -> str:
     """The agent ADK named in the system instruction, else the `x-baton-agent` header, else
     `"default"`."""
-    system = body.get("systemInstruction")
-    parts = system.get("parts", []) if isinstance(system, dict) else []
-    text = "\n".join(part.get("text") or "" for part in parts if isinstance(part, dict))
-    names = AGENT_NAME.findall(text)
+    names = AGENT_NAME.findall(system_text(body))
     if names:
         return str(names[-1])
     return headers.get(AGENT_HEADER) or DEFAULT_AGENT

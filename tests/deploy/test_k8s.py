@@ -32,7 +32,7 @@ KUBERNETES_VERSION = "1.30"
 """The oldest Kubernetes the manifests are for (native sidecars need 1.29 or later)."""
 NAMESPACE = "baton"
 KEDA_API = "keda.sh/v1alpha1"
-FIXER_STAGES = {"triage", "search", "plan", "fix", "pr"}
+FIXER_STAGES = {"triage", "search", "plan", "reproduce", "fix", "pr"}
 REDIS_URL = "redis://:$(BATON_REDIS_PASSWORD)@baton-redis:6379/0"
 MI_B = 1024 * 1024
 METRICS_PORT = 9808
@@ -413,7 +413,7 @@ def test_scale_down_waits_longer_than_a_stage_may_run(stage: str) -> None:
 
 def test_one_stage_never_scales_to_zero_so_the_reconciler_always_runs() -> None:
     minimum = {stage: doc["spec"]["minReplicaCount"] for stage, doc in scaled_objects().items()}
-    assert minimum == {"triage": 1, "search": 0, "plan": 0, "fix": 0, "pr": 0}
+    assert minimum == {"triage": 1, "search": 0, "plan": 0, "reproduce": 0, "fix": 0, "pr": 0}
 
 
 # -- Redis, Flower, secrets --------------------------------------------------------------------

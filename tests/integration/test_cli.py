@@ -120,7 +120,7 @@ def test_enqueue_prints_the_run_id_and_watch_follows_it_to_the_end(
     assert watched.returncode == 0
     assert f"run {run_id} · fixer · done".encode() in watched.stdout
     assert shown["status"] == "done"
-    assert list(shown["stages"]) == ["triage", "search", "plan", "fix", "pr"]
+    assert list(shown["stages"]) == ["triage", "search", "plan", "reproduce", "fix", "pr"]
     assert again.stdout.decode().strip() == run_id
     assert b"already has run" in again.stderr
     store = redis.Redis.from_url(env["BATON_REDIS_URL"], decode_responses=True)
@@ -214,7 +214,7 @@ def test_demo_json_reports_every_stage_the_proof_and_the_branch(tmp_path: Path) 
     assert set(summary) >= {"run_id", "status", "stages"}
     assert summary["status"] == "done"
     stages = summary["stages"]
-    assert list(stages) == ["triage", "search", "plan", "fix", "pr"]
+    assert list(stages) == ["triage", "search", "plan", "reproduce", "fix", "pr"]
     common = {"status", "attempts", "requests", "prompt_tokens_total", "prompt_tokens_max",
               "output_chars", "duration_s"}  # fmt: skip
     extra = {"fix": {"tests_before", "tests_after"}, "pr": {"branch"}}
@@ -239,7 +239,9 @@ def test_top_shows_the_queues_the_workers_and_the_runs(stack: Stack) -> None:
     assert len(fleet["workers"]) >= 1
     assert all(name.startswith("celery@") or "@" in name for name in fleet["workers"])
     assert fleet["runs"].get("done", 0) >= 1
-    assert set(fleet["queues"]) <= {f"baton.{s}" for s in ("triage", "search", "plan", "fix", "pr")}
+    assert set(fleet["queues"]) <= {
+        f"baton.{s}" for s in ("triage", "search", "plan", "reproduce", "fix", "pr")
+    }
 
 
 def test_watch_shows_what_a_running_stage_is_doing(stack: Stack) -> None:

@@ -29,7 +29,7 @@ from testkit import services
 
 from .conftest import Stack
 
-STAGES = ("triage", "search", "plan", "fix", "pr")
+STAGES = ("triage", "search", "plan", "reproduce", "fix", "pr")
 SCREENSHOT_ENV = "BATON_FLOWER_SCREENSHOT"
 WINDOW = (1400, 900)
 CHROMIUM_FLAGS = (

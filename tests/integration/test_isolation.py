@@ -30,7 +30,7 @@ from workers.tools.code import build_tools
 from .conftest import CANARY_KEY, Stack, demo_scenario
 from .leaks import find_leaks, scripted_calls, traffic_lines
 
-STAGES = ["triage", "search", "plan", "fix", "pr"]
+STAGES = ["triage", "search", "plan", "reproduce", "fix", "pr"]
 
 
 def test_the_sample_issue_runs_all_five_stages_and_pushes_the_fix(stack: Stack, git: Git) -> None:

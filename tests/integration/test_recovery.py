@@ -30,7 +30,7 @@ from tests.repos import Git
 
 from .conftest import Stack, demo_scenario, stack_settings
 
-STAGES = ["triage", "search", "plan", "fix", "pr"]
+STAGES = ["triage", "search", "plan", "reproduce", "fix", "pr"]
 QUEUES = [f"baton.{s}" for s in STAGES]
 FAST_RECOVERY = {
     "BATON_QUEUE__LEASE_S": "6",

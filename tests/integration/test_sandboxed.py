@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import os
 import signal
@@ -34,7 +35,7 @@ from workers.stage import StageOutput, StageSinks, execute_stage
 
 from .conftest import CANARY_KEY, Stack, demo_scenario, stack_settings
 
-STAGES = ["triage", "search", "plan", "fix", "pr"]
+STAGES = ["triage", "search", "plan", "reproduce", "fix", "pr"]
 ROOT = Path(__file__).resolve().parents[2]
 GITHUB_CANARY = "ghp_CanaryTokenThatMustNeverLeak0000000000"
 
@@ -45,6 +46,13 @@ def containers(label: str) -> list[str]:
     return listed.stdout.split()
 
 
+REPRO_ID = (
+    "tests.test_empty_cart_checkout.EmptyCartCheckoutTest.test_checkout_summary_of_an_empty_cart"
+)
+"""The test the demo's reproduce stage writes."""
+SUITE = "python3 -m unittest discover -s tests -t ."
+
+
 def test_the_fix_is_proven_in_the_sandbox_and_the_branch_holds_exactly_that_change(
     stack: Stack, run_store: RunStore, git: Git
 ) -> None:
@@ -52,37 +60,50 @@ def test_the_fix_is_proven_in_the_sandbox_and_the_branch_holds_exactly_that_chan
     run = stack.wait(stack.enqueue(SENTRY_EVENT.read_bytes(), repo))
 
     assert run.status == RunStatus.DONE, run.reason
+    reproduced = (run_store.output(run.id, "reproduce") or {})["reproduced"]
+    assert (reproduced["failed_tests"], reproduced["expected_failure_seen"]) == ([REPRO_ID], True)
     fix = run_store.output(run.id, "fix")
     assert fix is not None
-    command = "python3 -m unittest discover -s tests -t ."
+    # the plan's command in the fix's own workspace: the sample's two failing empty-cart tests
+    # and the reproducing one fail before, all five pass after
     assert fix["tests_before"] == {
-        "command": command,
-        "exit_code": 1,
-        "passed": 2,
-        "failed": 2,
-        "timed_out": False,
-    }
+        "command": SUITE, "exit_code": 1, "passed": 2, "failed": 3, "timed_out": False,
+    }  # fmt: skip
     assert fix["tests_after"] == {
-        "command": command,
-        "exit_code": 0,
-        "passed": 4,
-        "failed": 0,
-        "timed_out": False,
-    }
+        "command": SUITE, "exit_code": 0, "passed": 5, "failed": 0, "timed_out": False,
+    }  # fmt: skip
+    proof = fix["proof"]
+    assert proof["passed"] is True, proof["reason"]
+    assert proof["fail_to_pass"] == [REPRO_ID]
+    assert (proof["pass_to_fail"], proof["still_failing"], proof["passed_before"]) == ([], [], [])
+    assert proof["suite_command"] == f"{SUITE} -v"  # the environment's, naming its tests
+    assert (proof["suite_before"], proof["suite_after"]) == (
+        {"passed": 2, "failed": 3}, {"passed": 5, "failed": 0}
+    )  # fmt: skip
+    assert [i.passed for i in run.stages["fix"].iterations] == [True]
     branch = f"baton/{run.id}"
     pushed = git.raw(
         "diff", "--binary", "--src-prefix=a/", "--dst-prefix=b/", "main", branch, cwd=repo
     ).decode()
     diff = run_store.artifact(run.stages["fix"].artifacts["workspace.diff"]).decode()
     assert pushed == diff
+    assert git("diff", "--name-only", "main", branch, cwd=repo).split() == [
+        "shopcart/cart.py", "tests/test_empty_cart_checkout.py"
+    ]  # fmt: skip
     assert git("rev-list", "--count", f"main..{branch}", cwd=repo) == "1"
     message = git("log", "-1", "--format=%B", branch, cwd=repo)
     assert message.startswith(
         "Fix ZeroDivisionError in Cart.average_price_cents for an empty cart\n"
     )
-    assert f"Verified by Baton in a sandbox with `{command}`:" in message
-    assert "- before the change: exit code 1, 2 passed, 2 failed" in message
-    assert "- after the change: exit code 0, 4 passed, 0 failed" in message
+    assert "Proven by Baton in clean sandboxes:" in message
+    assert (
+        f"- `{proof['reproducing_command']}`: `{REPRO_ID}` fail without the change's code and "
+        "pass with it"
+    ) in message
+    assert (
+        f"- `{SUITE} -v`: 2 passed, 3 failed before; 5 passed, 0 failed after; no test that "
+        "passed before fails"
+    ) in message
     assert run_store.output(run.id, "pr")["branch"] == branch  # type: ignore[index]
     assert sandboxes(run.id) == []
 
@@ -111,24 +132,106 @@ def test_a_repository_as_it_is_runs_to_the_end_and_names_its_environment(
     assert environment["test_command"] == "python3 -m unittest discover -s tests -t . -v"
     assert (environment["passed"], environment["failed"]) == ("2", "2")
     changed = git("diff", "--name-only", "main", f"baton/{run.id}", cwd=repo).split()
-    assert changed == ["shopcart/cart.py"]
+    assert changed == ["shopcart/cart.py", "tests/test_empty_cart_checkout.py"]
     assert sandboxes(run.id) == []
 
 
-def test_a_fix_whose_tests_still_fail_is_not_published(stack: Stack, git: Git) -> None:
+def _wrong_fix(scenario: dict[str, Any]) -> list[dict[str, Any]]:
+    """The demo's fix steps with a wrong change: the reproducing test still fails after it."""
+    steps: list[dict[str, Any]] = copy.deepcopy(scenario["agents"]["fix"]["steps"])
+    steps[1]["call"]["args"]["new_text"] = "        return -1\n"
+    return steps
+
+
+def test_a_fix_that_never_passes_its_proof_fails_with_the_last_reason(
+    stack: Stack, git: Git
+) -> None:
     scenario = demo_scenario()
-    steps = scenario["agents"]["fix"]["steps"]
-    steps[1]["call"]["args"]["new_text"] = "        return -1\n"  # a wrong fix
+    scenario["agents"]["fix"]["steps"] = _wrong_fix(scenario)
     stack.fake.set_scenario(scenario)
     repo = stack.sample_repo()
-    run = stack.wait(stack.enqueue(SENTRY_EVENT.read_bytes(), repo))
+    run = stack.wait(stack.enqueue(SENTRY_EVENT.read_bytes(), repo), timeout_s=180)
 
     assert run.status == RunStatus.FAILED
     assert run.reason is not None
-    assert run.reason.startswith("fix: the tests still fail after the change (`python3 -m unittest")
-    assert "exit code 1, 2 passed, 2 failed" in run.reason
+    assert run.reason.startswith(
+        "fix: the reproducing tests still fail with the change (exit code 1, 0 passed, 1 failed)"
+    )
+    assert run.reason.endswith(f": {REPRO_ID} (after 3 iterations)")
+    fix = run.stages["fix"]
+    assert [(i.number, i.passed) for i in fix.iterations] == [(1, False), (2, False), (3, False)]
+    assert len({i.attempt for i in fix.iterations}) == 3  # three sessions
     assert run.stages["pr"].status == StageStatus.PENDING
     assert git("branch", "--list", "baton/*", cwd=repo) == ""
+
+
+def test_a_fix_that_passes_only_tests_that_passed_already_is_not_published(
+    stack: Stack, git: Git, tmp_path: Path
+) -> None:
+    """The "fix" rewrites the reproducing test into one that passes on the unchanged code and
+    touches no code: its tests pass after, and it is refused. Relaxed: one iteration (a
+    pipeline copy with `max_iterations = 1`), as a second would only do the same again."""
+    fixer = (ROOT / "orchestrator" / "pipelines" / "fixer.toml").read_text()
+    once = tmp_path / "fixer-once.toml"
+    once.write_text(fixer.replace("max_iterations = 3", "max_iterations = 1"))
+    weakened = {"path": "tests/test_empty_cart_checkout.py",
+                "old_text": 'summary(Cart())["average_price_cents"], 0)',
+                "new_text": "Cart().total_cents(), 0)"}  # fmt: skip
+    scenario = demo_scenario()
+    scenario["agents"]["fix"]["steps"] = [
+        {"call": {"name": "edit_file", "args": weakened}},
+        scenario["agents"]["fix"]["steps"][-1],
+    ]
+    stack.fake.set_scenario(scenario)
+    repo = stack.sample_repo()
+    run = stack.wait(stack.enqueue(SENTRY_EVENT.read_bytes(), repo, pipeline=str(once)))
+
+    assert run.status == RunStatus.FAILED
+    assert run.reason is not None
+    assert run.reason.startswith(
+        "fix: the reproducing tests already pass without the change's code (exit code 0, 1 "
+        "passed, 0 failed): they prove nothing about it (after 1 iteration)"
+    ), run.reason
+    assert run.stages["fix"].iterations[0].passed is False
+    assert git("branch", "--list", "baton/*", cwd=repo) == ""
+
+
+def test_a_fix_whose_first_attempt_fails_its_proof_is_tried_again_fresh_and_published(
+    stack: Stack, run_store: RunStore, git: Git
+) -> None:
+    scenario = demo_scenario()
+    right = scenario["agents"]["fix"]["steps"]
+    scenario["agents"]["fix"] = {
+        "steps": _wrong_fix(scenario),  # the first iteration
+        "variants": [{"when": "Your previous attempt (iteration 1 of 3)", "steps": right}],
+    }
+    stack.fake.set_scenario(scenario)
+    repo = stack.sample_repo()
+    run = stack.wait(stack.enqueue(SENTRY_EVENT.read_bytes(), repo), timeout_s=150)
+
+    assert run.status == RunStatus.DONE, run.reason
+    fix = run.stages["fix"]
+    assert [(i.number, i.passed) for i in fix.iterations] == [(1, False), (2, True)]
+    assert fix.iterations[0].reason.startswith("the reproducing tests still fail")
+    assert (run_store.output(run.id, "fix.1") or {})["proof"]["passed"] is False
+    assert (run_store.output(run.id, "fix") or {})["proof"]["fail_to_pass"] == [REPRO_ID]
+    assert git("branch", "--list", "baton/*", cwd=repo).split() == [f"baton/{run.id}"]
+
+    requests = stack.requests("fix")  # this test's: the fixture reset the server
+    system = [e["request"]["systemInstruction"]["parts"][0]["text"] for e in requests]
+    first = [e for e, text in zip(requests, system, strict=True) if "previous attempt" not in text]
+    second = [e for e, text in zip(requests, system, strict=True) if "previous attempt" in text]
+    assert first and second
+    told = second[0]["request"]["systemInstruction"]["parts"][0]["text"]
+    assert (
+        "Your previous attempt (iteration 1 of 3) was not accepted: the reproducing tests" in told
+    )
+    assert "shopcart/cart.py | +1 -1" in told  # its diff stat, not its diff
+    assert second[0]["request"]["contents"] == [
+        {"role": "user", "parts": [{"text": "Do the fix stage now."}]}
+    ]  # a fresh session: none of the first one's turns
+    seen = json.dumps([e["request"]["contents"] for e in second])
+    assert "return -1" not in seen and "return -1" not in told  # the first attempt's edit
 
 
 def _fix_that_also_adds_a_workflow() -> dict[str, Any]:
@@ -156,7 +259,7 @@ def test_the_same_fix_with_those_classes_allowed_is_published_and_lists_the_file
     stack: Stack, git: Git, tmp_path: Path
 ) -> None:
     fixer = (ROOT / "orchestrator" / "pipelines" / "fixer.toml").read_text()
-    planned_only = 'publish = { planned_from = "plan.files_to_change" }'
+    planned_only = 'publish = { planned_from = ["plan.files_to_change", "reproduce.test_files"] }'
     assert planned_only in fixer
     allowing = tmp_path / "fixer-allowing-ci.toml"
     allowed = planned_only.replace(" }", ', allow = ["unplanned", "ci"] }')
@@ -168,12 +271,14 @@ def test_the_same_fix_with_those_classes_allowed_is_published_and_lists_the_file
     assert run.status == RunStatus.DONE, run.reason
     branch = f"baton/{run.id}"
     changed = git("diff", "--name-only", "main", branch, cwd=repo).split()
-    assert changed == [".github/workflows/x.yml", "shopcart/cart.py"]
+    assert changed == [".github/workflows/x.yml", "shopcart/cart.py",
+                       "tests/test_empty_cart_checkout.py"]  # fmt: skip
     message = git("log", "-1", "--format=%B", branch, cwd=repo)
     assert message.rstrip().endswith(
         "Changed files, as Baton checked them:\n"
         "- `.github/workflows/x.yml` — added; unplanned (allowed), ci (allowed)\n"
-        "- `shopcart/cart.py` — modified; planned"
+        "- `shopcart/cart.py` — modified; planned\n"
+        "- `tests/test_empty_cart_checkout.py` — added; planned"
     )
 
 

@@ -70,7 +70,7 @@ def test_submit_creates_a_run_and_enqueues_triage_once(
     run = conductor.store.get(run_id)
     assert run.status == RunStatus.QUEUED
     assert run.stages["triage"].status == StageStatus.QUEUED
-    assert [run.stages[s].status for s in ("search", "plan", "fix", "pr")] == [
+    assert [run.stages[s].status for s in ("search", "plan", "reproduce", "fix", "pr")] == [
         StageStatus.PENDING
     ] * 4
 
@@ -299,7 +299,9 @@ def test_resume_reruns_from_the_failed_stage_and_keeps_earlier_outputs(
     run = conductor.store.get(run_id)
     assert resumed == "fix"
     assert (run.status, run.reason, run.current_stage) == (RunStatus.QUEUED, None, "fix")
-    assert [run.stages[s].status for s in ("triage", "search", "plan", "fix", "pr")] == [
+    assert [
+        run.stages[s].status for s in ("triage", "search", "plan", "reproduce", "fix", "pr")
+    ] == [
         StageStatus.DONE,
         StageStatus.DONE,
         StageStatus.DONE,
