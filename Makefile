@@ -1,5 +1,5 @@
 # `make demo` and `make test` do all set-up themselves on a fresh Debian machine.
-.PHONY: setup demo unit test bench lint clean images
+.PHONY: setup demo unit test bench eval lint clean images
 
 BIN := .venv/bin
 
@@ -28,9 +28,15 @@ test: lint
 bench: setup
 	bash scripts/with-docker.sh $(BIN)/python -m bench
 
+# The evaluation harness on the corpus of real bugs (eval/corpus): the oracle must resolve every
+# instance and the saboteur none; writes the report docs/eval.md.
+eval: setup
+	bash scripts/with-docker.sh $(BIN)/baton eval eval/corpus --mode oracle --mode saboteur \
+		--report docs/eval.md
+
 lint: setup
-	$(BIN)/ruff check orchestrator workers sandbox testkit demo images tests bench
-	$(BIN)/ruff format --check orchestrator workers sandbox testkit demo images tests bench
+	$(BIN)/ruff check orchestrator workers sandbox testkit demo images tests bench evaluation
+	$(BIN)/ruff format --check orchestrator workers sandbox testkit demo images tests bench evaluation
 	$(BIN)/mypy
 
 clean:

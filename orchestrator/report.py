@@ -31,6 +31,8 @@ def stage_json(record: StageRecord) -> dict[str, Any]:
     return {
         "status": record.status.value,
         "attempts": record.attempts,
+        "iteration": record.iteration,
+        "iterations": [i.model_dump(mode="json") for i in record.iterations],
         "requests": record.requests,
         "prompt_tokens_total": record.prompt_tokens_total,
         "prompt_tokens_max": record.prompt_tokens_max,
@@ -171,7 +173,7 @@ def run_table(
         tokens = live.prompt_tokens if live else record.prompt_tokens_total
         note = _note(record, now)
         table.add_row(
-            name,
+            _stage_label(name, record),
             f"[{_STYLE[record.status]}]{record.status.value}[/]",
             str(record.attempts),
             str(calls),
@@ -182,6 +184,11 @@ def run_table(
             note or (live.doing if live else ""),
         )
     return table
+
+
+def _stage_label(name: str, record: StageRecord) -> str:
+    """`fix`, or `fix.2` from a looped stage's second iteration on (as its task id says)."""
+    return f"{name}.{record.iteration}" if record.iteration > 1 else name
 
 
 def _clock(epoch_s: float) -> str:
@@ -210,6 +217,9 @@ def _note(record: StageRecord, now: float) -> str:
         notes.append(f"waited {record.quota_wait_s:.1f}s for quota")
     if record.interrupted:
         notes.append(f"lost {record.interrupted}x")
+    failed = [i for i in record.iterations if not i.passed]
+    if failed:
+        notes.append(f"iteration {failed[-1].number}: {failed[-1].reason[:80]}")
     if record.compacted:
         notes.append(f"output {record.compacted}")
     return "; ".join(notes)

@@ -31,6 +31,7 @@ from tests.repos import Git
 from .conftest import Stack, demo_scenario, stack_settings
 
 STAGES = ["triage", "search", "plan", "reproduce", "fix", "pr"]
+ROOT = Path(__file__).resolve().parents[2]
 QUEUES = [f"baton.{s}" for s in STAGES]
 FAST_RECOVERY = {
     "BATON_QUEUE__LEASE_S": "6",
@@ -57,15 +58,16 @@ def own_db(
 
 
 def test_resume_after_a_failed_fix_reruns_only_fix_and_pr(
-    stack: Stack, run_store: RunStore, git: Git
+    stack: Stack, run_store: RunStore, git: Git, tmp_path: Path
 ) -> None:
-    scenario = demo_scenario()
-    scenario["agents"]["fix"]["steps"][1]["call"]["args"]["new_text"] = "        return -1\n"
-    stack.fake.set_scenario(scenario)
+    fixer = (ROOT / "orchestrator" / "pipelines" / "fixer.toml").read_text()
+    once = tmp_path / "fixer-once.toml"  # relaxed: one iteration, the loop is not the point here
+    once.write_text(fixer.replace("max_iterations = 3", "max_iterations = 1"))
+    stack.fake.set_scenario(wrong_fix_first())
     repo = stack.sample_repo()
-    failed = stack.wait(stack.enqueue(SENTRY_EVENT.read_bytes(), repo))
+    failed = stack.wait(stack.enqueue(SENTRY_EVENT.read_bytes(), repo, pipeline=str(once)))
     assert failed.status == RunStatus.FAILED and failed.reason is not None
-    assert failed.reason.startswith("fix: the tests still fail")
+    assert failed.reason.startswith("fix: the reproducing tests still fail")
     stack.fake.set_scenario(demo_scenario())
     stack.fake.reset()
 
@@ -74,9 +76,71 @@ def test_resume_after_a_failed_fix_reruns_only_fix_and_pr(
 
     assert run.status == RunStatus.DONE, run.reason
     assert {entry["agent"] for entry in stack.requests()} == {"fix", "pr"}
-    assert [run.stages[s].attempts for s in STAGES] == [1, 1, 1, 2, 1]
+    assert [run.stages[s].attempts for s in STAGES] == [1, 1, 1, 1, 2, 1]
     assert run_store.output(run.id, "plan") is not None
     assert git("branch", "--list", "baton/*", cwd=repo) == f"baton/{run.id}"
+
+
+def wrong_fix_first() -> dict[str, Any]:
+    """The demo, but the fix's first iteration makes a wrong change (its reproducing test still
+    fails) and the second, told of the first, makes the right one."""
+    scenario = demo_scenario()
+    right = scenario["agents"]["fix"]["steps"]
+    wrong = json.loads(json.dumps(right))
+    wrong[1]["call"]["args"]["new_text"] = "        return -1\n"
+    scenario["agents"]["fix"] = {
+        "steps": wrong,
+        "variants": [{"when": "Your previous attempt (iteration 1 of 3)", "steps": right}],
+    }
+    return scenario
+
+
+def test_a_worker_killed_during_a_fix_iteration_resumes_that_iteration_once(
+    own_db: Stack, git: Git
+) -> None:
+    """SIGKILL while the fix's second iteration waits for its second model call (held 30 s by
+    the fake server): the reconciler sends `<run>.fix.2` again to another worker, iteration 1
+    is not run again, and one branch is published."""
+    scenario = wrong_fix_first()
+    first_iteration_calls = len(scenario["agents"]["fix"]["steps"])
+    own_db.fake.set_scenario(scenario)
+    own_db.fake.set_faults(
+        [{"agent": "fix", "requests": [first_iteration_calls + 2], "latency_ms": 30_000}]
+    )
+    env = {**worker_env(own_db.settings), **FAST_RECOVERY}
+    remote = own_db.sample_repo()
+    with ExitStack() as stack:
+        victim = stack.enter_context(
+            services.worker(env, QUEUES, logfile=own_db.workdir / "first.log")
+        )
+        run_id = own_db.enqueue(SENTRY_EVENT.read_bytes(), remote)
+        deadline = time.monotonic() + 120
+        while len(own_db.requests("fix")) < first_iteration_calls + 2:
+            assert time.monotonic() < deadline, "the fix's second iteration never got going"
+            time.sleep(0.1)
+        held = api.get_run(run_id, settings=own_db.settings).stages["fix"]
+        assert (held.status, held.iteration, held.attempts) == (StageStatus.RUNNING, 2, 2)
+        os.killpg(victim.pid, signal.SIGKILL)
+        victim.wait()
+        stack.enter_context(services.worker(env, QUEUES, logfile=own_db.workdir / "second.log"))
+        run = own_db.wait(run_id, timeout_s=150)
+
+    assert run.status == RunStatus.DONE, run.reason
+    fix = run.stages["fix"]
+    assert [(i.number, i.attempt, i.passed) for i in fix.iterations] == [
+        (1, 1, False),
+        (2, 3, True),
+    ]
+    assert (fix.interrupted, fix.attempts) == (1, 3)
+    store = RunStore.from_url(own_db.settings.require_redis_url())
+    log = store.audit_log(run_id)
+    store.redis.close()
+    iterations = [json.loads(e["data"])["iteration"] for e in log if e["kind"] == "iteration_done"]
+    assert iterations == [1, 2]  # each recorded once: nothing ran twice
+    done = [e["branch"] for e in log if e["kind"] == "stage_done"]
+    assert sorted(done) == sorted(f"fixer.{s}" for s in STAGES)
+    assert run.stages["pr"].attempts == 1
+    assert git("branch", "--list", "baton/*", cwd=remote).split() == [f"baton/{run_id}"]
 
 
 def test_cancel_during_a_sandboxed_stage_leaves_no_container_and_a_cancelled_run(

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import json
 
-from orchestrator.models import Issue, IssueSource, RunRecord, StageRecord, StageStatus
-from orchestrator.report import Activity, live_activity, run_table
+from orchestrator.models import Issue, IssueSource, Iteration, RunRecord, StageRecord, StageStatus
+from orchestrator.report import Activity, live_activity, run_json, run_table
 
 SESSION = "r1:search:2"
 
@@ -56,3 +56,18 @@ def test_the_table_shows_the_live_figures_of_a_running_stage() -> None:
     assert cells["prompt tok"] == ["500", "1,300"]
     assert cells["note"] == ["", "calling read_file"]
     assert cells["time"] == ["", "4.0s…"]
+
+
+def test_a_looped_stage_shows_its_iteration_and_why_the_last_one_failed() -> None:
+    run = run_with_search_running()
+    failed = Iteration(number=1, attempt=1, passed=False, reason="1 reproducing test still fails")
+    run.stages["fix"] = StageRecord(
+        status=StageStatus.RUNNING, attempts=2, iteration=2, iterations=[failed], started_at=2.0
+    )
+
+    cells = {c.header: list(c.cells) for c in run_table(run, now=5.0).columns}
+    shown = run_json(run)["stages"]["fix"]
+
+    assert cells["stage"] == ["triage", "search", "fix.2"]  # as its task id: <run>.fix.2
+    assert cells["note"][2] == "iteration 1: 1 reproducing test still fails"
+    assert (shown["iteration"], [i["passed"] for i in shown["iterations"]]) == (2, [False])

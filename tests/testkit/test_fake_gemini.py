@@ -132,6 +132,27 @@ def test_step_is_the_number_of_model_turns_and_the_last_step_repeats(
     assert {entry["agent"] for entry in fake.requests()} == {"search"}
 
 
+def test_a_variant_plays_for_a_session_whose_instruction_holds_its_text(
+    start_fake: StartFake, client_for: ClientFor
+) -> None:
+    script = {
+        "steps": [{"text": "first try"}],
+        "variants": [{"when": "previous attempt failed", "steps": [{"text": "again"}]}],
+    }
+    fake = start_fake({"agents": {"fix": script}})
+    client = client_for(fake)
+
+    def instructed(extra: str) -> str | None:
+        config = types.GenerateContentConfig(
+            system_instruction=f'{extra}\n\nYou are an agent. Your internal name is "fix".'
+        )
+        return client.models.generate_content(model=MODEL, contents="go", config=config).text
+
+    assert instructed("") == "first try"
+    assert instructed("Your previous attempt failed: 2 tests.") == "again"
+    assert instructed("previous attempt") == "first try"  # the whole text, not a part of it
+
+
 def test_a_calls_step_replies_with_several_function_calls(
     start_fake: StartFake, client_for: ClientFor
 ) -> None:

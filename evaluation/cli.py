@@ -1,0 +1,76 @@
+"""`baton eval`, added to the `baton` command by entry point (it needs the fake Gemini server for
+its scripted policies: the `fake` extra)."""
+
+from __future__ import annotations
+
+import platform
+import sys
+from pathlib import Path
+
+import click
+from rich.console import Console
+
+from orchestrator.errors import BatonError
+from orchestrator.settings import Settings
+
+DOWNLOADS = Path("build") / "eval-downloads"
+
+
+@click.command("eval")
+@click.argument("corpus", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option(
+    "--mode", "modes", multiple=True, type=click.Choice(["oracle", "saboteur", "model"]),
+    help="Who plays the model: the oracle (gold patches), the saboteur (a plausible wrong "
+    "fix), or the model GOOGLE_API_KEY reaches. Repeatable. Default: model with a key, "
+    "else oracle.",
+)  # fmt: skip
+@click.option("--only", multiple=True, help="Just this instance id (repeatable).")
+@click.option("--concurrency", default=2, show_default=True, help="Runs at once.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
+@click.option("--report", type=click.Path(dir_okay=False, path_type=Path),
+              help="Also write a markdown report here (docs/eval.md).")  # fmt: skip
+@click.option("--timeout", default=1200.0, show_default=True, help="Seconds one run may take.")
+def eval_command(
+    corpus: Path,
+    modes: tuple[str, ...],
+    only: tuple[str, ...],
+    concurrency: int,
+    as_json: bool,
+    report: Path | None,
+    timeout: float,
+) -> None:
+    """Run the instances of CORPUS through the fixer pipeline and measure which are resolved.
+
+    Exits 0 when the measurement ran, whatever it found; 2 when the corpus is invalid.
+    """
+    from evaluation import report as reports
+    from evaluation.corpus import load_corpus
+    from evaluation.harness import evaluate
+
+    settings = Settings()
+    chosen = list(modes) or ["model" if settings.google_api_key else "oracle"]
+    err = Console(stderr=True)
+    try:
+        instances = load_corpus(corpus, only)
+    except BatonError as exc:
+        err.print(f"[red]baton eval:[/] {exc}", markup=True, highlight=False)
+        sys.exit(2)
+    evaluation = evaluate(
+        instances, chosen, corpus=str(corpus), concurrency=concurrency, settings=settings,  # type: ignore[arg-type]
+        say=lambda line: err.print(line, markup=False, highlight=False),
+        run_timeout_s=timeout, downloads=DOWNLOADS.resolve(),
+    )  # fmt: skip
+    if as_json:
+        click.echo(evaluation.as_json())
+    else:
+        for table in reports.tables(evaluation):
+            Console().print(table)
+    if report is not None:
+        command = "baton eval " + " ".join(
+            [str(corpus), *(f"--mode {m}" for m in chosen), f"--concurrency {concurrency}",
+             *(f"--only {i}" for i in only)]
+        )  # fmt: skip
+        machine = f"{platform.machine()}, Python {platform.python_version()}"
+        report.parent.mkdir(parents=True, exist_ok=True)
+        report.write_text(reports.markdown(evaluation, command=command, environment=machine))
+        err.print(f"wrote {report}")

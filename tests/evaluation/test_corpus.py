@@ -1,0 +1,146 @@
+"""The corpus format and the scripted policies, without services: instance folders are read and
+refused with the file named; the oracle and the saboteur script each stage through real tool
+names, selected by the instance's issue title."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from evaluation.corpus import CorpusError, load_corpus, load_instance
+from evaluation.harness import Evaluation, Result
+from evaluation.policies import SABOTEUR_MARK, scenario
+from evaluation.report import markdown
+from orchestrator.pipeline import load_pipeline
+from testkit.gemini.scenario import Scenario
+
+GOLD = """diff --git a/calc/core.py b/calc/core.py
+--- a/calc/core.py
++++ b/calc/core.py
+@@ -10,3 +10,3 @@ def mean(values):
+     total = sum(values)
+-    return total / len(values)
++    return total / len(values) if values else 0
+ 
+"""
+TESTS = """diff --git a/tests/test_core.py b/tests/test_core.py
+--- a/tests/test_core.py
++++ b/tests/test_core.py
+@@ -1,1 +1,4 @@
+ from calc.core import mean
++
++def test_mean_of_nothing():
++    assert mean([]) == 0
+"""
+INSTANCE = """id = "calc-1.0-mean-empty"
+summary = "mean([]) raises ZeroDivisionError"
+[source]
+pypi = "calc"
+version = "1.0"
+[environment]
+test = "python -m pytest -q"
+[tests]
+runner = "pytest"
+fail_to_pass = ["tests/test_core.py::test_mean_of_nothing"]
+pass_to_pass = ["tests/test_core.py::test_mean"]
+"""
+ISSUE = {"number": 7, "title": "mean() of an empty list crashes", "body": "ZeroDivisionError"}
+
+
+def make(root: Path, name: str = "calc-1.0-mean-empty", **replace: str) -> Path:
+    folder = root / name
+    folder.mkdir(parents=True)
+    files = {"instance.toml": INSTANCE, "break.patch": "x", "test.patch": TESTS,
+             "gold.patch": GOLD, "issue.json": json.dumps(ISSUE), **replace}  # fmt: skip
+    for file, text in files.items():
+        (folder / file).write_text(text)
+    return folder
+
+
+def test_an_instance_folder_is_read_whole(tmp_path: Path) -> None:
+    instance = load_instance(make(tmp_path))
+
+    assert (instance.source.pypi, instance.source.version) == ("calc", "1.0")
+    assert instance.tests.fail_to_pass == ("tests/test_core.py::test_mean_of_nothing",)
+    assert instance.title == "mean() of an empty list crashes"
+    assert instance.files("gold.patch") == ["calc/core.py"]
+    assert instance.environment == {"test": "python -m pytest -q"}
+
+
+@pytest.mark.parametrize(
+    ("replace", "said"),
+    [
+        ({"instance.toml": INSTANCE.replace('runner = "pytest"', 'runner = "nose"')},
+         "instance.toml: 1 validation error"),
+        ({"instance.toml": INSTANCE.replace("fail_to_pass = [", "fail_to_pass = [ # ")},
+         "instance.toml"),
+        ({"issue.json": "{}"}, "issue.json: not a GitHub issue with a title"),
+        ({"instance.toml": INSTANCE.replace("calc-1.0-mean-empty", "other")},
+         "is not the folder's name"),
+    ],
+)  # fmt: skip
+def test_a_bad_instance_is_refused_naming_the_file(
+    tmp_path: Path, replace: dict[str, str], said: str
+) -> None:
+    with pytest.raises(CorpusError, match=said.replace("(", r"\(")):
+        load_instance(make(tmp_path, **replace))
+
+
+def test_a_missing_file_and_an_unknown_id_are_named(tmp_path: Path) -> None:
+    folder = make(tmp_path)
+    (folder / "gold.patch").unlink()
+    with pytest.raises(CorpusError, match=r"gold\.patch is missing"):
+        load_corpus(tmp_path)
+    with pytest.raises(CorpusError, match="no instance"):
+        load_corpus(tmp_path / "empty")
+    (folder / "gold.patch").write_text(GOLD)
+    with pytest.raises(CorpusError, match="no instance nope"):
+        load_corpus(tmp_path, ("nope",))
+
+
+def test_the_policies_script_every_stage_per_instance_with_real_tools(tmp_path: Path) -> None:
+    instance = load_instance(make(tmp_path))
+    fixer = load_pipeline("fixer")
+
+    for mode in ("oracle", "saboteur"):
+        played = Scenario.model_validate(scenario([instance], mode))  # type: ignore[arg-type]
+        for stage in fixer.stages:
+            script = played.script_for(stage.name)
+            assert script is not None
+            steps = script.step(0, f"... {instance.title} ...")
+            assert steps != script.step(0, "another instance")  # chosen by the title
+            for step in [script.step(i, instance.title) for i in range(4)]:
+                for part in step.parts():
+                    if "functionCall" in part:
+                        name = part["functionCall"]["name"]
+                        assert name in stage.tools, (mode, stage.name, name)
+
+    oracle = scenario([instance], "oracle")["agents"]
+    fix_call = oracle["fix"]["variants"][0]["steps"][0]["call"]
+    assert fix_call == {"name": "apply_patch", "args": {"patch": GOLD}}
+    reproduce = oracle["reproduce"]["variants"][0]["steps"]
+    assert reproduce[0]["call"]["args"]["patch"] == TESTS
+    assert reproduce[1]["json"]["test_command"] == (
+        "python -m pytest -p no:cacheprovider tests/test_core.py::test_mean_of_nothing"
+    )
+    saboteur = scenario([instance], "saboteur")["agents"]
+    wrong = saboteur["fix"]["variants"][0]["steps"][0]["call"]["args"]["patch"]
+    assert wrong.endswith(f"@@ -10,1 +10,2 @@\n     total = sum(values)\n+# {SABOTEUR_MARK}\n")
+
+
+def test_the_report_has_a_summary_and_a_row_per_instance() -> None:
+    results = [
+        Result("a", "oracle", resolved=True, published=True, fail_to_pass=[1, 1],
+               pass_to_pass=[9, 9], model_calls=12, prompt_tokens=3000, output_tokens=400),
+        Result("b", "oracle", reason="fix: the reproducing tests still fail (after 3 iterations)",
+               fail_to_pass=[0, 2], pass_to_pass=[5, 5]),
+    ]  # fmt: skip
+    text = markdown(Evaluation("eval/corpus", results, {"oracle": 61.0}), command="baton eval x",
+                    environment="here")  # fmt: skip
+
+    assert "## oracle: 1 of 2 resolved (50 %), 1 published, wall time 61 s" in text
+    assert "| a | no | no | no | yes | **yes** | 1/1 | 9/9 | 12 | 3,000/400 | 0 | 0 |" in text
+    assert "| b | no | no | no | no | no | 0/2 | 5/5 |" in text
+    assert "- b: fix: the reproducing tests still fail (after 3 iterations)" in text
