@@ -95,7 +95,7 @@ def load_instance(folder: Path) -> Instance:
             raise CorpusError(f"{folder}: {name} is missing")
     try:
         table = tomllib.loads(spec.read_text(encoding="utf-8"))
-        instance = Instance.model_validate({**table, "folder": folder})
+        instance = Instance.model_validate({**table, "folder": folder.resolve()})
         json.loads((folder / "issue.json").read_text(encoding="utf-8"))["title"]
     except (tomllib.TOMLDecodeError, ValidationError) as exc:
         raise CorpusError(f"{spec}: {exc}") from exc

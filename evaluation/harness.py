@@ -208,7 +208,8 @@ def _run_mode(
             measure(instance, run, result)
             results[instance.id] = result
             verdict = "RESOLVED" if result.resolved else "not resolved"
-            say(f"{mode} · {instance.id}: {run.status.value} in {result.wall_s:.0f} s, "
+            said = f" — {run.reason}" if run.reason else ""
+            say(f"{mode} · {instance.id}: {run.status.value} in {result.wall_s:.0f} s{said}; "
                 f"{verdict} ({result.measured})")  # fmt: skip
     return [results[i.id] for i in instances]
 

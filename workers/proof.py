@@ -150,16 +150,17 @@ def is_test_file(path: str) -> bool:
 
 
 def split_diff(diff: str) -> dict[str, str]:
-    """A git diff's sections by the path they change (the new path; the old one when deleted)."""
+    """A git diff's sections by the path they change (the new path), whatever its two prefixes
+    (`a/` and `b/`, or others: `git diff -R` swaps them)."""
     sections: dict[str, str] = {}
-    starts = list(re.finditer(r"^diff --git a/(.*?) b/(.*)$", diff, re.MULTILINE))
+    starts = list(re.finditer(r"^diff --git [^/\s]+/(.*?) [^/\s]+/(.*)$", diff, re.MULTILINE))
     for match, following in zip(starts, [*starts[1:], None][: len(starts)], strict=True):
         end = following.start() if following else len(diff)
         sections[match.group(2)] = diff[match.start() : end]
     return sections
 
 
-def test_part(diff: str, test_files: Iterable[str] = ()) -> str:
+def only_tests(diff: str, test_files: Iterable[str] = ()) -> str:
     """The sections of `diff` that change test files (by path, or named in `test_files`)."""
     named = set(test_files)
     return "".join(s for path, s in split_diff(diff).items() if path in named or is_test_file(path))
@@ -287,7 +288,7 @@ def prove(
     """Baton's verdict on `change`: the reproducing `command` with only its test files applied
     (must fail) and with all of it (must pass), and the suite (`suite_command`, through a
     shell) in both (nothing that passed before may fail after); each in a clean workspace."""
-    tests_only = test_part(change, test_files)
+    tests_only = only_tests(change, test_files)
     with open_clean() as workspace:
         _applied(workspace, tests_only, "the change's test files")
         repro_before = _run(workspace, command, shell=False, timeout_s=timeout_s)

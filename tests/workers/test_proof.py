@@ -3,7 +3,16 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.schemas import Fix, Plan, TestRun
-from workers.proof import counts, describe, evidence, succeeded
+from workers.proof import (
+    counts,
+    describe,
+    diff_stat,
+    evidence,
+    is_test_file,
+    split_diff,
+    succeeded,
+    only_tests,
+)
 
 UNITTEST_FAIL = """..EE
 ======================================================================
@@ -69,3 +78,46 @@ def test_evidence_names_the_command_and_both_runs() -> None:
     assert evidence(Fix, None) == ""
     assert evidence(Fix, {"summary": "no tests"}) == ""
     assert evidence(Plan, {"tests_after": after}) == ""  # a schema that measures no tests
+
+
+TWO_FILES = """diff --git a/pkg/core.py b/pkg/core.py
+index 1..2 100644
+--- a/pkg/core.py
++++ b/pkg/core.py
+@@ -1,2 +1,2 @@
+ x = 1
+-y = 2
++y = 3
+diff --git b/tests/test_core.py a/tests/test_core.py
+new file mode 100644
+--- /dev/null
++++ a/tests/test_core.py
+@@ -0,0 +1,2 @@
++def test_y():
++    assert True
+"""
+
+
+def test_a_diff_splits_by_file_whatever_its_prefixes_and_keeps_its_test_part() -> None:
+    sections = split_diff(TWO_FILES)
+
+    assert list(sections) == ["pkg/core.py", "tests/test_core.py"]
+    assert "".join(sections.values()) == TWO_FILES
+    assert only_tests(TWO_FILES) == sections["tests/test_core.py"]
+    assert only_tests(TWO_FILES, ["pkg/core.py"]) == TWO_FILES  # named as a test file
+    assert diff_stat(TWO_FILES) == "pkg/core.py | +1 -1\ntests/test_core.py | +2 -0"
+    assert split_diff("") == {}
+
+
+@pytest.mark.parametrize(
+    ("path", "is_test"),
+    [
+        ("tests/test_a.py", True), ("pkg/tests/helpers.py", True), ("test/x.js", True),
+        ("src/test_cart.py", True), ("cart_test.py", True), ("conftest.py", True),
+        ("web/cart.test.ts", True), ("web/__tests__/a.js", True), ("spec/a_spec.rb", True),
+        ("pkg/cart.py", False), ("pkg/testing_utils.py", False), ("contest.py", False),
+        ("latest/notes.md", False),
+    ],
+)  # fmt: skip
+def test_test_files_are_told_by_their_path(path: str, is_test: bool) -> None:
+    assert is_test_file(path) is is_test

@@ -1,0 +1,51 @@
+"""`baton eval` as a user runs it, on a real bug of a real project from the shipped corpus: the
+oracle resolves it, the saboteur's change is published by the pipeline and found unresolved by
+the harness. (`make eval` runs the whole corpus; docs/eval.md is its report.)"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.containers import sandboxes
+
+ROOT = Path(__file__).resolve().parents[2]
+INSTANCE = "toolz-1.2.0-interpose-empty"
+"""Small and quick: toolz's suite, with pytest from PyPI in its environment."""
+
+
+@pytest.mark.timeout(900)
+def test_the_oracle_resolves_a_real_bug_and_the_saboteur_is_caught(tmp_path: Path) -> None:
+    report = tmp_path / "eval.md"
+    env = {k: v for k, v in os.environ.items() if k not in ("BATON_REDIS_URL", "GOOGLE_API_KEY")}
+    done = subprocess.run(
+        [sys.executable, "-m", "orchestrator.cli", "eval", str(ROOT / "eval" / "corpus"),
+         "--only", INSTANCE, "--mode", "oracle", "--mode", "saboteur", "--concurrency", "1",
+         "--json", "--report", str(report)],
+        env=env, capture_output=True, timeout=840, cwd=ROOT,
+    )  # fmt: skip
+
+    assert done.returncode == 0, done.stderr.decode()[-3000:]
+    results = {r["mode"]: r for r in json.loads(done.stdout)["results"]}
+    oracle, saboteur = results["oracle"], results["saboteur"]
+    assert oracle["instance"] == saboteur["instance"] == INSTANCE
+    assert (oracle["environment"], oracle["reproduced"], oracle["proven"]) == (True, True, True)
+    assert (oracle["resolved"], oracle["fail_to_pass"]) == (True, [1, 1])
+    assert oracle["pass_to_pass"][0] == oracle["pass_to_pass"][1] > 0
+    assert oracle["model_calls"] >= 6 and oracle["iterations"] == 1
+    # the saboteur's own test passes with its marker: the pipeline proves and publishes it …
+    assert (saboteur["proven"], saboteur["published"]) == (True, True)
+    # … and the harness, running the instance's hidden test, finds the bug still there
+    assert (saboteur["resolved"], saboteur["fail_to_pass"]) == (False, [0, 1])
+    text = report.read_text()
+    assert "## oracle: 1 of 1 resolved (100 %), 1 published" in text
+    assert "## saboteur: 0 of 1 resolved (0 %), 1 published" in text
+    progress = done.stderr.decode()
+    assert f"oracle · {INSTANCE}: done in" in progress and "RESOLVED" in progress
+    for result in (oracle, saboteur):
+        assert sandboxes(result["run_id"]) == []
