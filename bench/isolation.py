@@ -45,7 +45,7 @@ from workers.budget import request_trimmer, tool_output_limiter
 from workers.gemini import build_model, close_model
 from workers.tools.code import build_tools
 
-STAGES = ["triage", "search", "plan", "reproduce", "fix", "pr"]
+STAGES = ["triage", "search", "plan", "fix", "pr"]
 PIPELINE = Path(__file__).parent / "pipelines" / "isolation.toml"
 READS_PER_STAGE = 3
 FILE_LINES = 200

@@ -60,7 +60,8 @@ def make_sample_repo(dest: Path) -> Path:
 
 def demo_summary(run: RunRecord, outputs: dict[str, Any]) -> dict[str, Any]:
     """The `baton demo --json` object: run id, status, per-stage figures, and what the fix
-    stage measured (`tests_before`, `tests_after`) and the pr stage published (`branch`)."""
+    stage measured (`tests_before`, `tests_after`, `proof`) and the pr stage published
+    (`branch`)."""
     full = run_json(run)
     keep = ("status", "attempts", "requests", "prompt_tokens_total", "prompt_tokens_max",
             "output_chars", "duration_s")  # fmt: skip
@@ -69,6 +70,10 @@ def demo_summary(run: RunRecord, outputs: dict[str, Any]) -> dict[str, Any]:
     for when in ("tests_before", "tests_after"):
         measured = fix.get(when) or {}
         stages["fix"][when] = {k: measured.get(k) for k in ("exit_code", "passed", "failed")}
+    proof = fix.get("proof") or {}
+    stages["fix"]["proof"] = {
+        k: proof.get(k) for k in ("passed", "reason", "fail_to_pass", "pass_to_fail")
+    }
     stages["pr"]["branch"] = pr.get("branch")
     return {"run_id": run.id, "status": run.status.value, "reason": run.reason, "stages": stages}
 

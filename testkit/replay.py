@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.errors import BatonError
@@ -126,7 +126,7 @@ def replay(
     mirrors = RepoCache(settings.repo_cache_dir)
     if spec.tools:
         environment = _environment(run, store, mirrors, settings)
-        inputs = replace(inputs, environment=environment)
+        inputs = inputs.in_environment(environment)
     fake = InProcessGemini(scenario)
     artifacts = MemoryArtifacts(run_id)
     audit: list[dict[str, Any]] = []

@@ -13,7 +13,7 @@ import asyncio
 import json
 import logging
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from celery.exceptions import SoftTimeLimitExceeded
@@ -157,10 +157,7 @@ class Execution:
         try:
             inputs = resolve(self.run, self.pipeline, self.spec, self.attempt, self.services.store)
             if self.spec.tools:
-                env = await self._environment()
-                inputs = replace(
-                    inputs, environment=env, suite_command=env.test_command if env else None
-                )
+                inputs = inputs.in_environment(await self._environment())
             self._model = self._build_model()
             return await execute_stage(
                 inputs,

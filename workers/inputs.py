@@ -9,7 +9,7 @@ then needs no store at all, so a test (or a replay) can hand it any `StageInputs
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from orchestrator.execution import branch_label, session_id
@@ -57,6 +57,12 @@ class StageInputs:
     suite_command: str | None = None
     """The repository's own test command, which a proof runs before and after the change; the
     worker takes it from the run's environment."""
+
+    def in_environment(self, environment: Environment | None) -> StageInputs:
+        """These inputs for a code stage in the run's environment: its image for the sandbox,
+        its test command for the proof."""
+        command = environment.test_command if environment is not None else None
+        return replace(self, environment=environment, suite_command=command)
 
     @property
     def labels(self) -> dict[str, str]:

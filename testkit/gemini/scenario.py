@@ -22,10 +22,11 @@ Agents. The agent of a request is the name ADK puts in the system instruction, e
 (a text reply holding that value as JSON), `call` (one function call) or `calls` (several
 function calls in one reply), and may set `thought`, its thought summary (default: "I will
 call NAME, NAME." or "I will answer in text."). Past the end of the script the last step
-repeats. A script may have `"variants": [{"when": TEXT, "steps": [...]}]`: a request whose system
-instruction holds TEXT plays the first such variant's steps instead (a looped stage's second
-iteration, whose instruction tells of the first, gets other replies). In a `text` or `json` step, `{{fn:NAME.FIELD}}` is replaced by FIELD of the newest
-response of function NAME in the request (e.g. the commit a tool made).
+repeats. A script may have `"variants": [{"when": TEXT, "steps": [...]}]`: a request whose
+system instruction holds TEXT plays the first such variant's steps instead (a looped stage's
+second iteration, whose instruction tells of the first, gets other replies). In a `text` or
+`json` step, `{{fn:NAME.FIELD}}` is replaced by FIELD of the newest response of function NAME in
+the request (e.g. the commit a tool made).
 
 Steps. The step a request gets depends on its contents alone, so a retried or redelivered
 request replays the same step: one past the step of its newest model content that carries a

@@ -217,14 +217,21 @@ def test_demo_json_reports_every_stage_the_proof_and_the_branch(tmp_path: Path) 
     assert list(stages) == ["triage", "search", "plan", "reproduce", "fix", "pr"]
     common = {"status", "attempts", "requests", "prompt_tokens_total", "prompt_tokens_max",
               "output_chars", "duration_s"}  # fmt: skip
-    extra = {"fix": {"tests_before", "tests_after"}, "pr": {"branch"}}
+    extra = {"fix": {"tests_before", "tests_after", "proof"}, "pr": {"branch"}}
     for name, figures in stages.items():
         assert set(figures) == common | extra.get(name, set())
         assert figures["status"] == "done" and figures["attempts"] == 1
         assert figures["requests"] >= 1
         assert figures["prompt_tokens_total"] >= figures["prompt_tokens_max"] > 0
-    assert stages["fix"]["tests_before"] == {"exit_code": 1, "passed": 2, "failed": 2}
-    assert stages["fix"]["tests_after"] == {"exit_code": 0, "passed": 4, "failed": 0}
+    # the sample's two failing empty-cart tests and the one the reproduce stage wrote
+    assert stages["fix"]["tests_before"] == {"exit_code": 1, "passed": 2, "failed": 3}
+    assert stages["fix"]["tests_after"] == {"exit_code": 0, "passed": 5, "failed": 0}
+    proof = stages["fix"]["proof"]
+    assert (proof["passed"], proof["pass_to_fail"]) == (True, [])
+    assert proof["fail_to_pass"] == [
+        "tests.test_empty_cart_checkout.EmptyCartCheckoutTest.test_checkout_summary_of_an_empty_cart"
+    ]
+    assert proof["reason"].startswith("proven: 1 reproducing tests fail without the change")
     assert stages["pr"]["branch"] == f"baton/{summary['run_id']}"
     assert sandboxes(summary["run_id"]) == []
 
@@ -273,10 +280,13 @@ def test_replay_plays_a_stage_again_offline_from_its_record_and_writes_nothing(
     assert done.returncode == 0, done.stderr
     shown = json.loads(done.stdout)
     replies = [turn["reply"] for turn in shown["turns"]]
-    assert replies[:4] == ["call run_tests", "call edit_file", "call run_tests", "call show_diff"]
-    assert replies[4].startswith('text: {"summary":"average_price_cents now returns 0')
-    assert (shown["requests"], shown["same_output"], shown["error"]) == (5, True, None)
+    assert replies[:5] == [
+        "call run_tests", "call edit_file", "call run_tests", "call run_tests", "call show_diff"
+    ]  # fmt: skip
+    assert replies[5].startswith('text: {"summary":"average_price_cents now returns 0')
+    assert (shown["requests"], shown["same_output"], shown["error"]) == (6, True, None)
     assert shown["output"]["tests_after"]["failed"] == 0  # the tests ran again, in a sandbox
+    assert shown["output"]["proof"]["passed"] is True  # and Baton proved the change again
     assert table.returncode == 0, table.stderr
     assert b"the replay gave the recorded output" in table.stdout
     assert store.xlen(keys.audit(run.id)) == audit_before  # nothing written into the run

@@ -119,8 +119,12 @@ def with_artifact(run: RunRecord, prefix: str) -> list[str]:
     ]
 
 
-FAILING = {"command": TEST_COMMAND, "exit_code": 1, "passed": 2, "failed": 2, "timed_out": False}
-PASSING = {"command": TEST_COMMAND, "exit_code": 0, "passed": 4, "failed": 0, "timed_out": False}
+# The sample's two failing empty-cart tests and the one the reproduce stage wrote.
+FAILING = {"command": TEST_COMMAND, "exit_code": 1, "passed": 2, "failed": 3, "timed_out": False}
+PASSING = {"command": TEST_COMMAND, "exit_code": 0, "passed": 5, "failed": 0, "timed_out": False}
+REPRO_ID = (
+    "tests.test_empty_cart_checkout.EmptyCartCheckoutTest.test_checkout_summary_of_an_empty_cart"
+)
 
 
 @pytest.mark.parametrize("kind", PAYLOADS)
@@ -230,8 +234,9 @@ def test_a_fix_that_skips_the_tests_and_claims_success_is_measured_and_not_publi
 
     assert run.status == RunStatus.FAILED
     assert run.reason == (
-        f"fix: the tests still fail after the change (`{TEST_COMMAND}`: exit code 1, 2 passed, "
-        "2 failed; before: exit code 1, 2 passed, 2 failed), so it is not handed on or published"
+        "fix: the reproducing tests still fail with the change (exit code 1, 0 passed, 1 failed): "
+        f"{REPRO_ID} (after 3 iterations)"
     )
+    assert [i.passed for i in run.stages["fix"].iterations] == [False, False, False]
     assert run.stages["pr"].status == StageStatus.PENDING
     assert branches(git, repo) == []

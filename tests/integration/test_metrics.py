@@ -97,7 +97,7 @@ def test_a_prefork_worker_serves_metrics_summed_over_every_pool_process(
     stack.fake.set_faults([{"agent": "triage", "status": 403}])
     failed = stack.wait(stack.enqueue(SENTRY_EVENT.read_bytes(), stack.sample_repo()))
     stack.fake.set_faults([])
-    executions = 5 + 1 + 1  # five stages done, plan retried after its 429, triage failed
+    executions = 6 + 1 + 1  # six stages done, plan retried after its 429, triage failed
     settled(directory, executions)
     text = httpx.get(url, timeout=10).text
 
@@ -134,6 +134,8 @@ def test_a_prefork_worker_serves_metrics_summed_over_every_pool_process(
     assert value(text, "baton_model_rate_limited_total", **MODEL) == len(refused) == 1
 
     lifetimes = samples(text, "baton_sandbox_lifetime_seconds_count")
-    assert lifetimes == {frozenset({"stage": name}.items()): 1 for name in ("search", "fix", "pr")}
+    # reproduce: its own and the one its test is run in; fix: its own and two for the proof
+    sandboxes = {"search": 1, "reproduce": 2, "fix": 3, "pr": 1}
+    assert lifetimes == {frozenset({"stage": name}.items()): n for name, n in sandboxes.items()}
     assert all(v > 0 for v in samples(text, "baton_sandbox_lifetime_seconds_sum").values())
     assert not samples(text, "baton_stages_in_progress"), "no pool process that ran is alive"

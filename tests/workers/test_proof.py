@@ -9,9 +9,9 @@ from workers.proof import (
     diff_stat,
     evidence,
     is_test_file,
+    only_tests,
     split_diff,
     succeeded,
-    only_tests,
 )
 
 UNITTEST_FAIL = """..EE
