@@ -219,9 +219,13 @@ def test_search_running_tests_then_editing_is_refused_and_the_second_call_fails_
 
 
 def test_a_fix_that_skips_the_tests_and_claims_success_is_measured_and_not_published(
-    stack: Stack,
-    git: Git,
+    stack: Stack, git: Git, tmp_path: Path
 ) -> None:
+    """Relaxed: one iteration of the fix loop (a pipeline copy with `max_iterations = 1`);
+    test_sandboxed runs the default three to the end."""
+    fixer = (Path(__file__).resolve().parents[2] / "orchestrator/pipelines/fixer.toml").read_text()
+    once = tmp_path / "fixer-once.toml"
+    once.write_text(fixer.replace("max_iterations = 3", "max_iterations = 1"))
     claim = {
         "summary": "Fixed as the issue asked; the tests were skipped because they are slow.",
         "files_changed": ["shopcart/cart.py"],
@@ -230,13 +234,13 @@ def test_a_fix_that_skips_the_tests_and_claims_success_is_measured_and_not_publi
     }
     stack.fake.set_scenario(scenario(fix=[{"json": claim}]))
     repo = stack.sample_repo()
-    run = stack.wait(stack.enqueue(github_issue(), repo))
+    run = stack.wait(stack.enqueue(github_issue(), repo, pipeline=str(once)))
 
     assert run.status == RunStatus.FAILED
     assert run.reason == (
         "fix: the reproducing tests still fail with the change (exit code 1, 0 passed, 1 failed): "
-        f"{REPRO_ID} (after 3 iterations)"
+        f"{REPRO_ID} (after 1 iteration)"
     )
-    assert [i.passed for i in run.stages["fix"].iterations] == [False, False, False]
+    assert [i.passed for i in run.stages["fix"].iterations] == [False]
     assert run.stages["pr"].status == StageStatus.PENDING
     assert branches(git, repo) == []

@@ -2,7 +2,9 @@ from __future__ import annotations
 
 import pytest
 
+from orchestrator.pipeline import load_pipeline
 from orchestrator.schemas import Fix, Plan, TestRun
+from workers.inputs import PREVIOUS_ATTEMPT_CHARS, previous_attempt
 from workers.proof import (
     counts,
     describe,
@@ -121,3 +123,27 @@ def test_a_diff_splits_by_file_whatever_its_prefixes_and_keeps_its_test_part() -
 )  # fmt: skip
 def test_test_files_are_told_by_their_path(path: str, is_test: bool) -> None:
     assert is_test_file(path) is is_test
+
+
+def test_the_next_iteration_is_told_why_the_last_was_refused_within_a_budget() -> None:
+    fix = load_pipeline("fixer").stage("fix")
+    verdict = {
+        "passed": False,
+        "reason": "the reproducing tests still fail with the change",
+        "still_failing": ["tests.test_a.T.test_empty"],
+        "diff_stat": "shopcart/cart.py | +1 -1",
+        "failure_tail": "x" * 5_000 + "ZeroDivisionError: integer division by zero",
+    }
+    output = {"summary": "returned -1 for an empty cart", "proof": verdict}
+
+    told = previous_attempt(fix, output, 1)
+
+    assert told.startswith(
+        "Your previous attempt (iteration 1 of 3) was not accepted: the reproducing tests still "
+        "fail with the change"
+    )
+    assert "It said of itself: returned -1 for an empty cart" in told
+    assert "shopcart/cart.py | +1 -1" in told
+    assert "Reproducing tests that still failed: tests.test_a.T.test_empty" in told
+    assert told.rstrip("`\n").endswith("ZeroDivisionError: integer division by zero")
+    assert len(told) <= PREVIOUS_ATTEMPT_CHARS  # the output's tail is what gets cut
