@@ -28,11 +28,13 @@ def python_sdist(name: str, version: str, cache: Path) -> Path:
     if not (unpacked / ".complete").is_file():
         downloads = cache / "downloads"
         downloads.mkdir(parents=True, exist_ok=True)
-        subprocess.run(
+        fetched = subprocess.run(
             [sys.executable, "-m", "pip", "download", "--quiet", "--no-binary", ":all:",
              "--no-deps", "--dest", str(downloads), f"{name}=={version}"],
-            check=True, timeout=DOWNLOAD_TIMEOUT_S,
+            capture_output=True, text=True, timeout=DOWNLOAD_TIMEOUT_S,
         )  # fmt: skip
+        if fetched.returncode != 0:  # pip's warnings are not worth showing; its errors are
+            raise RuntimeError(f"pip download {name}=={version} failed:\n{fetched.stderr[-2000:]}")
         archive = next(
             p
             for p in downloads.iterdir()

@@ -53,6 +53,7 @@ class HostBox:
         )
 
     def write_file(self, path: str, data: bytes) -> None:
+        (self.folder / path).parent.mkdir(parents=True, exist_ok=True)  # as the real one does
         (self.folder / path).write_bytes(data)
 
     def read_file(self, path: str, *, max_bytes: int) -> bytes:
@@ -85,6 +86,30 @@ def test_the_sandbox_baseline_is_committed_as_baton(tmp_path: Path, git: Git) ->
     assert git("log", "-1", "--format=%an <%ae>|%cn <%ce>|%s", cwd=tmp_path) == (
         "Baton <baton@localhost>|Baton <baton@localhost>|baseline"
     )
+
+
+def test_what_running_the_tests_leaves_behind_is_never_part_of_the_diff(tmp_path: Path) -> None:
+    (tmp_path / "app.py").write_text("x = 1\n")
+    workspace = ContainerWorkspace(cast(DockerSandbox, HostBox(tmp_path)), root=str(tmp_path))
+    workspace.commit_baseline()
+
+    workspace.write_text("app.py", "x = 2\n")
+    workspace.write_text("tests/test_app.py", "def test_x(): pass\n")
+    for left in (
+        ".coverage",
+        "coverage.xml",
+        "__pycache__/app.cpython-311.pyc",
+        "htmlcov/index.html",
+        ".hypothesis/examples/1",
+        "pkg.egg-info/PKG-INFO",
+    ):
+        (tmp_path / left).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / left).write_bytes(b"\x00 by-product")  # fmt: skip
+
+    changed = [ln for ln in workspace.diff().splitlines() if ln.startswith("diff --git")]
+    assert changed == [
+        "diff --git a/app.py b/app.py", "diff --git a/tests/test_app.py b/tests/test_app.py"
+    ]  # fmt: skip
 
 
 @pytest.mark.parametrize(

@@ -21,6 +21,7 @@ from workers.tools.workspace import (
     MAX_READ_BYTES,
     SEARCH_LIMIT,
     SEARCH_TIMEOUT_S,
+    TEST_BYPRODUCTS,
     CommandResult,
     checked_path,
     listed_files,
@@ -123,8 +124,11 @@ class ContainerWorkspace:
         raise ToolError(f"the patch does not apply; nothing changed: {failures[0]}")
 
     def commit_baseline(self) -> None:
-        """Make the files now in the workspace the `HEAD` that diffs are taken against."""
+        """Make the files now in the workspace the `HEAD` that diffs are taken against; what
+        tests leave behind (`TEST_BYPRODUCTS`) is never part of a diff."""
         self._git("init", "-q")
+        exclude = "".join(f"{pattern}\n" for pattern in TEST_BYPRODUCTS)
+        self.box.write_file(f"{self._root}/.git/info/exclude", exclude.encode())
         self._git("add", "--all")
         self._git("commit", "-q", "--no-verify", "-m", "baseline", env=git_config_env(COMMITTER))
 

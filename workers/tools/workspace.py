@@ -25,6 +25,16 @@ DIFF_ARGS = (
 )  # fmt: skip
 """`git` arguments of a workspace's diff: the working tree (new files added with
 `--intent-to-add` first) against HEAD, as a patch `apply_patch` accepts."""
+TEST_BYPRODUCTS = (
+    ".coverage", ".coverage.*", "coverage.xml", "htmlcov/", ".pytest_cache/", "__pycache__/",
+    "*.py[cod]", ".hypothesis/", ".tox/", ".nox/", ".mypy_cache/", ".ruff_cache/", "*.egg-info/",
+    ".eggs/", "junit*.xml", ".nyc_output/", "node_modules/.cache/",
+)  # fmt: skip
+"""Files that running tests and tools leave behind (pytest-cov's `.coverage`, caches, bytecode):
+never part of a change, whatever the repository's `.gitignore` says (a published source
+distribution has none). Written to the workspace's `.git/info/exclude`; a tracked file of the
+same name still shows its changes."""
+
 APPLY_FLAGS = (("--recount",), ("--recount", "--unidiff-zero"))
 """`git apply` flags to try in turn. `--recount`: hunk line counts need not be right.
 `--unidiff-zero`, tried second: a hunk with context on one side only need not sit at the
