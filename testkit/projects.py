@@ -1,5 +1,5 @@
 """Real open-source projects nobody on this team wrote, fetched as their maintainers published
-them: source distributions from PyPI (`pip download --no-binary :all: --no-deps`) and packages
+them: source distributions from PyPI (`pip download --no-binary NAME --no-deps`) and packages
 from the npm registry (`npm pack`), unpacked, and made into git repositories on demand.
 
     root = python_sdist("six", "1.16.0", cache)      # the unpacked sdist
@@ -29,7 +29,7 @@ def python_sdist(name: str, version: str, cache: Path) -> Path:
         downloads = cache / "downloads"
         downloads.mkdir(parents=True, exist_ok=True)
         fetched = subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--quiet", "--no-binary", ":all:",
+            [sys.executable, "-m", "pip", "download", "--quiet", "--no-binary", name,
              "--no-deps", "--dest", str(downloads), f"{name}=={version}"],
             capture_output=True, text=True, timeout=DOWNLOAD_TIMEOUT_S,
         )  # fmt: skip
