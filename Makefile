@@ -29,10 +29,10 @@ bench: setup
 	bash scripts/with-docker.sh $(BIN)/python -m bench
 
 # The evaluation harness on the corpus of real bugs (eval/corpus): the oracle must resolve every
-# instance and the saboteur none; writes the report docs/eval.md.
+# instance, the saboteur and the stale reproduction none; writes the report docs/eval.md.
 eval: setup
 	bash scripts/with-docker.sh $(BIN)/baton eval eval/corpus --mode oracle --mode saboteur \
-		--report docs/eval.md
+		--mode stale --report docs/eval.md
 
 lint: setup
 	$(BIN)/ruff check orchestrator workers sandbox testkit demo images tests bench evaluation

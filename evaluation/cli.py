@@ -19,10 +19,11 @@ DOWNLOADS = Path("build") / "eval-downloads"
 @click.command("eval")
 @click.argument("corpus", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option(
-    "--mode", "modes", multiple=True, type=click.Choice(["oracle", "saboteur", "model"]),
+    "--mode", "modes", multiple=True,
+    type=click.Choice(["oracle", "saboteur", "stale", "model"]),
     help="Who plays the model: the oracle (gold patches), the saboteur (a plausible wrong "
-    "fix), or the model GOOGLE_API_KEY reaches. Repeatable. Default: model with a key, "
-    "else oracle.",
+    "fix), stale (a reproduction by tests that already pass), or the model GOOGLE_API_KEY "
+    "reaches. Repeatable. Default: model with a key, else oracle.",
 )  # fmt: skip
 @click.option("--only", multiple=True, help="Just this instance id (repeatable).")
 @click.option("--concurrency", default=2, show_default=True, help="Runs at once.")

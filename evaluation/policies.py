@@ -2,6 +2,8 @@
 
 * **oracle**: writes the instance's own tests (`test.patch`) as the reproduction and applies its
   gold patch as the fix, through the real tools; it must resolve every instance.
+* **stale**: a reproduction by tests that already pass (the instance's first PASS_TO_PASS
+  test), then the gold patch: Baton must refuse the reproduction, so nothing is published.
 * **saboteur**: a plausible wrong fix. Its reproduction is a test of its own that the "fix"
   satisfies (a marker in the file the gold patch changes), so the pipeline's own proof passes
   and the change is published; the bug stays. The harness's independent measurement, with the
@@ -21,7 +23,7 @@ from typing import Any, Literal
 from evaluation.corpus import Instance
 from workers.proof import split_diff
 
-Mode = Literal["oracle", "saboteur"]
+Mode = Literal["oracle", "saboteur", "stale"]
 STAGES = ("triage", "search", "plan", "reproduce", "fix", "pr")
 SABOTEUR_TEST = "tests/test_baton_saboteur.py"
 SABOTEUR_MARK = "baton-saboteur: handled"
@@ -95,10 +97,12 @@ def script(instance: Instance, mode: Mode) -> dict[str, list[dict[str, Any]]]:
     }  # fmt: skip
 
 
-def test_command(runner: str, ids: list[str]) -> str:
-    """A command that runs just `ids` with the instance's runner."""
-    if runner == "unittest":
-        return "python -m unittest " + " ".join(shlex.quote(i) for i in ids)
+def command_for(instance: Instance, ids: list[str]) -> str:
+    """A command that runs just `ids`: pytest given their node ids, or the instance's own
+    unittest command told to keep only them (`-k`, which matches a test's dotted name)."""
+    if instance.tests.runner == "unittest":
+        own = str(instance.environment.get("test") or "python -m unittest")
+        return own + "".join(f" -k {shlex.quote(i)}" for i in ids)
     return "python -m pytest -p no:cacheprovider " + " ".join(shlex.quote(i) for i in ids)
 
 
@@ -110,8 +114,16 @@ def _reproduction(instance: Instance, mode: Mode, first: str) -> dict[str, Any]:
         return {
             "write": {"call": {"name": "apply_patch", "args": {"patch": patch}}},
             "test_files": list(split_diff(patch)),
-            "test_command": test_command(instance.tests.runner, ids),
+            "test_command": command_for(instance, ids),
             "expected_failure": expected,
+        }
+    if mode == "stale":
+        passing = list(instance.tests.pass_to_pass[:1] or instance.tests.fail_to_pass[:1])
+        return {
+            "write": {"call": {"name": "list_files", "args": {"path": "."}}},
+            "test_files": list(split_diff(instance.text("test.patch")))[:1],
+            "test_command": command_for(instance, passing),
+            "expected_failure": "Error",
         }
     test = (
         "import unittest\nfrom pathlib import Path\n\n\n"
@@ -122,7 +134,7 @@ def _reproduction(instance: Instance, mode: Mode, first: str) -> dict[str, Any]:
     )
     write = {"path": SABOTEUR_TEST, "old_text": "", "new_text": test}
     command = (
-        "python -m unittest tests.test_baton_saboteur"
+        command_for(instance, ["test_baton_saboteur"])
         if instance.tests.runner == "unittest"
         else f"python -m pytest -p no:cacheprovider {SABOTEUR_TEST}"
     )

@@ -11,7 +11,7 @@ import pytest
 
 from evaluation.corpus import CorpusError, load_corpus, load_instance
 from evaluation.harness import Evaluation, Result
-from evaluation.policies import SABOTEUR_MARK, scenario
+from evaluation.policies import SABOTEUR_MARK, command_for, scenario
 from evaluation.report import markdown
 from orchestrator.pipeline import load_pipeline
 from testkit.gemini.scenario import Scenario
@@ -104,7 +104,7 @@ def test_the_policies_script_every_stage_per_instance_with_real_tools(tmp_path: 
     instance = load_instance(make(tmp_path))
     fixer = load_pipeline("fixer")
 
-    for mode in ("oracle", "saboteur"):
+    for mode in ("oracle", "saboteur", "stale"):
         played = Scenario.model_validate(scenario([instance], mode))  # type: ignore[arg-type]
         for stage in fixer.stages:
             script = played.script_for(stage.name)
@@ -125,9 +125,24 @@ def test_the_policies_script_every_stage_per_instance_with_real_tools(tmp_path: 
     assert reproduce[1]["json"]["test_command"] == (
         "python -m pytest -p no:cacheprovider tests/test_core.py::test_mean_of_nothing"
     )
+    stale = scenario([instance], "stale")["agents"]["reproduce"]["variants"][0]["steps"]
+    assert stale[1]["json"]["test_command"] == (  # a test that passes already
+        "python -m pytest -p no:cacheprovider tests/test_core.py::test_mean"
+    )
     saboteur = scenario([instance], "saboteur")["agents"]
     wrong = saboteur["fix"]["variants"][0]["steps"][0]["call"]["args"]["patch"]
     assert wrong.endswith(f"@@ -10,1 +10,2 @@\n     total = sum(values)\n+# {SABOTEUR_MARK}\n")
+
+
+def test_a_unittest_instance_runs_its_tests_by_its_own_command(tmp_path: Path) -> None:
+    unittest = INSTANCE.replace('runner = "pytest"', 'runner = "unittest"').replace(
+        'test = "python -m pytest -q"', 'test = "python -m unittest discover tests"'
+    )
+    instance = load_instance(make(tmp_path, **{"instance.toml": unittest}))
+
+    assert command_for(instance, ["test_core.T.test_a", "test_core.T.test_b"]) == (
+        "python -m unittest discover tests -k test_core.T.test_a -k test_core.T.test_b"
+    )
 
 
 def test_the_report_has_a_summary_and_a_row_per_instance() -> None:
