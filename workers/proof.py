@@ -1,7 +1,13 @@
-"""Proof of a fix: Baton runs the test command itself, before and after the agent's change.
+"""Proof of a fix: Baton runs the tests itself, never taking the model's word for them.
 
-The counts come from the test runner's own summary line (pytest or unittest); when there is
-none, only the exit code is known and the counts are left empty.
+* `run_tests`: a stage's verification command, before and after its agent's change, with the
+  counts from the runner's own summary line (pytest or unittest; none: only the exit code).
+* `check_reproduction`: a reproducing stage's test, on the unchanged code with only its test
+  files applied, must fail, and show the failure the stage named.
+* `prove`: the reproducing tests fail with only the change's test files applied and pass with
+  the whole change, and no test of the repository's suite that passed before fails after; each
+  measured in a clean workspace of the run's environment, by test id (`workers.outcomes`).
+* `evidence`: what a pull request body says of it.
 """
 
 from __future__ import annotations

@@ -4,9 +4,11 @@
 it produces (artifacts, audit entries, model usage), a factory of workspaces for code stages
 (`workers.sandboxes.Sandboxes`) and a fence it calls before anything that shows outside. It
 runs the stage's agent once in a fresh session, validates the reply (one repair turn), has
-Baton itself run the verification command before and after, and holds the output to its size
-budget. Fields the output schema declares as measured (`orchestrator.schemas.Measured`) are
-filled from what Baton measured, whatever the model said.
+Baton itself run the verification command before and after, run a reproducing stage's test on
+the unchanged code and prove a proving stage's change (both in clean workspaces,
+`workers.proof`), and holds the output to its size budget. Fields the output schema declares as
+measured (`orchestrator.schemas.Measured`) are filled from what Baton measured, whatever the
+model said.
 """
 
 from __future__ import annotations
