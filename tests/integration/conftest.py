@@ -33,6 +33,20 @@ def demo_scenario() -> dict[str, Any]:
     return scenario
 
 
+def wrong_fix_first() -> dict[str, Any]:
+    """The demo, but the fix's first iteration makes a wrong change (its reproducing test still
+    fails) and the second, told of the first, makes the right one."""
+    scenario = demo_scenario()
+    right = scenario["agents"]["fix"]["steps"]
+    wrong = json.loads(json.dumps(right))
+    wrong[1]["call"]["args"]["new_text"] = "        return -1\n"
+    scenario["agents"]["fix"] = {
+        "steps": wrong,
+        "variants": [{"when": "Your previous attempt (iteration 1 of 3)", "steps": right}],
+    }
+    return scenario
+
+
 @dataclass
 class Stack:
     settings: Settings

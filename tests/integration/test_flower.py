@@ -27,7 +27,7 @@ from orchestrator import api
 from orchestrator.models import RunStatus
 from testkit import services
 
-from .conftest import Stack
+from .conftest import Stack, wrong_fix_first
 
 STAGES = ("triage", "search", "plan", "reproduce", "fix", "pr")
 SCREENSHOT_ENV = "BATON_FLOWER_SCREENSHOT"
@@ -195,6 +195,25 @@ def test_a_logged_in_browser_follows_every_stage_of_a_run_on_the_tasks_page(
         timeout=10,
     ).json()
     assert sorted(task["name"] for task in found.values()) == sorted(f"baton.{s}" for s in STAGES)
+
+
+@pytest.mark.timeout(240)
+def test_flower_shows_each_iteration_of_a_looped_stage_as_its_own_task(
+    stack: Stack, flower: FlowerServer
+) -> None:
+    stack.fake.set_scenario(wrong_fix_first())  # the first fix fails its proof, the second not
+    run = stack.wait(stack.enqueue(SENTRY_EVENT.read_bytes(), stack.sample_repo()), 150)
+    assert run.status is RunStatus.DONE, run.reason
+
+    deadline, found = time.monotonic() + 30, {}
+    while time.monotonic() < deadline and len(found) < len(STAGES) + 1:
+        found = httpx.get(f"{flower.url}/api/tasks", params={"search": run.id},
+                          auth=(flower.user, flower.password), timeout=10).json()  # fmt: skip
+        time.sleep(0.5)
+
+    fixes = {uuid: task for uuid, task in found.items() if task["name"] == "baton.fix"}
+    assert sorted(fixes) == [f"{run.id}.fix", f"{run.id}.fix.2"]
+    assert {task["state"] for task in fixes.values()} == {"SUCCESS"}
 
 
 def test_flower_refuses_a_wrong_password_but_answers_health_checks(flower: FlowerServer) -> None:

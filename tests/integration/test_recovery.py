@@ -28,7 +28,7 @@ from testkit.services import worker_env
 from tests.containers import sandboxes
 from tests.repos import Git
 
-from .conftest import Stack, demo_scenario, stack_settings
+from .conftest import Stack, demo_scenario, stack_settings, wrong_fix_first
 
 STAGES = ["triage", "search", "plan", "reproduce", "fix", "pr"]
 ROOT = Path(__file__).resolve().parents[2]
@@ -79,20 +79,6 @@ def test_resume_after_a_failed_fix_reruns_only_fix_and_pr(
     assert [run.stages[s].attempts for s in STAGES] == [1, 1, 1, 1, 2, 1]
     assert run_store.output(run.id, "plan") is not None
     assert git("branch", "--list", "baton/*", cwd=repo) == f"baton/{run.id}"
-
-
-def wrong_fix_first() -> dict[str, Any]:
-    """The demo, but the fix's first iteration makes a wrong change (its reproducing test still
-    fails) and the second, told of the first, makes the right one."""
-    scenario = demo_scenario()
-    right = scenario["agents"]["fix"]["steps"]
-    wrong = json.loads(json.dumps(right))
-    wrong[1]["call"]["args"]["new_text"] = "        return -1\n"
-    scenario["agents"]["fix"] = {
-        "steps": wrong,
-        "variants": [{"when": "Your previous attempt (iteration 1 of 3)", "steps": right}],
-    }
-    return scenario
 
 
 def test_a_worker_killed_during_a_fix_iteration_resumes_that_iteration_once(

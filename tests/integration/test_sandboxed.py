@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import copy
 import json
 import os
 import signal
@@ -33,7 +32,7 @@ from workers.sandboxes import DockerSandboxes
 from workers.settings import WorkerSettings
 from workers.stage import StageOutput, StageSinks, execute_stage
 
-from .conftest import CANARY_KEY, Stack, demo_scenario, stack_settings
+from .conftest import CANARY_KEY, Stack, demo_scenario, stack_settings, wrong_fix_first
 
 STAGES = ["triage", "search", "plan", "reproduce", "fix", "pr"]
 ROOT = Path(__file__).resolve().parents[2]
@@ -136,18 +135,11 @@ def test_a_repository_as_it_is_runs_to_the_end_and_names_its_environment(
     assert sandboxes(run.id) == []
 
 
-def _wrong_fix(scenario: dict[str, Any]) -> list[dict[str, Any]]:
-    """The demo's fix steps with a wrong change: the reproducing test still fails after it."""
-    steps: list[dict[str, Any]] = copy.deepcopy(scenario["agents"]["fix"]["steps"])
-    steps[1]["call"]["args"]["new_text"] = "        return -1\n"
-    return steps
-
-
 def test_a_fix_that_never_passes_its_proof_fails_with_the_last_reason(
     stack: Stack, git: Git
 ) -> None:
-    scenario = demo_scenario()
-    scenario["agents"]["fix"]["steps"] = _wrong_fix(scenario)
+    scenario = wrong_fix_first()
+    scenario["agents"]["fix"]["variants"] = []  # every iteration makes the wrong change
     stack.fake.set_scenario(scenario)
     repo = stack.sample_repo()
     run = stack.wait(stack.enqueue(SENTRY_EVENT.read_bytes(), repo), timeout_s=180)
@@ -199,13 +191,7 @@ def test_a_fix_that_passes_only_tests_that_passed_already_is_not_published(
 def test_a_fix_whose_first_attempt_fails_its_proof_is_tried_again_fresh_and_published(
     stack: Stack, run_store: RunStore, git: Git
 ) -> None:
-    scenario = demo_scenario()
-    right = scenario["agents"]["fix"]["steps"]
-    scenario["agents"]["fix"] = {
-        "steps": _wrong_fix(scenario),  # the first iteration
-        "variants": [{"when": "Your previous attempt (iteration 1 of 3)", "steps": right}],
-    }
-    stack.fake.set_scenario(scenario)
+    stack.fake.set_scenario(wrong_fix_first())
     repo = stack.sample_repo()
     run = stack.wait(stack.enqueue(SENTRY_EVENT.read_bytes(), repo), timeout_s=150)
 
