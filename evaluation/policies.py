@@ -21,7 +21,7 @@ import shlex
 from typing import Any, Literal
 
 from evaluation.corpus import Instance
-from workers.proof import split_diff
+from workers.proof import is_test_file, split_diff
 
 Mode = Literal["oracle", "saboteur", "stale"]
 STAGES = ("triage", "search", "plan", "reproduce", "fix", "pr")
@@ -118,7 +118,7 @@ def _reproduction(instance: Instance, mode: Mode, first: str) -> dict[str, Any]:
             "expected_failure": expected,
         }
     if mode == "stale":
-        passing = list(instance.tests.pass_to_pass[:1] or instance.tests.fail_to_pass[:1])
+        passing = [_stale_test(instance)]
         return {
             "write": {"call": {"name": "list_files", "args": {"path": "."}}},
             "test_files": list(split_diff(instance.text("test.patch")))[:1],
@@ -144,6 +144,15 @@ def _reproduction(instance: Instance, mode: Mode, first: str) -> dict[str, Any]:
         "test_command": command,
         "expected_failure": "NotHandledError",
     }
+
+
+def _stale_test(instance: Instance) -> str:
+    """The first PASS_TO_PASS test in a test file (not a doctest, which needs the suite's own
+    options to be collected)."""
+    for test_id in instance.tests.pass_to_pass:
+        if instance.tests.runner == "unittest" or is_test_file(test_id.split("::")[0]):
+            return test_id
+    raise ValueError(f"instance {instance.id} has no PASS_TO_PASS test in a test file")
 
 
 def _fix_step(instance: Instance, mode: Mode, first: str) -> dict[str, Any]:

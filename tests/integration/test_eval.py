@@ -1,6 +1,7 @@
 """`baton eval` as a user runs it, on a real bug of a real project from the shipped corpus: the
 oracle resolves it, the saboteur's change is published by the pipeline and found unresolved by
-the harness. (`make eval` runs the whole corpus; docs/eval.md is its report.)"""
+the harness, and a reproduction by a test that already passes is refused. (`make eval` runs the
+whole corpus; docs/eval.md is its report.)"""
 
 from __future__ import annotations
 
@@ -25,14 +26,15 @@ def test_the_oracle_resolves_a_real_bug_and_the_saboteur_is_caught(tmp_path: Pat
     env = {k: v for k, v in os.environ.items() if k not in ("BATON_REDIS_URL", "GOOGLE_API_KEY")}
     done = subprocess.run(
         [sys.executable, "-m", "orchestrator.cli", "eval", str(ROOT / "eval" / "corpus"),
-         "--only", INSTANCE, "--mode", "oracle", "--mode", "saboteur", "--concurrency", "1",
+         "--only", INSTANCE, "--mode", "oracle", "--mode", "saboteur", "--mode", "stale",
+         "--concurrency", "1",
          "--json", "--report", str(report)],
         env=env, capture_output=True, timeout=840, cwd=ROOT,
     )  # fmt: skip
 
     assert done.returncode == 0, done.stderr.decode()[-3000:]
     results = {r["mode"]: r for r in json.loads(done.stdout)["results"]}
-    oracle, saboteur = results["oracle"], results["saboteur"]
+    oracle, saboteur, stale = results["oracle"], results["saboteur"], results["stale"]
     assert oracle["instance"] == saboteur["instance"] == INSTANCE
     assert (oracle["environment"], oracle["reproduced"], oracle["proven"]) == (True, True, True)
     assert (oracle["resolved"], oracle["fail_to_pass"]) == (True, [1, 1])
@@ -42,10 +44,14 @@ def test_the_oracle_resolves_a_real_bug_and_the_saboteur_is_caught(tmp_path: Pat
     assert (saboteur["proven"], saboteur["published"]) == (True, True)
     # … and the harness, running the instance's hidden test, finds the bug still there
     assert (saboteur["resolved"], saboteur["fail_to_pass"]) == (False, [0, 1])
+    # a reproduction by a test that passes already is refused: nothing is published
+    assert (stale["reproduced"], stale["published"], stale["resolved"]) == (False, False, False)
+    assert stale["reason"].startswith("reproduce: could not reproduce the report: ")
+    assert "ran no failing test (exit code 0, 1 passed, 0 failed)" in stale["reason"]
     text = report.read_text()
     assert "## oracle: 1 of 1 resolved (100 %), 1 published" in text
     assert "## saboteur: 0 of 1 resolved (0 %), 1 published" in text
     progress = done.stderr.decode()
     assert f"oracle · {INSTANCE}: done in" in progress and "RESOLVED" in progress
-    for result in (oracle, saboteur):
+    for result in (oracle, saboteur, stale):
         assert sandboxes(result["run_id"]) == []
