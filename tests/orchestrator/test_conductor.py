@@ -72,7 +72,7 @@ def test_submit_creates_a_run_and_enqueues_triage_once(
     assert run.stages["triage"].status == StageStatus.QUEUED
     assert [run.stages[s].status for s in ("search", "plan", "reproduce", "fix", "pr")] == [
         StageStatus.PENDING
-    ] * 4
+    ] * 5
 
 
 def test_force_starts_a_second_run_for_the_same_issue(conductor: Conductor) -> None:
@@ -302,6 +302,7 @@ def test_resume_reruns_from_the_failed_stage_and_keeps_earlier_outputs(
     assert [
         run.stages[s].status for s in ("triage", "search", "plan", "reproduce", "fix", "pr")
     ] == [
+        StageStatus.DONE,
         StageStatus.DONE,
         StageStatus.DONE,
         StageStatus.DONE,
