@@ -294,30 +294,40 @@ def prove(
     """Baton's verdict on `change`: the reproducing `command` with only its test files applied
     (must fail) and with all of it (must pass), and the suite (`suite_command`, through a
     shell) in both (nothing that passed before may fail after); each in a clean workspace."""
-    tests_only = only_tests(change, test_files)
-    with open_clean() as workspace:
-        _applied(workspace, tests_only, "the change's test files")
-        repro_before = _run(workspace, command, shell=False, timeout_s=timeout_s)
-        suite_before = (
-            _run(workspace, suite_command, shell=True, timeout_s=timeout_s)
-            if suite_command
-            else None
-        )
-    with open_clean() as workspace:
-        _applied(workspace, change, "the change")
-        repro_after = _run(workspace, command, shell=False, timeout_s=timeout_s)
-        suite_after = (
-            _run(workspace, suite_command, shell=True, timeout_s=timeout_s)
-            if suite_command
-            else None
-        )
-    logs = [repro_before.log("reproducing tests, test files only"),
-            *([suite_before.log("suite, test files only")] if suite_before else [])]  # fmt: skip
-    artifacts.save("proof-before.log", "".join(logs).encode())
-    logs = [repro_after.log("reproducing tests, whole change"),
-            *([suite_after.log("suite, whole change")] if suite_after else [])]  # fmt: skip
-    artifacts.save("proof-after.log", "".join(logs).encode())
+    measure = (open_clean, command, suite_command, timeout_s, artifacts)
+    repro_before, suite_before = _measured(
+        *measure, only_tests(change, test_files), "the change's test files", "before"
+    )
+    repro_after, suite_after = _measured(*measure, change, "the change", "after")
     return _verdict(change, repro_before, repro_after, suite_before, suite_after, suite_command)
+
+
+def _measured(
+    open_clean: OpenClean,
+    command: str,
+    suite_command: str | None,
+    timeout_s: float,
+    artifacts: ArtifactSink,
+    diff: str,
+    what: str,
+    when: str,
+) -> tuple[_Ran, _Ran | None]:
+    """In a clean workspace with `diff` (`what`) applied: the reproducing command, then the
+    suite if there is one; their log is the artifact `proof-<when>.log`."""
+    with open_clean() as workspace:
+        _applied(workspace, diff, what)
+        repro = _run(workspace, command, shell=False, timeout_s=timeout_s)
+        suite = (
+            _run(workspace, suite_command, shell=True, timeout_s=timeout_s)
+            if suite_command
+            else None
+        )
+    logs = [
+        repro.log(f"reproducing tests, {what}"),
+        *([suite.log(f"suite, {what}")] if suite else []),
+    ]
+    artifacts.save(f"proof-{when}.log", "".join(logs).encode())
+    return repro, suite
 
 
 def _verdict(
