@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.markup import escape
 
-from orchestrator import api
+from orchestrator import api, cli_inspect
 from orchestrator.errors import BatonError
 from orchestrator.models import IssueSource, RunStatus
 from orchestrator.report import follow, run_json, run_table, runs_table
@@ -256,6 +256,11 @@ def flower(port: int, address: str, no_auth: bool) -> None:
         auth=not no_auth,
     )
     os.execve(sys.executable, flower_argv(config), {**os.environ, **flower_env(config)})
+
+
+for _command in (cli_inspect.show, cli_inspect.diff, cli_inspect.artifacts,
+                 cli_inspect.artifact, cli_inspect.log, cli_inspect.serve):  # fmt: skip
+    main.add_command(_command)
 
 
 if __name__ == "__main__":

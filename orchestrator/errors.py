@@ -7,6 +7,7 @@
     ├── PipelineError        (ValueError)
     ├── RepoError            (RuntimeError)
     ├── RunNotFoundError     (KeyError)
+    ├── ArtifactNotFoundError (KeyError)
     └── RunStateError        (ValueError)
 
 `BatonError` holds the message formatting every subclass shares: the first argument is the
@@ -70,6 +71,11 @@ class RunNotFoundError(BatonError, KeyError):
         super().__init__(f"no run with id {run_id!r}")
         self.args = (run_id,)  # what __init__ takes, for pickling
         self.run_id = run_id
+
+
+class ArtifactNotFoundError(BatonError, KeyError):
+    """Raised when a run has no artifact (or output) of the name asked for, or it has expired;
+    the message lists what the run does have."""
 
 
 class RunStateError(BatonError, ValueError):

@@ -230,6 +230,33 @@ class RunStore:
             raise ValueError(f"artifact {ref.uri} does not match its recorded sha256")
         return data
 
+    def artifact_size(self, ref: ArtifactRef) -> int | None:
+        """The stored artifact's size in bytes; None if it is gone."""
+        key = keys.artifact(ref.run_id, ref.name)
+        with self.redis.pipeline(transaction=False) as pipe:
+            pipe.exists(key)
+            pipe.strlen(key)
+            exists, size = pipe.execute()
+        return int(size) if exists else None
+
+    def artifact_chunks(
+        self, ref: ArtifactRef, size: int, *, chunk_bytes: int = 256 * 1024
+    ) -> Iterator[bytes]:
+        """The artifact's first `size` bytes, `chunk_bytes` per read (GETRANGE), so that a big
+        one is never held whole. A copy that does not match its recorded sha256 is logged
+        once the last chunk is out (it cannot be taken back from a reader by then)."""
+        key = keys.artifact(ref.run_id, ref.name)
+        digest = hashlib.sha256()
+        for start in range(0, size, chunk_bytes):
+            end = min(start + chunk_bytes, size) - 1
+            chunk = bytes(
+                self.redis.execute_command("GETRANGE", key, start, end, NEVER_DECODE=True)
+            )
+            digest.update(chunk)
+            yield chunk
+        if size == ref.size_bytes and digest.hexdigest() != ref.sha256:
+            logger.error("artifact %s does not match its recorded sha256", ref.uri)
+
     # -- audit -------------------------------------------------------------------------------
 
     def audit(self, run_id: str, entries: Iterable[Mapping[str, Any]]) -> int:
