@@ -25,7 +25,7 @@ from rich.markup import escape
 from orchestrator import api, cli_inspect
 from orchestrator.errors import BatonError
 from orchestrator.models import IssueSource, RunStatus
-from orchestrator.report import follow, run_json, run_table, runs_table
+from orchestrator.report import follow, run_json, run_view, runs_table
 from orchestrator.settings import Settings
 
 err = Console(stderr=True)
@@ -145,14 +145,18 @@ def enqueue(
 
 @main.command()
 @click.argument("run_id")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print one JSON object, with what Baton measured and published.")  # fmt: skip
 def status(run_id: str, as_json: bool) -> None:
-    """Show a run: status and per-stage attempts, timings, tokens and waits."""
-    run = api.get_run(run_id)
-    if as_json:
-        click.echo(json.dumps(run_json(run), indent=2))
-    else:
-        out.print(run_table(run))
+    """Show a run: status and per-stage attempts, timings, tokens and waits, and what a running
+    stage is doing now (as `watch` shows it)."""
+    with api.connect(Settings()) as conductor:
+        store = conductor.store
+        if as_json:
+            run = store.get(run_id)
+            click.echo(json.dumps(run_json(run, store.outputs(run_id, run.stages)), indent=2))
+        else:
+            out.print(run_view(store, run_id, width=out.width)[1])
 
 
 @main.command()
@@ -166,7 +170,7 @@ def runs(status: str | None, pipeline: str | None, limit: int, as_json: bool) ->
     if as_json:
         click.echo(json.dumps([run_json(run) for run in found], indent=2))
     else:
-        out.print(runs_table(found))
+        out.print(runs_table(found, width=out.width))
 
 
 @main.command()
@@ -203,12 +207,13 @@ def top(interval: float, once: bool, as_json: bool) -> None:
             click.echo(json.dumps(snapshot(conductor).as_json(), indent=2))
             return
         if once:
-            out.print(fleet_view(snapshot(conductor)))
+            out.print(fleet_view(snapshot(conductor), width=out.width))
             return
-        with Live(fleet_view(snapshot(conductor)), console=out, refresh_per_second=2) as live:
+        view = fleet_view(snapshot(conductor), width=out.width)
+        with Live(view, console=out, refresh_per_second=2) as live:
             while True:
                 time.sleep(interval)
-                live.update(fleet_view(snapshot(conductor)))
+                live.update(fleet_view(snapshot(conductor), width=out.width))
 
 
 @main.command()

@@ -7,10 +7,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from rich.console import Group
-from rich.table import Table
+from rich.console import Group, RenderableType
+from rich.text import Text
 
 from orchestrator.conductor import Conductor
+from orchestrator.tables import Column, counted, fitted_table
 
 RECENT_RUNS = 200
 """How many of the newest runs the run counts look at."""
@@ -83,19 +84,37 @@ def _run_counts(conductor: Conductor) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
-def fleet_view(fleet: Fleet) -> Group:
-    queues = Table(title="queues", title_justify="left")
-    for column in ("queue", "waiting", "delivered"):
-        queues.add_column(column, justify="left" if column == "queue" else "right")
-    for q in fleet.queues:
-        queues.add_row(q.name, str(q.waiting), str(q.delivered))
-    workers = Table(title=f"{len(fleet.workers)} workers", title_justify="left")
-    workers.add_column("worker")
-    workers.add_column("running")
-    for w in fleet.workers:
-        workers.add_row(w.name, ", ".join(w.running) or "idle")
-    runs = Table(title="runs", title_justify="left")
-    for status in fleet.runs:
-        runs.add_column(status, justify="right")
-    runs.add_row(*(str(n) for n in fleet.runs.values()))
-    return Group(queues, workers, runs)
+def fleet_view(fleet: Fleet, *, width: int | None = None) -> Group:
+    """The queues, the workers and what they run, the runs by status: a table each, or a line
+    saying there is none. Within `width`, task ids (`<run id>.<stage>`) are shown whole, one
+    per line, and a long worker name gives way."""
+    return Group(_queues(fleet, width), _workers(fleet, width), _runs(fleet, width))
+
+
+def _queues(fleet: Fleet, width: int | None) -> RenderableType:
+    if not fleet.queues:
+        return Text("queues: no stage queue has work")
+    columns = [
+        Column("queue"),
+        Column("waiting", justify="right"),
+        Column("delivered", justify="right"),
+    ]
+    rows = [[q.name, str(q.waiting), str(q.delivered)] for q in fleet.queues]
+    return fitted_table(columns, rows, width=width, title="queues", title_justify="left")
+
+
+def _workers(fleet: Fleet, width: int | None) -> RenderableType:
+    if not fleet.workers:
+        return Text("workers: none answered")
+    title = counted(len(fleet.workers), "worker")
+    columns = [Column("worker", shrink_to=16), Column("running")]
+    rows = [[w.name, "\n".join(w.running) or "idle"] for w in fleet.workers]
+    return fitted_table(columns, rows, width=width, title=title, title_justify="left")
+
+
+def _runs(fleet: Fleet, width: int | None) -> RenderableType:
+    if not fleet.runs:
+        return Text(f"runs: none among the newest {RECENT_RUNS}")
+    columns = [Column(status, justify="right") for status in fleet.runs]
+    rows = [[str(n) for n in fleet.runs.values()]]
+    return fitted_table(columns, rows, width=width, title="runs", title_justify="left")

@@ -1,11 +1,35 @@
 from __future__ import annotations
 
+import io
 import json
+from typing import Any
 
-from orchestrator.models import Issue, IssueSource, Iteration, RunRecord, StageRecord, StageStatus
-from orchestrator.report import Activity, live_activity, run_json, run_table
+import pytest
+from rich.console import Console, RenderableType
+from rich.table import Table
+
+from orchestrator.models import (
+    Issue,
+    IssueSource,
+    Iteration,
+    RunRecord,
+    RunStatus,
+    StageRecord,
+    StageStatus,
+)
+from orchestrator.report import (
+    Activity,
+    live_activity,
+    outcome,
+    run_json,
+    run_table,
+    run_view,
+    runs_table,
+)
 
 SESSION = "r1:search:2"
+RUN_ID = "20261130-225200-4f1c2a"
+"""A run id as Baton makes them: `YYYYMMDD-HHMMSS-xxxxxx`, 22 characters."""
 
 
 def entry(
@@ -18,6 +42,17 @@ def entry(
     )
     data = {"content": content, "usage": {"prompt_token_count": usage} if usage else None}
     return {"session": session, "kind": kind, "data": json.dumps(data)}
+
+
+def cells_of(table: Table) -> dict[str, list[str]]:
+    """Each column's cells as text, by header."""
+    return {str(column.header): [str(cell) for cell in column.cells] for column in table.columns}
+
+
+def rendered(renderable: RenderableType, width: int) -> str:
+    console = Console(width=width, record=True, file=io.StringIO())
+    console.print(renderable)
+    return console.export_text()
 
 
 def run_with_search_running() -> RunRecord:
@@ -51,7 +86,7 @@ def test_a_running_stage_shows_its_calls_tokens_and_current_tool() -> None:
 def test_the_table_shows_the_live_figures_of_a_running_stage() -> None:
     run = run_with_search_running()
     table = run_table(run, now=5.0, activity={"search": Activity(2, 1300, "calling read_file")})
-    cells = {column.header: list(column.cells) for column in table.columns}
+    cells = cells_of(table)
     assert cells["calls"] == ["1", "2"]
     assert cells["prompt tok"] == ["500", "1,300"]
     assert cells["note"] == ["", "calling read_file"]
@@ -65,9 +100,206 @@ def test_a_looped_stage_shows_its_iteration_and_why_the_last_one_failed() -> Non
         status=StageStatus.RUNNING, attempts=2, iteration=2, iterations=[failed], started_at=2.0
     )
 
-    cells = {c.header: list(c.cells) for c in run_table(run, now=5.0).columns}
+    cells = cells_of(run_table(run, now=5.0))
     shown = run_json(run)["stages"]["fix"]
 
     assert cells["stage"] == ["triage", "search", "fix.2"]  # as its task id: <run>.fix.2
     assert cells["note"][2] == "iteration 1: 1 reproducing test still fails"
     assert (shown["iteration"], [i["passed"] for i in shown["iterations"]]) == (2, [False])
+
+
+def a_run(number: int = 0, **fields: Any) -> RunRecord:
+    """A run of the fixer pipeline with a long issue title, created at 0 (epoch seconds)."""
+    issue = Issue(
+        source=IssueSource.SENTRY_EVENT,
+        title="ZeroDivisionError: division by zero in checkout_summary of an empty cart",
+    )
+    fields = {"created_at": 0.0, "updated_at": 60.0, **fields}
+    return RunRecord(
+        id=f"{RUN_ID[:-1]}{number}", pipeline="fixer", repo="/srv/git/shop", commit="c",
+        issue=issue, idempotency_key=f"k{number}", **fields,
+    )  # fmt: skip
+
+
+LONG_ERROR = "\n".join(
+    f"FAIL: test_{n} (tests.test_cart.CartTest.test_{n}) AssertionError: 0 != 1" for n in range(23)
+)
+"""A failed stage's error as a test log makes it: 23 lines."""
+
+
+@pytest.mark.parametrize("width", [60, 80, 120])
+def test_the_runs_table_shows_every_run_id_whole_on_one_line_at_any_width(width: int) -> None:
+    runs = [
+        a_run(0, status=RunStatus.RUNNING, current_stage="reproduce"),
+        a_run(1, status=RunStatus.FAILED, reason=f"fix: {LONG_ERROR}"),
+        a_run(2, status=RunStatus.CANCELLED, reason="cancelled"),
+    ]
+
+    text = rendered(runs_table(runs, now=3_600.0, width=width), width)
+
+    lines = text.splitlines()
+    assert all(len(line.rstrip()) <= width for line in lines)
+    for run in runs:
+        assert len([line for line in lines if run.id in line]) == 1
+    # title, three border lines, the header, one line per run
+    assert len(lines) == 1 + 3 + 1 + len(runs)
+
+
+@pytest.mark.parametrize(
+    ("width", "headers"),
+    [
+        (60, ["run", "status", "age", "issue"]),
+        (80, ["run", "status", "age", "issue", "reason"]),
+        (120, ["run", "status", "pipeline", "stage", "age", "issue", "reason"]),
+    ],
+)
+def test_a_narrow_runs_table_leaves_out_the_least_needed_columns(
+    width: int, headers: list[str]
+) -> None:
+    table = runs_table(
+        [a_run(status=RunStatus.FAILED, reason="fix: 1 test still fails")], width=width
+    )
+
+    assert list(cells_of(table)) == headers
+
+
+@pytest.mark.parametrize(("count", "title"), [(0, "0 runs"), (1, "1 run"), (2, "2 runs")])
+def test_the_runs_table_counts_its_runs_in_good_english(count: int, title: str) -> None:
+    table = runs_table([a_run(n) for n in range(count)], now=0.0)
+
+    assert rendered(table, 80).splitlines()[0].strip() == title
+
+
+def test_at_80_columns_a_run_drops_its_size_figures_and_keeps_the_note_on_one_line() -> None:
+    run = a_run(status=RunStatus.RUNNING, environment="e3b0c44298fc1c149afbf4c8996fb924")
+    run.stages = {
+        "triage": StageRecord(status=StageStatus.DONE, attempts=1, requests=2,
+                              prompt_tokens_total=1_234, started_at=1.0, finished_at=3.5),
+        "search": StageRecord(status=StageStatus.RUNNING, attempts=1, started_at=10.0,
+                              session_id=f"{run.id}:search:1"),
+        "plan": StageRecord(),
+    }  # fmt: skip
+    doing = "calling search_code, read_file"
+    table = run_table(run, now=40.0, activity={"search": Activity(3, 4_567, doing)}, width=80)
+
+    text = rendered(table, 80)
+    lines = text.splitlines()
+
+    assert f"run {run.id} · fixer · running" in lines[0]
+    assert list(cells_of(table)) == [
+        "stage", "status", "tries", "calls", "prompt tok", "time", "note"
+    ]  # fmt: skip
+    assert len(lines) == 1 + 3 + 1 + len(run.stages) + 1  # one line per stage, no note wraps
+    assert lines[-1].strip() == f"environment {run.environment}"
+    search = next(line for line in lines if "search" in line)
+    assert "4,567" in search and "30.0s…" in search
+    assert "calling search_" in search and search.rstrip().endswith("… │")  # cut, not wrapped
+    assert all(len(line.rstrip()) <= 80 for line in lines)
+
+
+def test_a_failed_stages_error_is_cut_and_put_below_the_table() -> None:
+    run = a_run(status=RunStatus.FAILED, reason=f"fix: {LONG_ERROR}")
+    run.stages = {
+        "triage": StageRecord(status=StageStatus.DONE, attempts=1),
+        "fix": StageRecord(status=StageStatus.FAILED, attempts=1, error=LONG_ERROR),
+    }
+
+    table = run_table(run, now=100.0, width=80)
+    text = rendered(table, 80)
+    below = text.split("└")[-1]
+
+    assert cells_of(table)["note"] == ["", "error below"]
+    assert below.count("FAIL: test_") == 3  # the first three lines of the 23
+    assert "FAIL: test_3 " not in text
+    assert "more characters; --json shows them all]" in below
+    assert below.count("fix failed:") == 1 and "fix: FAIL" not in below  # the reason says it
+    assert len(text.splitlines()) <= 14
+
+
+@pytest.mark.parametrize(
+    ("run_status", "stage_status", "status_shown", "note"),
+    [
+        (RunStatus.CANCELLED, StageStatus.RUNNING, "cancelled", "stopping"),
+        (RunStatus.CANCELLED, StageStatus.CANCELLED, "cancelled", ""),
+        (RunStatus.FAILED, StageStatus.QUEUED, "stopped", ""),
+        (RunStatus.RUNNING, StageStatus.RUNNING, "running", "calling read_file"),
+    ],
+)
+def test_a_stage_its_run_ended_under_shows_the_runs_end(
+    run_status: RunStatus, stage_status: StageStatus, status_shown: str, note: str
+) -> None:
+    run = run_with_search_running()
+    run.status = run_status
+    run.stages["search"].status = stage_status
+    activity = live_activity(run, [entry("tool_call", usage=10, tool="read_file")])
+
+    cells = cells_of(run_table(run, now=5.0, activity=activity))
+
+    assert (cells["status"][1], cells["note"][1]) == (status_shown, note)
+
+
+class RecordedStore:
+    """A run store that has one run and its audit entries, as `RunStore` reads them."""
+
+    def __init__(self, run: RunRecord, audit: list[dict[str, str]]) -> None:
+        self.run, self.audit = run, audit
+
+    def get(self, run_id: str) -> RunRecord:
+        assert run_id == self.run.id
+        return self.run
+
+    def audit_tail(self, run_id: str, count: int = 200) -> list[dict[str, str]]:
+        return self.audit[-count:]
+
+
+def test_status_shows_the_live_figures_of_a_running_stage_as_watch_does() -> None:
+    run = run_with_search_running()
+    audit = [entry("tool_call", usage=400, tool="search_code"), entry("tool_result")]
+
+    shown, table = run_view(RecordedStore(run, audit), run.id, width=80)  # type: ignore[arg-type]
+
+    assert shown is run
+    assert (cells_of(table)["calls"][1], cells_of(table)["note"][1]) == ("1", "thinking")
+
+
+@pytest.mark.parametrize(
+    ("status", "ended_at"),
+    [(RunStatus.RUNNING, None), (RunStatus.DONE, 60.0), (RunStatus.CANCELLED, 60.0)],
+)
+def test_a_runs_json_has_when_it_was_created_changed_and_ended(
+    status: RunStatus, ended_at: float | None
+) -> None:
+    found = run_json(a_run(status=status, created_at=2.5, updated_at=60.0))
+
+    assert (found["created_at"], found["updated_at"], found["ended_at"]) == (2.5, 60.0, ended_at)
+    assert {"run_id", "status", "reason", "issue", "stages"} <= set(found)
+
+
+FIX_OUTPUT = {
+    "summary": "average_price_cents returns 0 for an empty cart",
+    "tests_before": {"command": "python -m unittest", "exit_code": 1, "passed": 2, "failed": 3},
+    "tests_after": {"command": "python -m unittest", "exit_code": 0, "passed": 5, "failed": 0},
+    "proof": {"passed": True, "reason": "proven", "reproducing_command": "x",
+              "fail_to_pass": ["t.T.test_empty"], "pass_to_fail": [], "diff_stat": "1 file"},
+}  # fmt: skip
+
+
+def test_the_outcome_is_what_baton_measured_and_published_by_stage() -> None:
+    run = a_run(status=RunStatus.DONE)
+    run.stages = {name: StageRecord(status=StageStatus.DONE) for name in ("plan", "fix", "pr")}
+    outputs = {"plan": {"steps": ["x"]}, "fix": FIX_OUTPUT, "pr": {"branch": "baton/r", "x": 1}}
+
+    found = outcome(run, outputs)
+    stages = run_json(run, outputs)["stages"]
+
+    assert found == {
+        "fix": {
+            "tests_before": {"exit_code": 1, "passed": 2, "failed": 3},
+            "tests_after": {"exit_code": 0, "passed": 5, "failed": 0},
+            "proof": {"passed": True, "reason": "proven",
+                      "fail_to_pass": ["t.T.test_empty"], "pass_to_fail": []},
+        },
+        "pr": {"branch": "baton/r"},
+    }  # fmt: skip
+    assert stages["fix"]["proof"]["passed"] is True and stages["pr"]["branch"] == "baton/r"
+    assert "tests_before" not in stages["plan"] and "branch" not in run_json(run)["stages"]["pr"]
