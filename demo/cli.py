@@ -23,12 +23,19 @@ EXIT_FAILED_RUN = 1
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
 @click.option("--timeout", default=300.0, show_default=True, help="Seconds to wait for the run.")
 @click.option("--keep", is_flag=True, help="Keep the demo's directory (remote, logs) afterwards.")
-def demo(as_json: bool, timeout: float, keep: bool) -> None:
-    """Run the fixer pipeline on the bundled Sentry event and sample repository."""
+@click.option("--real-model", is_flag=True,
+              help="Call Gemini itself (needs GOOGLE_API_KEY) instead of the bundled fake "
+              "server, which plays the demo's scenario.")  # fmt: skip
+def demo(as_json: bool, timeout: float, keep: bool, real_model: bool) -> None:
+    """Run the fixer pipeline on the bundled Sentry event and sample repository, with the
+    bundled fake Gemini server as its model unless told --real-model."""
     from demo.runner import run_demo
 
     out, err = Console(), Console(stderr=True)
-    result = run_demo(Settings(), timeout_s=timeout, console=err if as_json else out, keep=keep)
+    result = run_demo(
+        Settings(), timeout_s=timeout, console=err if as_json else out, keep=keep,
+        real_model=real_model,
+    )  # fmt: skip
     if as_json:
         click.echo(json.dumps(result.summary, indent=2))
     else:

@@ -1,9 +1,10 @@
 """`baton demo`: the whole fixer pipeline on embedded defaults, started and stopped here.
 
 It starts a private redis-server unless `BATON_REDIS_URL` is set, the fake Gemini server
-playing the bundled scenario unless `GOOGLE_API_KEY` is set, and one worker for all stages;
-enqueues the bundled Sentry event against a copy of the bundled sample repository; shows
-progress; and stops everything it started.
+playing the bundled scenario (Gemini itself only when asked: the scenario is what makes the run
+come out the same every time, and a key left in the environment must not spend quota), and one
+worker for all stages; enqueues the bundled Sentry event against a copy of the bundled sample
+repository; shows progress; and stops everything it started.
 """
 
 from __future__ import annotations
@@ -24,11 +25,12 @@ from rich.text import Text
 
 from demo import SAMPLE_REPO, SCENARIO, SENTRY_EVENT
 from orchestrator import api
+from orchestrator.errors import ConfigError
 from orchestrator.git import COMMITTER, git_output
 from orchestrator.models import RunRecord
 from orchestrator.pipeline import load_pipeline
-from orchestrator.report import follow, run_json, run_table
-from orchestrator.settings import FAKE_API_KEY, Settings
+from orchestrator.report import follow, outcome, run_json, run_table
+from orchestrator.settings import FAKE_API_KEY, GEMINI_API_URL, Settings
 from orchestrator.store import RunStore
 from testkit import services
 from testkit.services import worker_env
@@ -61,28 +63,34 @@ def make_sample_repo(dest: Path) -> Path:
 def demo_summary(run: RunRecord, outputs: dict[str, Any]) -> dict[str, Any]:
     """The `baton demo --json` object: run id, status, per-stage figures, and what the fix
     stage measured (`tests_before`, `tests_after`, `proof`) and the pr stage published
-    (`branch`)."""
+    (`branch`), as `baton status --json` has them (`outcome`; a stage that left no output has
+    none)."""
     full = run_json(run)
     keep = ("status", "attempts", "requests", "prompt_tokens_total", "prompt_tokens_max",
             "output_chars", "duration_s")  # fmt: skip
     stages = {name: {k: stage[k] for k in keep} for name, stage in full["stages"].items()}
-    fix, pr = outputs.get("fix") or {}, outputs.get("pr") or {}
-    for when in ("tests_before", "tests_after"):
-        measured = fix.get(when) or {}
-        stages["fix"][when] = {k: measured.get(k) for k in ("exit_code", "passed", "failed")}
-    proof = fix.get("proof") or {}
-    stages["fix"]["proof"] = {
-        k: proof.get(k) for k in ("passed", "reason", "fail_to_pass", "pass_to_fail")
-    }
-    stages["pr"]["branch"] = pr.get("branch")
+    for name, found in outcome(run, outputs).items():
+        stages[name].update(found)
     return {"run_id": run.id, "status": run.status.value, "reason": run.reason, "stages": stages}
 
 
 def run_demo(
-    settings: Settings, *, timeout_s: float, console: Console, keep: bool = False
+    settings: Settings,
+    *,
+    timeout_s: float,
+    console: Console,
+    keep: bool = False,
+    real_model: bool = False,
 ) -> DemoResult:
     """Run the demo; with `keep`, its directory (the remote with the pushed branch, the logs,
-    the recorded model requests) stays for a look afterwards."""
+    the recorded model requests) stays for a look afterwards. The model is the fake server
+    playing the demo's scenario, or with `real_model` the one `settings` name.
+
+    Raises:
+        ConfigError: `real_model` without a `GOOGLE_API_KEY`.
+    """
+    if real_model and settings.google_api_key is None:
+        raise ConfigError("--real-model needs GOOGLE_API_KEY (a Gemini API key)")
     with ExitStack() as stack:
         if keep:
             work = Path(tempfile.mkdtemp(prefix="baton-demo-"))
@@ -92,15 +100,18 @@ def run_demo(
         if not settings.redis_url:
             console.print("starting a private redis-server (AOF on)")
             overrides["redis_url"] = stack.enter_context(services.redis_server(work / "redis"))
-        if settings.google_api_key is None:
-            console.print(
-                "no GOOGLE_API_KEY: starting the fake Gemini server with the demo scenario"
-            )
+        if not real_model:
             overrides["gemini_base_url"] = stack.enter_context(
                 services.fake_gemini(SCENARIO, record=work / "fake-gemini.jsonl")
             )
             overrides["google_api_key"] = SecretStr(FAKE_API_KEY)
         settings = settings.model_copy(update=overrides)
+        endpoint = settings.gemini_base_url or GEMINI_API_URL
+        if real_model:
+            model = f"{settings.model} at {endpoint}"
+        else:
+            model = f"the fake Gemini server at {endpoint}, playing the demo's scenario"
+        console.print(f"model: {model}")
         repo = make_sample_repo(work / "shopcart.git")
         if keep:
             console.print(f"keeping {work}: the remote is {repo}")
@@ -122,7 +133,8 @@ def run_demo(
             extra = _outcome(run, store, outputs)
         finally:
             store.redis.close()
-        return DemoResult(summary=demo_summary(run, outputs), table=run_table(run), extra=extra)
+        table = run_table(run, width=console.width)
+        return DemoResult(summary=demo_summary(run, outputs), table=table, extra=extra)
     raise AssertionError("unreachable")
 
 

@@ -14,6 +14,8 @@ from orchestrator.errors import ConfigError
 
 FAKE_API_KEY = "fake-gemini-key"
 """The key Baton hands the real client when it talks to the bundled fake server."""
+GEMINI_API_URL = "https://generativelanguage.googleapis.com"
+"""Where google-genai sends requests when no base URL is set: Google's Gemini API."""
 DEFAULT_MODEL = "gemini-3.8-flash"
 """The model stages use unless `BATON_MODEL` names another: the newest generally available
 Gemini 3 Flash model (Google's agentic workhorse), which requires thought signatures back on
@@ -101,9 +103,11 @@ class Settings(BaseSettings):
     google_api_key: SecretStr | None = Field(
         None, validation_alias=AliasChoices("GOOGLE_API_KEY", "BATON_GOOGLE_API_KEY")
     )
-    """`GOOGLE_API_KEY`; unset means the demo plays its scenario on the fake Gemini server."""
+    """`GOOGLE_API_KEY`; any non-empty value for the fake Gemini server. The demo uses it only
+    when told `--real-model`."""
     gemini_base_url: str | None = None
-    """`BATON_GEMINI_BASE_URL`; where the google-genai client sends requests."""
+    """`BATON_GEMINI_BASE_URL`; where the google-genai client sends requests (unset: Google's
+    `GEMINI_API_URL`)."""
     model: str = DEFAULT_MODEL
     """`BATON_MODEL`."""
     model_timeout_s: float = 120.0

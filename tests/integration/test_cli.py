@@ -202,14 +202,18 @@ def test_a_worker_serves_only_the_stages_it_is_given(
 
 
 def test_demo_json_reports_every_stage_the_proof_and_the_branch(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if k not in ("BATON_REDIS_URL", "GOOGLE_API_KEY")}
+    env = {k: v for k, v in os.environ.items() if k != "BATON_REDIS_URL"}
+    # A Gemini key left in the environment: the demo still plays its scenario on the fake server.
+    env |= {"HOME": str(tmp_path), "GOOGLE_API_KEY": "a-real-key-the-demo-must-not-use"}
     done = subprocess.run(
         [sys.executable, "-m", "orchestrator.cli", "demo", "--json"],
-        env={**env, "HOME": str(tmp_path)},
+        env=env,
         capture_output=True,
         timeout=300,
     )
     assert done.returncode == 0, done.stderr.decode()[-2000:]
+    progress = done.stderr.decode()
+    assert re.search(r"model: the fake Gemini server at http://127\.0\.0\.1:\d+,", progress)
     summary = json.loads(done.stdout)
     assert set(summary) >= {"run_id", "status", "stages"}
     assert summary["status"] == "done"
