@@ -18,6 +18,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from bench import (
     environment,
     governor,
+    inspection,
     isolation,
     overhead,
     sandbox,
@@ -35,6 +36,7 @@ BENCHMARKS = {
     "throughput": throughput,
     "saturation": saturation,
     "soak": soak,
+    "inspection": inspection,
 }
 
 

@@ -9,6 +9,7 @@ CLI's `--json`, the API's responses and its OpenAPI document are one and the sam
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from typing import Any, Literal
 
@@ -154,9 +155,17 @@ def _matching(
 
 
 def _mentions(needle: str, run_id: str, meta_json: str, issue_json: str) -> bool:
-    if needle in run_id.casefold() or needle in str(json.loads(meta_json)["repo"]).casefold():
+    if needle in run_id.casefold():
+        return True
+    if _JSON_PLAIN.fullmatch(needle) and needle not in (meta_json + issue_json).casefold():
+        return False  # a needle JSON writes as it is cannot be in a field the text lacks
+    if needle in str(json.loads(meta_json)["repo"]).casefold():
         return True
     return needle in str(json.loads(issue_json).get("title", "")).casefold()
+
+
+_JSON_PLAIN = re.compile(r"[ !#-\[\]-~]*")
+"""Text every JSON writer leaves as it is: printable ASCII but the quote and the backslash."""
 
 
 # -- stages ----------------------------------------------------------------------------------
@@ -410,7 +419,10 @@ class EntryPage(BaseModel):
 
 
 def read_entry(raw: dict[str, str]) -> Entry:
-    """An audit stream entry as stored (every value a string) made into an `Entry`."""
+    """An audit stream entry as stored (every value a string) made into an `Entry`.
+
+    Built with `model_construct`: every field is made here from parsed JSON with its type's
+    conversion, and validating 2,000 entries again would cost as much as reading them."""
     _, stage, attempt = _session(raw.get("session", ""))
     try:
         data = json.loads(raw.get("data") or "{}")
@@ -418,26 +430,31 @@ def read_entry(raw: dict[str, str]) -> Entry:
         data = {"text": raw.get("data", "")}
     if not isinstance(data, dict):
         data = {"value": data}
-    entry = Entry(
-        id=raw.get("id", ""),
-        ts=float(raw.get("ts") or 0.0),
-        branch=raw.get("branch", ""),
-        stage=raw.get("stage") or stage,
-        attempt=attempt,
-        kind=raw.get("kind", "event"),
-        author=raw.get("author"),
-    )
-    if entry.kind == "user_message":
-        entry.parts = [Part(kind="text", text=str(data.get("text", "")))]
-        return entry
-    if "content" in data or "usage" in data:  # an ADK event of the stage's session
-        entry.parts = _parts(data.get("content"))
-        entry.usage = _usage(data.get("usage"))
-        entry.error = data.get("error")
-        return entry
-    entry.data = data
-    entry.error = data.get("error") if isinstance(data.get("error"), str) else None
-    return entry
+    kind = raw.get("kind", "event")
+    fields: dict[str, Any] = {
+        "id": raw.get("id", ""),
+        "ts": float(raw.get("ts") or 0.0),
+        "branch": raw.get("branch", ""),
+        "stage": raw.get("stage") or stage,
+        "attempt": attempt,
+        "kind": kind,
+        "author": raw.get("author"),
+        "parts": [],
+        "usage": None,
+        "error": None,
+        "data": {},
+    }
+    error = data.get("error")
+    if kind == "user_message":
+        fields["parts"] = [_part("text", text=str(data.get("text", "")))]
+    elif "content" in data or "usage" in data:  # an ADK event of the stage's session
+        fields["parts"] = _parts(data.get("content"))
+        fields["usage"] = _usage(data.get("usage"))
+        fields["error"] = str(error) if error is not None else None
+    else:
+        fields["data"] = data
+        fields["error"] = error if isinstance(error, str) else None
+    return Entry.model_construct(**fields)
 
 
 def _session(session: str) -> tuple[str, str | None, int | None]:
@@ -451,26 +468,49 @@ def _session(session: str) -> tuple[str, str | None, int | None]:
 
 def _parts(content: Any) -> list[Part]:
     parts = []
-    for part in (content or {}).get("parts") or []:
-        if "function_call" in part:
-            call = part["function_call"] or {}
-            parts.append(Part(kind="call", tool=call.get("name"), args=call.get("args") or {}))
-        elif "function_response" in part:
-            reply = part["function_response"] or {}
-            parts.append(Part(kind="result", tool=reply.get("name"), result=reply.get("response")))
+    found = content.get("parts") if isinstance(content, dict) else None
+    for part in found if isinstance(found, list) else []:
+        if not isinstance(part, dict):
+            continue
+        if isinstance(part.get("function_call"), dict):
+            call = part["function_call"]
+            args = call.get("args") or {}
+            parts.append(
+                _part("call", tool=_name(call), args=args if isinstance(args, dict) else {"": args})
+            )
+        elif isinstance(part.get("function_response"), dict):
+            reply = part["function_response"]
+            parts.append(_part("result", tool=_name(reply), result=reply.get("response")))
         elif part.get("text"):
-            parts.append(Part(kind="thought" if part.get("thought") else "text", text=part["text"]))
+            parts.append(
+                _part("thought" if part.get("thought") else "text", text=str(part["text"]))
+            )
     return parts
+
+
+def _part(
+    kind: str, *, text: str = "", tool: str | None = None, args: Any = None, result: Any = None
+) -> Part:
+    return Part.model_construct(kind=kind, text=text, tool=tool, args=args, result=result)
+
+
+def _name(call: dict[str, Any]) -> str | None:
+    name = call.get("name")
+    return None if name is None else str(name)
 
 
 def _usage(usage: Any) -> Usage | None:
     if not isinstance(usage, dict):
         return None
-    return Usage(
-        prompt_tokens=int(usage.get("prompt_token_count") or 0),
-        output_tokens=int(usage.get("candidates_token_count") or 0)
-        + int(usage.get("thoughts_token_count") or 0),
-        cached_tokens=int(usage.get("cached_content_token_count") or 0),
+
+    def count(key: str) -> int:
+        value = usage.get(key)
+        return value if isinstance(value, int) else 0
+
+    return Usage.model_construct(
+        prompt_tokens=count("prompt_token_count"),
+        output_tokens=count("candidates_token_count") + count("thoughts_token_count"),
+        cached_tokens=count("cached_content_token_count"),
     )
 
 
@@ -501,14 +541,25 @@ def read_audit(
     return EntryPage(entries=entries, next_after=None)
 
 
-def whole_audit(store: RunStore, run_id: str, *, stage: str | None = None) -> list[Entry]:
-    """Every audit entry of the run (or one stage), oldest first."""
+def whole_audit(
+    store: RunStore, run_id: str, *, stage: str | None = None, kinds: frozenset[str] | None = None
+) -> list[Entry]:
+    """Every audit entry of the run (or one stage's; or only those of some `kinds`), oldest
+    first. Entries of other kinds are passed over before they are parsed."""
     found = []
     for entry_id, fields in store.redis.xrange(keys.audit(run_id)):
+        if kinds is not None and fields.get("kind") not in kinds:
+            continue
         entry = read_entry(dict(fields, id=entry_id))
         if stage is None or entry.stage == stage:
             found.append(entry)
     return found
+
+
+MODEL_TURNS = frozenset({"tool_call", "model_reply", "error"})
+"""The kinds of audit entry a model call returns (and whose usage says what it cost)."""
+WAITS = frozenset({"stage_waiting"})
+"""The kind of audit entry that records a rate-limit wait."""
 
 
 # -- where the tokens went -------------------------------------------------------------------

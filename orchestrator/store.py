@@ -92,7 +92,7 @@ class RunStore:
                         continue
                     pipe.multi()
                     pipe.set(idem_key, run.id)
-                    pipe.hset(keys.run(run.id), mapping=_run_fields(run))
+                    pipe.hset(keys.run(run.id), mapping=run_fields(run))
                     pipe.zadd(keys.RUNS, {run.id: run.created_at})
                     pipe.sadd(keys.ACTIVE, run.id)
                     pipe.execute()
@@ -143,7 +143,7 @@ class RunStore:
                 result = mutate(run, pipe)
                 commands = [[_arg(a) for a in args] for args, _options in pipe.command_stack]
             run.updated_at = time.time()
-            changed = {k: v for k, v in _run_fields(run).items() if before.get(k) != v}
+            changed = {k: v for k, v in run_fields(run).items() if before.get(k) != v}
             written = self._write_if_unchanged(
                 keys=[key],
                 args=[
@@ -315,7 +315,9 @@ def _audit_value(value: Any) -> str:
     return text
 
 
-def _run_fields(run: RunRecord) -> dict[str, str]:
+def run_fields(run: RunRecord) -> dict[str, str]:
+    """The fields of a run's hash, as the store writes them (a benchmark fills a store with
+    them in bulk)."""
     fields = {
         "meta": json.dumps(
             {

@@ -1,5 +1,5 @@
 """The processes a local Baton needs, as context managers that stop what they started:
-a private redis-server, the fake Gemini server and Celery workers.
+a private redis-server, the fake Gemini server, Celery workers and `baton serve`.
 
 The demo, the tests and the benchmarks all start their services through this module; Baton
 itself never does (in production, Redis and the workers are the operator's).
@@ -18,6 +18,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+import httpx
 import redis
 
 from orchestrator.errors import ConfigError
@@ -140,6 +141,41 @@ def worker(
     try:
         wait_for_log(logfile, "ready.", proc)
         yield proc
+    finally:
+        stop(proc)
+
+
+@contextmanager
+def serve(
+    redis_url: str, env: Mapping[str, str], *, logfile: Path, options: Sequence[str] = ()
+) -> Iterator[str]:
+    """`baton serve` in a subprocess on a free port of 127.0.0.1, with `env` (its logins and
+    tokens) added to this one's; yields its base URL once /api/v1/health answers."""
+    port = free_port()
+    argv = [sys.executable, "-m", "orchestrator.cli", "serve", "--port", str(port),
+            "--address", "127.0.0.1", *options]  # fmt: skip
+    logfile.parent.mkdir(parents=True, exist_ok=True)
+    with open(logfile, "ab") as log:
+        proc = subprocess.Popen(
+            argv, env={**os.environ, "BATON_REDIS_URL": redis_url, **env}, stdout=log,
+            stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30.0
+        while True:
+            if proc.poll() is not None:
+                tail = logfile.read_text(errors="replace")[-2000:]
+                raise ConfigError(f"baton serve exited at start ({proc.returncode}):\n{tail}")
+            try:
+                if httpx.get(f"{url}/api/v1/health", timeout=2.0).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise ConfigError(f"baton serve did not answer within 30s; see {logfile}")
+            time.sleep(0.1)
+        yield url
     finally:
         stop(proc)
 
