@@ -369,4 +369,6 @@ def follow(
                 time.sleep(interval_s)
                 run, table = run_view(conductor.store, run_id, width=console.width)
                 live.update(table)
+    if not console.is_terminal:
+        console.line()  # rich ends the last frame with a newline only on a terminal
     return run

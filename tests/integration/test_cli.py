@@ -119,6 +119,7 @@ def test_enqueue_prints_the_run_id_and_watch_follows_it_to_the_end(
     assert enqueued.returncode == 0 and len(run_id) == 22
     assert watched.returncode == 0
     assert f"run {run_id} · fixer · done".encode() in watched.stdout
+    assert watched.stdout.endswith(b"\n")  # piped, the last frame still ends its line
     assert shown["status"] == "done"
     assert list(shown["stages"]) == ["triage", "search", "plan", "reproduce", "fix", "pr"]
     assert again.stdout.decode().strip() == run_id
