@@ -372,10 +372,13 @@ def output(store: RunStore, run: RunRecord, key: str) -> dict[str, Any]:
 # -- the audit stream as a transcript --------------------------------------------------------
 
 
+PartKind = Literal["text", "thought", "call", "result"]
+
+
 class Part(BaseModel):
     """One part of a model turn or a tool result."""
 
-    kind: Literal["text", "thought", "call", "result"]
+    kind: PartKind
     text: str = ""
     """The text of a text or thought part."""
     tool: str | None = None
@@ -489,7 +492,7 @@ def _parts(content: Any) -> list[Part]:
 
 
 def _part(
-    kind: str, *, text: str = "", tool: str | None = None, args: Any = None, result: Any = None
+    kind: PartKind, *, text: str = "", tool: str | None = None, args: Any = None, result: Any = None
 ) -> Part:
     return Part.model_construct(kind=kind, text=text, tool=tool, args=args, result=result)
 
