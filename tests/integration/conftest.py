@@ -1,9 +1,11 @@
 """The whole stack for real: redis-server, a Celery worker subprocess (prefork), the fake Gemini
-server reached through the real google-genai client, git repositories on disk."""
+server reached through the real google-genai client, git repositories on disk; headless
+Chromium for the web pages."""
 
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -12,6 +14,8 @@ from typing import Any
 
 import pytest
 from pydantic import SecretStr
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
 
 from demo import SCENARIO
 from demo.runner import make_sample_repo
@@ -26,6 +30,13 @@ from testkit.services import worker_env
 
 CANARY_KEY = "AIza-canary-key-0123456789"
 """The API key the tests hand the client: it must never show up in a recorded request."""
+WINDOW = (1400, 900)
+"""The browser window's size (its viewport is smaller by the window's frame)."""
+CHROMIUM_FLAGS = (
+    "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+    "--no-first-run", "--disable-background-networking", "--disable-component-update",
+    "--disable-sync",
+)  # fmt: skip
 
 
 def demo_scenario() -> dict[str, Any]:
@@ -119,3 +130,25 @@ def run_store(session_stack: Stack) -> Iterator[RunStore]:
     store = RunStore.from_url(session_stack.settings.require_redis_url())
     yield store
     store.redis.close()
+
+
+@pytest.fixture
+def browser(tmp_path: Path) -> Iterator[webdriver.Chrome]:
+    """Headless Chromium; it must be installed (make setup), so a missing one fails the test.
+    Its console is kept (`browser.get_log("browser")`)."""
+    chromium, chromedriver = shutil.which("chromium"), shutil.which("chromedriver")
+    assert chromium and chromedriver, "apt-get install chromium chromium-driver (make setup)"
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for flag in (*CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile'}"):
+        options.add_argument(flag)
+    options.add_argument(f"--window-size={WINDOW[0]},{WINDOW[1]}")
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    service = Service(chromedriver, log_output=str(tmp_path / "chromedriver.log"))
+    driver = webdriver.Chrome(service=service, options=options)
+    try:
+        driver.set_window_size(*WINDOW)
+        driver.set_page_load_timeout(30)
+        yield driver
+    finally:
+        driver.quit()

@@ -9,7 +9,6 @@ from __future__ import annotations
 import base64
 import os
 import secrets
-import shutil
 import subprocess
 import sys
 import time
@@ -20,7 +19,6 @@ from pathlib import Path
 import httpx
 import pytest
 from selenium import webdriver
-from selenium.webdriver.chrome.service import Service
 
 from demo import SENTRY_EVENT
 from orchestrator import api
@@ -31,12 +29,6 @@ from .conftest import Stack, wrong_fix_first
 
 STAGES = ("triage", "search", "plan", "reproduce", "fix", "pr")
 SCREENSHOT_ENV = "BATON_FLOWER_SCREENSHOT"
-WINDOW = (1400, 900)
-CHROMIUM_FLAGS = (
-    "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-    "--no-first-run", "--disable-background-networking", "--disable-component-update",
-    "--disable-sync",
-)  # fmt: skip
 
 # The cells of the Tasks page as a person reads them, by column slug. DataTables may render the
 # header twice (a clone for scrolling), hence the dedup; a worker's name is two flex items,
@@ -109,26 +101,6 @@ def wait_for_worker_events(server: FlowerServer, timeout_s: float = 60.0) -> Non
             return
         time.sleep(0.5)
     raise AssertionError(f"Flower saw no worker within {timeout_s:.0f}s; see {server.log}")
-
-
-@pytest.fixture
-def browser(tmp_path: Path) -> Iterator[webdriver.Chrome]:
-    """Headless Chromium; it must be installed (make setup), so a missing one fails the test."""
-    chromium, chromedriver = shutil.which("chromium"), shutil.which("chromedriver")
-    assert chromium and chromedriver, "apt-get install chromium chromium-driver (make setup)"
-    options = webdriver.ChromeOptions()
-    options.binary_location = chromium
-    for flag in (*CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile'}"):
-        options.add_argument(flag)
-    options.add_argument(f"--window-size={WINDOW[0]},{WINDOW[1]}")
-    service = Service(chromedriver, log_output=str(tmp_path / "chromedriver.log"))
-    driver = webdriver.Chrome(service=service, options=options)
-    try:
-        driver.set_window_size(*WINDOW)
-        driver.set_page_load_timeout(30)
-        yield driver
-    finally:
-        driver.quit()
 
 
 def log_in(driver: webdriver.Chrome, server: FlowerServer) -> None:

@@ -1,0 +1,235 @@
+// The run page: the run's header and controls, its time line, one stage at a time (output,
+// proof, artifacts, transcript), its change and where its tokens went. Polled while the run
+// goes on.
+
+import {
+  api, apiText, copyButton, el, fill, formatCount, formatDate, formatDuration, safeUrl, showError,
+  showUser, startPolling, statusBadge, TERMINAL,
+} from "./common.js";
+import { diffSummary, renderDiff } from "./diff.js";
+import { StagePanel } from "./stage.js";
+import { renderLegend, renderTimeline, stageDuration } from "./timeline.js";
+import { renderTokens } from "./tokens.js";
+
+const RESUMABLE = new Set(["failed", "cancelled"]);
+const runId = decodeURIComponent(location.pathname.replace(/^\/runs\//, ""));
+const path = `/runs/${encodeURIComponent(runId)}`;
+const page = {
+  me: null,
+  view: null, // /runs/{id}
+  seen: null, // its JSON: a new one redraws what depends on it
+  spans: [], // /timeline
+  tokens: null, // /tokens
+  selected: null,
+  changeShown: null,
+  panel: null,
+  poller: null,
+};
+
+const $ = (id) => document.getElementById(id);
+const stages = () => Object.entries(page.view.stages);
+const ended = () => TERMINAL.has(page.view.summary.status);
+// The end of what is still going: now, or when the run ended.
+const now = () => (ended() ? page.view.summary.ended_at ?? page.view.summary.updated_at : Date.now() / 1000);
+
+async function refresh() {
+  const view = await api(path);
+  const seen = JSON.stringify(view);
+  if (seen !== page.seen) {
+    const [spans, tokens] = await Promise.all([api(`${path}/timeline`), api(`${path}/tokens`)]);
+    Object.assign(page, { view, seen, spans, tokens });
+    drawHeader();
+    drawControls();
+    drawTabs();
+    drawChange();
+    renderTokens($("tokens"), tokens, { onSelect: select });
+    $("tokens-total").textContent =
+      `${formatCount(tokens.prompt_tokens)} prompt and ${formatCount(tokens.output_tokens)} output tokens in ${tokens.calls.length} model calls`;
+    page.panel.show(page.selected, view, spans, now());
+  }
+  drawTimeline();
+  await page.panel.poll();
+}
+
+function select(stage) {
+  if (!(stage in page.view.stages)) return;
+  page.selected = stage;
+  history.replaceState(null, "", `#${encodeURIComponent(stage)}`);
+  drawTabs();
+  drawTimeline();
+  page.panel.show(stage, page.view, page.spans, now());
+}
+
+// The stage shown first: the one named in the address, else the one going on or that
+// stopped the run, else the last that ran.
+function firstStage() {
+  const named = decodeURIComponent(location.hash.slice(1));
+  if (named in page.view.stages) return named;
+  const { current_stage: current } = page.view.summary;
+  if (current && current in page.view.stages) return current;
+  const stopped = stages().find(([, r]) => r.status === "failed" || r.status === "cancelled");
+  if (stopped) return stopped[0];
+  const ran = stages().filter(([, r]) => r.started_at);
+  return (ran.length ? ran[ran.length - 1] : stages()[0])[0];
+}
+
+function drawHeader() {
+  const { summary, issue, commit, environment } = page.view;
+  document.title = `${runId} · Baton`;
+  $("run-status").replaceChildren(statusBadge(summary.status));
+  $("issue-title").textContent = issue.title;
+  const frame = [...(issue.frames || [])].reverse().find((f) => f.in_app) || null;
+  const error = [issue.error_type, issue.error_message].filter(Boolean).join(": ");
+  $("issue-error").textContent = [error, frame ? `at ${frame.file}:${frame.line} in ${frame.function}` : ""]
+    .filter(Boolean).join(" ");
+  $("run-reason").hidden = !summary.reason;
+  $("run-reason").textContent = summary.reason || "";
+  const repoUrl = safeUrl(summary.repo);
+  const facts = [
+    ["pipeline", summary.pipeline],
+    ["repository", repoUrl ? el("a", { href: repoUrl, rel: "noreferrer" }, summary.repo) : summary.repo],
+    ["commit", el("span", { class: "mono", title: commit }, commit.slice(0, 12))],
+    ["environment", environment ? el("span", { class: "mono" }, environment) : "—"],
+    ["created", formatDate(summary.created_at)],
+    ["ended", summary.ended_at ? formatDate(summary.ended_at) : "—"],
+    summary.current_stage ? ["stage", summary.current_stage] : null,
+    ["model calls", formatCount(summary.requests)],
+    ["tokens", `${formatCount(summary.prompt_tokens)} prompt · ${formatCount(summary.output_tokens)} output`],
+  ];
+  $("run-facts").replaceChildren(...facts.filter(Boolean).flatMap(([k, v]) => [el("dt", {}, k), el("dd", { data: { fact: k } }, v)]));
+}
+
+function drawTimeline() {
+  renderTimeline($("timeline"), {
+    stages: stages(), spans: page.spans, now: now(), selected: page.selected, onSelect: select,
+  });
+}
+
+function drawTabs() {
+  $("stage-tabs").replaceChildren(...stages().map(([name, record]) => {
+    const seconds = stageDuration(page.spans.filter((s) => s.stage === name), now());
+    return el("button", {
+      type: "button",
+      role: "tab",
+      class: "tab",
+      "aria-selected": String(name === page.selected),
+      data: { tab: name, status: record.status },
+      onclick: () => select(name),
+    }, el("span", { class: `dot status-${record.status}`, title: record.status }), name,
+    seconds !== null ? el("span", { class: "muted" }, ` ${formatDuration(seconds)}`) : null);
+  }));
+}
+
+// Cancel and resume, for a login with the control scope only.
+function drawControls() {
+  const box = $("controls");
+  if (page.me.scope !== "control") {
+    box.replaceChildren();
+    return;
+  }
+  const status = page.view.summary.status;
+  const from = $("resume-from")?.value ?? "";
+  const parts = [];
+  if (!TERMINAL.has(status)) {
+    parts.push(el("button", { id: "cancel", type: "button", class: "danger", onclick: cancel }, "Cancel run"));
+  }
+  if (RESUMABLE.has(status)) {
+    const choice = el("select", { id: "resume-from", "aria-label": "Resume from" },
+      el("option", { value: "" }, "where it stopped"),
+      ...stages().map(([name]) => el("option", { value: name }, `from ${name}`)));
+    choice.value = from;
+    parts.push(choice, el("button", { id: "resume", type: "button", onclick: resume }, "Resume"));
+  }
+  box.replaceChildren(...parts);
+}
+
+function say(message, failed = false) {
+  const line = $("control-message");
+  line.hidden = false;
+  line.textContent = message;
+  line.classList.toggle("error", failed);
+}
+
+async function cancel() {
+  if (!window.confirm(`Cancel run ${runId}?\nIts running stage stops at its next safe point.`)) return;
+  try {
+    const reply = await api(`${path}/cancel`, { method: "POST" });
+    say(`Run ${reply.run_id} is ${reply.status}.`);
+  } catch (error) {
+    say(error.message, true);
+  }
+  await refresh().catch(showError);
+}
+
+async function resume() {
+  const from = $("resume-from").value;
+  if (!window.confirm(`Resume run ${runId} ${from ? `from ${from}` : "where it stopped"}?`)) return;
+  try {
+    const reply = await api(`${path}/resume`, { method: "POST", body: from ? { from_stage: from } : {} });
+    say(`Resumed from ${reply.resumed_from}.`);
+    follow();
+  } catch (error) {
+    say(error.message, true);
+  }
+}
+
+async function drawChange() {
+  const name = page.view.change;
+  const [stage, ...rest] = (name || "").split("/");
+  const sha = page.view.stages[stage]?.artifacts[rest.join("/")]?.sha256;
+  const shown = name ? `${name}@${sha}` : null;
+  if (shown === page.changeShown) return;
+  page.changeShown = shown;
+  $("change-section").hidden = !name;
+  if (!name) return;
+  $("change-name").textContent = name;
+  try {
+    const { text, cut } = await apiText(`${path}/diff`);
+    fill($("change"), el("p", { class: "muted" }, diffSummary(text)), renderDiff(text),
+      cut ? el("p", { class: "muted" }, "Only the beginning is shown.") : null);
+  } catch (error) {
+    $("change").replaceChildren(el("p", { class: "error" }, error.message));
+  }
+}
+
+function drawFlower() {
+  const flower = safeUrl(page.me.flower_url);
+  if (!flower) return;
+  const base = flower.replace(/\/+$/, "");
+  $("flower").hidden = false;
+  $("flower").replaceChildren(
+    "Flower: ", el("a", { href: `${base}/tasks`, rel: "noreferrer", id: "flower-tasks" }, "the tasks view"),
+    ". Each stage of this run is a task whose id starts with the run id (",
+    el("code", {}, `${runId}.triage`), ", …): search for it there.");
+}
+
+function follow() {
+  page.poller?.stop();
+  page.poller = startPolling(async () => {
+    await refresh();
+    return !ended();
+  });
+}
+
+async function start() {
+  $("run-id").textContent = runId;
+  $("run-copy").replaceChildren(copyButton(runId));
+  renderLegend($("legend"));
+  try {
+    page.me = await showUser();
+    page.view = await api(path);
+  } catch (error) {
+    showError(error);
+    return;
+  }
+  page.selected = firstStage();
+  page.panel = new StagePanel($("stage-panel"), {
+    runId, flowerUrl: safeUrl(page.me.flower_url)?.replace(/\/+$/, "") ?? null,
+  });
+  drawFlower();
+  await refresh().catch(showError);
+  $("run").dataset.loaded = "true";
+  if (!ended()) follow();
+}
+
+start();
