@@ -1,7 +1,7 @@
 """compose.yaml for real: the images `make images` builds, `docker-compose up` with the fake
 Gemini profile, the demo's Sentry event enqueued from the host through the published Redis
-port, each stage run by its own worker service, the fix pushed, and nothing left after
-`down -v`."""
+port, each stage run by its own worker service, the fix pushed, the run read back through
+`baton serve`, and nothing left after `down -v`."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import docker
 import httpx
@@ -38,6 +39,10 @@ WORKER_UID = 1000
 """The image's user, who must own a repository the code stages push to."""
 RUN_TIMEOUT_S = 480.0
 COMPOSE_TIMEOUT_S = 300.0
+SERVE_PORT = 8080
+HEALTH_PATH = "/api/v1/health"
+WORKER_SECRETS = ("GOOGLE_API_KEY", "BATON_GITHUB_TOKEN")
+"""Only worker services may get these (the pr stage both)."""
 
 
 @pytest.fixture(scope="session")
@@ -61,6 +66,7 @@ class Stack:
     env_file: Path
     redis_password: str
     flower_login: tuple[str, str]
+    serve_login: tuple[str, str]
 
     def compose(self, *args: str, check: bool = True) -> str:
         argv = ["docker-compose", "-p", self.project, "--env-file", str(self.env_file)]
@@ -100,6 +106,7 @@ def stack(baton_image: str, tmp_path: Path) -> Iterator[Stack]:
     repos.mkdir()
     password = secrets.token_hex(16)
     login = ("baton", secrets.token_hex(8))
+    serve_login = ("operator", secrets.token_hex(8))
     env = {
         "BATON_IMAGE": baton_image,
         "BATON_REDIS_IMAGE": BASE_TAG,
@@ -108,32 +115,87 @@ def stack(baton_image: str, tmp_path: Path) -> Iterator[Stack]:
         "BATON_FLOWER_USER": login[0],
         "BATON_FLOWER_PASSWORD": login[1],
         "BATON_FLOWER_PORT": "0",  # any free port of the host
+        "BATON_SERVE_USER": serve_login[0],
+        "BATON_SERVE_PASSWORD": serve_login[1],
+        "BATON_SERVE_SECRET": secrets.token_hex(32),
+        "BATON_SERVE_PORT": "0",
         "GOOGLE_API_KEY": FAKE_API_KEY,
         "BATON_GEMINI_BASE_URL": "http://fake-gemini:8080",
         "BATON_TEST_REPOS": str(repos),
     }
     env_file = tmp_path / "compose.env"
     env_file.write_text("".join(f"{key}={value}\n" for key, value in env.items()))
-    made = Stack(f"batontest{secrets.token_hex(4)}", env_file, password, login)
+    made = Stack(f"batontest{secrets.token_hex(4)}", env_file, password, login, serve_login)
     try:
         yield made
     finally:
         made.down()
 
 
-def test_compose_defaults_to_the_image_tags_make_images_builds(tmp_path: Path) -> None:
+def _config(tmp_path: Path, **settings: str) -> dict[str, Any]:
+    """`docker-compose config`: compose.yaml with the test's file, resolved against an env
+    file of just the required settings and these."""
+    required = {
+        "BATON_REDIS_PASSWORD": "x",
+        "BATON_DOCKER_GID": "0",
+        "BATON_FLOWER_USER": "u",
+        "BATON_FLOWER_PASSWORD": "p",
+        "BATON_SERVE_USER": "s",
+        "BATON_SERVE_PASSWORD": "q",
+        "BATON_SERVE_SECRET": "k",
+        "BATON_TEST_REPOS": "/nowhere",
+    }
     env_file = tmp_path / "compose.env"
-    env_file.write_text(
-        "BATON_REDIS_PASSWORD=x\nBATON_DOCKER_GID=0\nBATON_FLOWER_USER=u\n"
-        "BATON_FLOWER_PASSWORD=p\nBATON_TEST_REPOS=/nowhere\n"
-    )
-    stack = Stack("batonconfig", env_file, "x", ("u", "p"))
-    config = yaml.safe_load(stack.compose("config"))
+    env_file.write_text("".join(f"{k}={v}\n" for k, v in {**required, **settings}.items()))
+    stack = Stack("batonconfig", env_file, "x", ("u", "p"), ("s", "q"))
+    config: dict[str, Any] = yaml.safe_load(stack.compose("config"))
+    return config
+
+
+def _published(port: str | dict[str, Any]) -> tuple[str, int]:
+    """(host address, container port) of a published port, in docker-compose 1.29's short
+    form (`127.0.0.1:8080:8080/tcp`) or Compose v2's long one."""
+    if isinstance(port, dict):
+        return port.get("host_ip", "0.0.0.0"), int(port["target"])
+    parts = port.split("/")[0].split(":")
+    return (parts[0] if len(parts) == 3 else "0.0.0.0"), int(parts[-1])
+
+
+def test_compose_defaults_to_the_image_tags_make_images_builds(tmp_path: Path) -> None:
+    config = _config(tmp_path)
     images = {name: service["image"] for name, service in config["services"].items()}
     assert images == {
         "redis": BASE_TAG,
-        **dict.fromkeys([*STAGES, "flower", "fake-gemini"], image_tag()),
+        **dict.fromkeys([*STAGES, "flower", "serve", "fake-gemini"], image_tag()),
     }
+
+
+def test_compose_serves_the_api_on_loopback_with_a_health_check_and_nothing_but_redis(
+    tmp_path: Path,
+) -> None:
+    config = _config(tmp_path, GOOGLE_API_KEY="model-key", BATON_GITHUB_TOKEN="gh-token")
+    serve = config["services"]["serve"]
+    assert serve["command"] == ["serve", "--port", str(SERVE_PORT)]
+    assert [_published(port) for port in serve["ports"]] == [("127.0.0.1", SERVE_PORT)]
+    test = serve["healthcheck"]["test"]
+    assert test[:3] == ["CMD", "python", "-c"]
+    assert f"http://127.0.0.1:{SERVE_PORT}{HEALTH_PATH}" in test[3]
+    assert serve["depends_on"] == {"redis": {"condition": "service_healthy"}}
+    # The settings reach the workers that need them, and serve gets none of them.
+    assert config["services"]["pr"]["environment"]["GOOGLE_API_KEY"] == "model-key"
+    assert config["services"]["pr"]["environment"]["BATON_GITHUB_TOKEN"] == "gh-token"
+    environment = serve["environment"]
+    assert not set(WORKER_SECRETS) & set(environment)
+    assert "DOCKER_HOST" not in environment
+    assert environment["BATON_REDIS_URL"] == "redis://:x@redis:6379/0"
+    login = {key: environment[f"BATON_SERVE_{key}"] for key in ("USER", "PASSWORD", "SECRET")}
+    assert login == {"USER": "s", "PASSWORD": "q", "SECRET": "k"}
+    # No socket, no volume at all, no extra group; the least privilege Flower has, and more.
+    assert "volumes" not in serve and "group_add" not in serve
+    assert serve["cap_drop"] == ["ALL"]
+    assert serve["security_opt"] == ["no-new-privileges:true"]
+    assert serve["read_only"] is True and serve["tmpfs"] == ["/tmp"]
+    assert serve["user"].split(":")[0] not in ("", "0", "root")
 
 
 @pytest.mark.timeout(2400)
@@ -163,6 +225,7 @@ def test_compose_stack_fixes_the_demo_issue_end_to_end_and_leaves_nothing_behind
         _check_metrics(stack)
         if "flower" in services:
             _check_flower(stack)
+        _check_serve(stack, client, run_id)
         stack.compose("up", "-d", "--no-deps", "--scale", "fix=2", "fix")
         assert len(_containers(client, stack.project, "fix")) == 2
     except BaseException:
@@ -278,6 +341,35 @@ def _check_flower(stack: Stack) -> None:
             time.sleep(1)
     assert answer.status_code == 200
     assert httpx.get(url, timeout=5).status_code == 401
+
+
+def _check_serve(stack: Stack, client: docker.DockerClient, run_id: str) -> None:
+    """`baton serve` turns healthy, answers its health check without a login, serves its UI's
+    pages (package data in the image) and lists the run to its login only; its container holds
+    no worker secret and no mount."""
+    (serve,) = _containers(client, stack.project, "serve")
+    deadline = time.monotonic() + 60
+    while serve.attrs["State"]["Health"]["Status"] != "healthy" and time.monotonic() < deadline:
+        time.sleep(1)
+        serve.reload()
+    assert serve.attrs["State"]["Health"]["Status"] == "healthy", serve.attrs["State"]["Health"]
+    names = {var.partition("=")[0] for var in serve.attrs["Config"]["Env"]}
+    assert not set(WORKER_SECRETS) & names
+    assert serve.attrs["Mounts"] == []
+    base = f"http://127.0.0.1:{stack.host_port('serve', SERVE_PORT)}"
+    with httpx.Client(base_url=base, timeout=5) as http:
+        health = http.get(HEALTH_PATH)
+        assert (health.status_code, health.json()) == (200, {"status": "ok"})
+        assert http.get("/api/v1/runs").status_code == 401
+        page = http.get("/login")
+        assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+        user, password = stack.serve_login
+        login = http.post("/login", data={"user": user, "password": password})
+        assert (login.status_code, login.headers["location"]) == (303, "/")
+        listed = http.get("/api/v1/runs")
+    assert listed.status_code == 200
+    statuses = {run["run_id"]: run["status"] for run in listed.json()["runs"]}
+    assert statuses == {run_id: RunStatus.DONE.value}
 
 
 def _containers(client: docker.DockerClient, project: str, service: str) -> list:

@@ -16,7 +16,7 @@ import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import kubernetes_validate
 import pytest
@@ -24,6 +24,8 @@ import yaml
 
 from orchestrator.pipeline import StageSpec, load_pipeline
 from orchestrator.queue import check_time_limits
+from orchestrator.server.app import API
+from orchestrator.server.auth import Authenticator, ServeSettings
 from orchestrator.settings import DEFAULT_MODEL
 from workers.settings import WorkerSettings
 
@@ -39,6 +41,11 @@ METRICS_PORT = 9808
 """`BATON_METRICS_PORT` by convention (workers.settings)."""
 PROMETHEUS_NAMESPACE = "monitoring"
 """The namespace whose pods may scrape the workers (k8s/README.md, "Network policies")."""
+SERVE_PORT = 8080
+HEALTH_PATH = "/api/v1/health"
+"""`baton serve`'s probe: it answers without a login, while Redis answers."""
+WORKER_SECRETS = {"GOOGLE_API_KEY", "BATON_GITHUB_TOKEN"}
+"""Keys of `baton-secrets` that only workers may get."""
 
 Doc = dict[str, Any]
 
@@ -416,7 +423,7 @@ def test_one_stage_never_scales_to_zero_so_the_reconciler_always_runs() -> None:
     assert minimum == {"triage": 1, "search": 0, "plan": 0, "reproduce": 0, "fix": 0, "pr": 0}
 
 
-# -- Redis, Flower, secrets --------------------------------------------------------------------
+# -- Redis, Flower, serve, secrets -------------------------------------------------------------
 
 
 def redis_clients() -> list[Doc]:
@@ -425,7 +432,7 @@ def redis_clients() -> list[Doc]:
 
 def test_every_redis_client_builds_the_same_url_from_the_secret_password() -> None:
     clients = redis_clients()
-    assert len(clients) == len(FIXER_STAGES) + 1  # the workers and Flower
+    assert len(clients) == len(FIXER_STAGES) + 2  # the workers, Flower and serve
     for client in clients:
         names = [var["name"] for var in client["env"]]
         assert env(client)["BATON_REDIS_URL"]["value"] == REDIS_URL
@@ -491,6 +498,98 @@ def test_flower_runs_once_on_its_port_with_probes_on_healthcheck() -> None:
     assert secrets == {"BATON_FLOWER_USER", "BATON_FLOWER_PASSWORD", "BATON_REDIS_PASSWORD"}
 
 
+def serve() -> Doc:
+    return named("Deployment", "baton-serve")
+
+
+def test_serve_listens_on_its_port_with_every_probe_on_the_health_endpoint() -> None:
+    (app,) = [c for _, c in containers(serve())]
+    assert app["name"] == "serve"
+    assert app["args"] == ["serve", "--port", str(SERVE_PORT)]
+    assert app["ports"] == [{"name": "http", "containerPort": SERVE_PORT}]
+    assert HEALTH_PATH == f"{API}/health"  # the route that answers without a login
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert app[probe]["httpGet"] == {"path": HEALTH_PATH, "port": "http"}, probe
+    # The health endpoint fails while Redis does; liveness waits out a Redis restart.
+    live = app["livenessProbe"]
+    assert live["periodSeconds"] * live["failureThreshold"] >= 120
+    assert named("Service", "baton-serve")["spec"]["ports"] == [
+        {"name": "http", "port": SERVE_PORT, "targetPort": "http"}
+    ]
+
+
+def test_serve_takes_its_login_and_cookie_key_from_its_own_secret() -> None:
+    deployment = serve()
+    app = container(deployment, "serve")
+    from_secrets = {
+        var["name"]: var["valueFrom"]["secretKeyRef"] for var in app["env"] if "valueFrom" in var
+    }
+    own = {"name": "baton-serve-auth"}
+    assert from_secrets == {
+        "BATON_SERVE_USER": {**own, "key": "BATON_SERVE_USER"},
+        "BATON_SERVE_PASSWORD": {**own, "key": "BATON_SERVE_PASSWORD"},
+        "BATON_SERVE_SECRET": {**own, "key": "BATON_SERVE_SECRET"},
+        "BATON_SERVE_LOGINS": {**own, "key": "BATON_SERVE_LOGINS", "optional": True},
+        "BATON_SERVE_TOKENS": {**own, "key": "BATON_SERVE_TOKENS", "optional": True},
+        "BATON_REDIS_PASSWORD": {"name": "baton-secrets", "key": "BATON_REDIS_PASSWORD"},
+    }
+    assert "envFrom" not in app
+    literal = {var["name"] for var in app["env"] if "value" in var}
+    assert literal == {
+        "BATON_SERVE_FLOWER_URL",
+        "BATON_SERVE_SECURE_COOKIES",
+        "BATON_REDIS_URL",
+        "HOME",
+    }
+    # More than one replica: a session one of them signs must be good on the others.
+    assert deployment["spec"]["replicas"] >= 2 and "BATON_SERVE_SECRET" in from_secrets
+
+
+def test_serve_settings_read_from_its_environment_make_a_control_login(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    secret = named("Secret", "baton-serve-auth")["data"]
+    values = {key: base64.b64decode(value).decode() for key, value in secret.items()}
+    # The examples the operator may uncomment count too.
+    for line in (K8S / "serve.env.example").read_text().splitlines():
+        if line.startswith("#BATON_SERVE_"):
+            key, _, value = line.removeprefix("#").partition("=")
+            values[key] = value
+    for name in [n for n in os.environ if n.startswith("BATON_")]:
+        monkeypatch.delenv(name)
+    for var in container(serve(), "serve")["env"]:
+        ref = var.get("valueFrom", {}).get("secretKeyRef")
+        if ref and ref["name"] == "baton-serve-auth":
+            monkeypatch.setenv(var["name"], values[ref["key"]])
+        elif var["name"].startswith("BATON_SERVE_"):
+            monkeypatch.setenv(var["name"], var["value"])
+    for key in values:
+        field = key.removeprefix("BATON_SERVE_").lower()
+        assert field in ServeSettings.model_fields, f"baton serve has no setting {key}"
+    settings = ServeSettings()
+    assert settings.secret is not None and settings.secure_cookies is False
+    authenticator = Authenticator(settings)
+    user, password = values["BATON_SERVE_USER"], values["BATON_SERVE_PASSWORD"]
+    login = authenticator.log_in(user, password)
+    assert login is not None and login.scope == "control"
+    assert {token.scope for token in authenticator.tokens} == {"read"}
+    assert set(authenticator.logins) == {user, "viewer"}
+
+
+def test_serve_gets_no_model_key_github_token_or_docker_and_writes_only_to_tmp() -> None:
+    deployment = serve()
+    pod = deployment["spec"]["template"]["spec"]
+    app = container(deployment, "serve")
+    assert "initContainers" not in pod and len(pod["containers"]) == 1
+    assert not (WORKER_SECRETS | {"DOCKER_HOST"}) & set(env(app))
+    assert pod["volumes"] == [{"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}}]
+    assert app["volumeMounts"] == [{"name": "tmp", "mountPath": "/tmp"}]
+    assert env(app)["HOME"]["value"] == "/tmp"
+    context = app["securityContext"]
+    assert context["readOnlyRootFilesystem"] is True and context["runAsNonRoot"] is True
+    assert context["runAsUser"] == 1000 and not context.get("privileged")
+
+
 def test_every_pod_goes_without_service_links_and_service_account_token() -> None:
     for doc in workloads():
         pod = doc["spec"]["template"]["spec"]
@@ -521,13 +620,12 @@ def test_the_namespace_admits_the_privileged_docker_sidecar_in_so_many_words() -
 def test_baton_containers_run_the_image_make_images_builds_renamed_by_kustomize() -> None:
     (rule,) = kustomization()["images"]
     assert (rule["name"], rule["newTag"]) == ("baton", "0.1.0")
-    baton = [
-        c for doc in workloads() for _, c in containers(doc) if c["name"] in ("worker", "flower")
-    ]
-    assert len(baton) == len(FIXER_STAGES) + 1
+    roles = ("worker", "flower", "serve")
+    baton = [c for doc in workloads() for _, c in containers(doc) if c["name"] in roles]
+    assert len(baton) == len(FIXER_STAGES) + 2
     assert {c["image"] for c in baton} == {f"{rule['newName']}:0.1.0"}
-    raw = (K8S / "worker-fix.yaml").read_text() + (K8S / "flower.yaml").read_text()
-    assert "image: baton:0.1.0" in raw
+    for manifest in ("worker-fix.yaml", "flower.yaml", "serve.yaml"):
+        assert "image: baton:0.1.0" in (K8S / manifest).read_text(), manifest
 
 
 # -- cross-references --------------------------------------------------------------------------
@@ -553,42 +651,77 @@ REF_KINDS = {
 }
 
 
-def container_references(c: Doc) -> Iterator[tuple[str, str, str | None]]:
+class Reference(NamedTuple):
+    """A Secret or ConfigMap something refers to: one key of it, or all (`key` None)."""
+
+    kind: str
+    name: str
+    key: str | None
+    optional: bool = False
+    """The pod starts without it (`optional: true`): a key the operator may leave out."""
+
+
+def container_references(c: Doc) -> Iterator[Reference]:
     for var in c.get("env", []):
         for ref_kind, ref in var.get("valueFrom", {}).items():
             if ref_kind in REF_KINDS:
-                yield REF_KINDS[ref_kind], ref["name"], ref["key"]
+                optional = ref.get("optional", False)
+                yield Reference(REF_KINDS[ref_kind], ref["name"], ref["key"], optional)
     for source in c.get("envFrom", []):
         for ref_kind, ref in source.items():
             if ref_kind in REF_KINDS:
-                yield REF_KINDS[ref_kind], ref["name"], None
+                yield Reference(REF_KINDS[ref_kind], ref["name"], None)
 
 
-def references() -> Iterator[tuple[str, str, str | None]]:
-    """(kind, name, key or None) of every Secret and ConfigMap something refers to."""
+def references() -> Iterator[Reference]:
+    """Every Secret and ConfigMap something refers to."""
     for doc in workloads():
         for _, c in containers(doc):
             yield from container_references(c)
         for volume in doc["spec"]["template"]["spec"].get("volumes", []):
             if "secret" in volume:
-                yield "Secret", volume["secret"]["secretName"], None
+                yield Reference("Secret", volume["secret"]["secretName"], None)
             if "configMap" in volume:
-                yield "ConfigMap", volume["configMap"]["name"], None
+                yield Reference("ConfigMap", volume["configMap"]["name"], None)
     for auth in of_kind("TriggerAuthentication"):
         for ref in auth["spec"].get("secretTargetRef", []):
-            yield "Secret", ref["name"], ref["key"]
+            yield Reference("Secret", ref["name"], ref["key"])
 
 
 def test_every_secret_and_config_map_reference_names_a_key_the_kustomization_defines() -> None:
     found = list(references())
-    assert {(kind, name) for kind, name, _ in found} == {
+    assert {(ref.kind, ref.name) for ref in found} == {
         ("Secret", "baton-secrets"),
         ("Secret", "baton-flower-auth"),
+        ("Secret", "baton-serve-auth"),
         ("ConfigMap", "baton-config"),
     }
-    for kind, name, key in found:
-        doc = named(kind, name)
-        assert key is None or key in doc["data"], f"{kind} {name} has no key {key}"
+    for ref in found:
+        doc = named(ref.kind, ref.name)
+        if ref.key is not None and not ref.optional:
+            assert ref.key in doc["data"], f"{ref.kind} {ref.name} has no key {ref.key}"
+    # An optional key is still one the example shows (maybe commented out), for the operator.
+    generated = {gen["name"]: gen["envs"] for gen in kustomization()["secretGenerator"]}
+    for ref in found:
+        if ref.optional:
+            lines = [
+                line.lstrip("#")
+                for name in generated[ref.name]
+                for line in (K8S / f"{name}.example").read_text().splitlines()
+            ]
+            assert any(line.startswith(f"{ref.key}=") for line in lines), ref
+
+
+def test_worker_secrets_reach_worker_containers_only() -> None:
+    for doc in workloads():
+        for _, c in containers(doc):
+            if c["name"] == "worker":
+                continue
+            secrets = [ref for ref in container_references(c) if ref.kind == "Secret"]
+            assert all(ref.key is not None for ref in secrets), f"{c['name']}: a whole Secret"
+            leaked = {ref.key for ref in secrets} & WORKER_SECRETS
+            assert not leaked, f"{c['name']} gets {leaked}"
+            assert not set(env(c)) & WORKER_SECRETS, c["name"]
 
 
 def test_network_policy_selectors_match_real_pods() -> None:
@@ -614,10 +747,11 @@ def peers_and_ports(policy: str, direction: str) -> tuple[list[Doc], set[tuple[s
     return peers, ports
 
 
-def test_redis_accepts_only_workers_flower_and_keda_on_its_port() -> None:
+def test_redis_accepts_only_workers_flower_serve_and_keda_on_its_port() -> None:
     peers, ports = peers_and_ports("baton-redis", "ingress")
     local = [p["podSelector"]["matchLabels"] for p in peers if "namespaceSelector" not in p]
-    assert {labels["app.kubernetes.io/component"] for labels in local} == {"worker", "flower"}
+    components = {labels["app.kubernetes.io/component"] for labels in local}
+    assert components == {"worker", "flower", "serve"}
     keda = [p for p in peers if "namespaceSelector" in p]
     assert [p["namespaceSelector"]["matchLabels"] for p in keda] == [
         {"kubernetes.io/metadata.name": "keda"}
@@ -660,6 +794,20 @@ def test_workers_reach_only_dns_redis_and_https_and_accept_only_metrics_scrapes(
     assert flower_out == {("UDP", 53), ("TCP", 53), ("TCP", 6379)}
 
 
+@pytest.mark.parametrize(("component", "port"), [("flower", 5555), ("serve", SERVE_PORT)])
+def test_web_pods_reach_only_dns_and_redis_and_accept_only_their_own_port(
+    component: str, port: int
+) -> None:
+    policy = f"baton-{component}"
+    peers_in, ports_in = peers_and_ports(policy, "ingress")
+    peers_out, ports_out = peers_and_ports(policy, "egress")
+    assert peers_in == [] and ports_in == {("TCP", port)}  # from anywhere, to this port only
+    assert ports_out == {("UDP", 53), ("TCP", 53), ("TCP", 6379)}
+    assert not any("ipBlock" in peer for peer in peers_out)
+    labels = named("Deployment", policy)["spec"]["template"]["metadata"]["labels"]
+    assert policies_admitting(labels) == [policy]
+
+
 # -- settings ----------------------------------------------------------------------------------
 
 
@@ -695,7 +843,7 @@ def test_the_kustomization_lists_every_manifest_and_only_existing_files() -> Non
     assert set(listed) == manifests
     env_files = [name for gen in spec["secretGenerator"] for name in gen["envs"]]
     examples = {p.name.removesuffix(".example") for p in K8S.glob("*.example")}
-    assert sorted(examples) == sorted(env_files) == ["flower.env", "secrets.env"]
+    assert sorted(examples) == sorted(env_files) == ["flower.env", "secrets.env", "serve.env"]
     ignored = (K8S / ".gitignore").read_text().splitlines()
     assert all(name in ignored for name in env_files)
     # Nothing else: the env files themselves are the operator's, git-ignored.
