@@ -534,9 +534,8 @@ def read_audit(
         if not raw:
             return EntryPage(entries=entries, next_after=None)
         for entry_id, fields in raw:
-            entry = read_entry(dict(fields, id=entry_id))
-            if stage is None or entry.stage == stage:
-                entries.append(entry)
+            if stage is None or _stage_of(fields) == stage:  # before parsing the rest
+                entries.append(read_entry(dict(fields, id=entry_id)))
                 if len(entries) == limit:
                     more = store.redis.xrange(keys.audit(run_id), min=f"({entry_id}", count=1)
                     return EntryPage(entries=entries, next_after=entry_id if more else None)
@@ -553,10 +552,14 @@ def whole_audit(
     for entry_id, fields in store.redis.xrange(keys.audit(run_id)):
         if kinds is not None and fields.get("kind") not in kinds:
             continue
-        entry = read_entry(dict(fields, id=entry_id))
-        if stage is None or entry.stage == stage:
-            found.append(entry)
+        if stage is None or _stage_of(fields) == stage:
+            found.append(read_entry(dict(fields, id=entry_id)))
     return found
+
+
+def _stage_of(fields: dict[str, str]) -> str | None:
+    """The stage a stored entry belongs to, read without parsing its data."""
+    return fields.get("stage") or _session(fields.get("session", ""))[1]
 
 
 MODEL_TURNS = frozenset({"tool_call", "model_reply", "error"})
