@@ -29,6 +29,7 @@ from orchestrator.errors import ConfigError
 from orchestrator.inspection import Entry
 from orchestrator.settings import Settings
 from orchestrator.store import RunStore
+from orchestrator.tables import Column, counted, fitted_table
 
 out = Console()
 err = Console(stderr=True)
@@ -131,15 +132,11 @@ def artifacts(run_id: str, as_json: bool) -> None:
     if as_json:
         _echo_json([a.model_dump() for a in found])
         return
-    table = Table(title=f"run {run_id}: {_count(len(found), 'artifact')}", title_justify="left")
-    table.add_column("name", no_wrap=True, overflow="fold")
-    table.add_column("stage")
-    table.add_column("size", justify="right")
-    table.add_column("type")
-    for artifact in found:
-        table.add_row(
-            artifact.name, artifact.stage, _size(artifact.size_bytes), artifact.media_type
-        )
+    columns = [Column("name"), Column("stage", drop=1), Column("size", justify="right"),
+               Column("type", drop=2)]  # fmt: skip
+    rows = [[a.name, a.stage, _size(a.size_bytes), a.media_type] for a in found]
+    title = f"run {run_id}: {counted(len(found), 'artifact')}"
+    table = fitted_table(columns, rows, width=out.width, title=title, title_justify="left")
     out.print(table)
 
 
@@ -285,10 +282,6 @@ def _size(size: int) -> str:
         if size >= scale:
             return f"{size / scale:.1f} {unit}"
     return f"{size} B"
-
-
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
 @click.command()
