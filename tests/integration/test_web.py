@@ -12,8 +12,6 @@ import json
 import os
 import re
 import secrets
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -21,7 +19,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-import httpx
 import pytest
 from selenium import webdriver
 from selenium.webdriver.common.by import By
@@ -51,47 +48,22 @@ class WebServer:
     url: str
     passwords: dict[str, str]
     """Login → password: `operator` has the control scope, `viewer` the read scope."""
-    proc: subprocess.Popen[bytes]
-    log: Path
 
 
 @pytest.fixture(scope="module")
 def web(session_stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[WebServer]:
     """`baton serve` on a free port with two fresh logins, once it answers its health check."""
-    log = tmp_path_factory.mktemp("serve") / "serve.log"
-    port = services.free_port()
     passwords = {"operator": secrets.token_urlsafe(16), "viewer": secrets.token_urlsafe(16)}
     env = {
-        **os.environ,
-        "BATON_REDIS_URL": session_stack.settings.require_redis_url(),
         "BATON_SERVE_USER": "operator",
         "BATON_SERVE_PASSWORD": passwords["operator"],
         "BATON_SERVE_LOGINS": json.dumps({"viewer": f"read:{passwords['viewer']}"}),
         "BATON_SERVE_FLOWER_URL": FLOWER_URL,
     }
-    argv = [sys.executable, "-m", "orchestrator.cli", "serve", "--port", str(port),
-            "--address", "127.0.0.1"]  # fmt: skip
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
-    server = WebServer(f"http://127.0.0.1:{port}", passwords, proc, log)
-    try:
-        wait_for_health(server)
-        yield server
-    finally:
-        services.stop(proc)
-
-
-def wait_for_health(server: WebServer, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        assert server.proc.poll() is None, server.log.read_text(errors="replace")[-2000:]
-        try:
-            if httpx.get(f"{server.url}/api/v1/health", timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    raise AssertionError(f"baton serve did not answer within {timeout_s:.0f}s; see {server.log}")
+    logfile = tmp_path_factory.mktemp("serve") / "serve.log"
+    redis_url = session_stack.settings.require_redis_url()
+    with services.serve(redis_url, env, logfile=logfile) as url:
+        yield WebServer(url, passwords)
 
 
 @pytest.fixture(scope="module")
@@ -311,6 +283,7 @@ def test_a_viewer_has_no_cancel_button_and_an_operator_cancels_the_run_with_it(
     assert driver.find_elements(By.ID, "cancel") == []
     assert driver.find_elements(By.ID, "resume") == []
     driver.find_element(By.ID, "logout").click()
+    wait_until(lambda: driver.current_url == f"{web.url}/login", "the logout did not end")
 
     log_in(driver, web, "operator", page)
     open_run_page(driver)

@@ -40,7 +40,7 @@ function proof(output) {
   const p = output.proof;
   const tests = (label, key, run) => el("tr", { data: { tests: key } },
     el("th", {}, label),
-    el("td", { class: "mono" }, run?.command ?? "—"),
+    el("td", { class: "mono wrap" }, run?.command ?? "—"),
     el("td", { class: "num" }, run?.exit_code ?? "—"),
     el("td", { class: "num" }, run?.passed ?? "—"),
     el("td", { class: "num" }, run?.failed ?? "—"));

@@ -21,6 +21,7 @@ const page = {
   spans: [], // /timeline
   tokens: null, // /tokens
   selected: null,
+  following: false, // the stage shown follows the run's current stage
   changeShown: null,
   panel: null,
   poller: null,
@@ -42,19 +43,31 @@ async function refresh() {
     drawControls();
     drawTabs();
     drawChange();
-    renderTokens($("tokens"), tokens, { onSelect: select });
+    renderTokens($("tokens"), tokens, { onSelect: (stage) => select(stage) });
     $("tokens-total").textContent =
       `${formatCount(tokens.prompt_tokens)} prompt and ${formatCount(tokens.output_tokens)} output tokens in ${tokens.calls.length} model calls`;
-    page.panel.show(page.selected, view, spans, now());
+    const current = view.summary.current_stage;
+    if (page.following && current in view.stages && current !== page.selected) {
+      select(current, false);
+    } else {
+      page.panel.show(page.selected, view, spans, now());
+    }
+  } else if (!ended()) {
+    drawTabs(); // the durations of what goes on
   }
   drawTimeline();
   await page.panel.poll();
 }
 
-function select(stage) {
+// Shows a stage: one the person chose (kept in the address), or the one going on, which the
+// page follows until a person chooses.
+function select(stage, chosen = true) {
   if (!(stage in page.view.stages)) return;
   page.selected = stage;
-  history.replaceState(null, "", `#${encodeURIComponent(stage)}`);
+  if (chosen) {
+    page.following = false;
+    history.replaceState(null, "", `#${encodeURIComponent(stage)}`);
+  }
   drawTabs();
   drawTimeline();
   page.panel.show(stage, page.view, page.spans, now());
@@ -101,7 +114,8 @@ function drawHeader() {
 
 function drawTimeline() {
   renderTimeline($("timeline"), {
-    stages: stages(), spans: page.spans, now: now(), selected: page.selected, onSelect: select,
+    stages: stages(), spans: page.spans, now: now(), selected: page.selected,
+    onSelect: (stage) => select(stage),
   });
 }
 
@@ -223,6 +237,7 @@ async function start() {
     return;
   }
   page.selected = firstStage();
+  page.following = !ended() && !location.hash;
   page.panel = new StagePanel($("stage-panel"), {
     runId, flowerUrl: safeUrl(page.me.flower_url)?.replace(/\/+$/, "") ?? null,
   });

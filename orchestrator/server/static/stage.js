@@ -168,7 +168,7 @@ function iterations(list) {
     el("tbody", {}, ...list.map((i) => el("tr", { data: { iteration: i.number } },
       el("td", {}, String(i.number)),
       el("td", {}, statusBadge(i.passed ? "done" : "failed", i.passed ? "passed" : "failed")),
-      el("td", {}, i.reason || "—"),
+      el("td", { class: "wrap" }, i.reason || "—"),
       el("td", { class: "num" }, String(i.requests)),
       el("td", { class: "num" }, formatCount(i.prompt_tokens_total)),
       el("td", { class: "num" }, i.finished_at && i.started_at ? formatDuration(i.finished_at - i.started_at) : "—")))));
