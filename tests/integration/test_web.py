@@ -1,7 +1,7 @@
 """The web UI of `baton serve` for real: the server in a subprocess on the session's Redis, the
 session worker running the demo's Sentry event, read by headless Chromium through the login
 form — the runs list, a run's time line, its fix's diff and test log, its search stage's
-transcript, and the cancel button.
+transcript, and the cancel and resume buttons.
 
 The first test keeps a screenshot of the run page in its temporary directory;
 `BATON_RUN_PAGE_SCREENSHOT=docs/run-page.png` puts it where the README shows it."""
@@ -261,7 +261,7 @@ def open_artifact(driver: webdriver.Chrome, name: str) -> WebElement:
 
 
 @pytest.mark.timeout(240)
-def test_a_viewer_has_no_cancel_button_and_an_operator_cancels_the_run_with_it(
+def test_a_viewer_has_no_cancel_button_and_an_operator_cancels_and_resumes_the_run(
     web: WebServer, stack: Stack, browser: webdriver.Chrome
 ) -> None:
     # The triage stage's model call takes 10 s: time to look at the run and cancel it.
@@ -301,6 +301,14 @@ def test_a_viewer_has_no_cancel_button_and_an_operator_cancels_the_run_with_it(
     # The worker is shared: let the stopped stage finish its model call and stop.
     wait_until(lambda: triage_status(stack, run_id) == StageStatus.CANCELLED,
                "the triage stage did not stop", 30)  # fmt: skip
+
+    # Resumed with its button, the run goes on from where it stopped; the page follows it.
+    stack.fake.set_faults([])
+    driver.find_element(By.ID, "resume").click()
+    WebDriverWait(driver, 5).until(expected_conditions.alert_is_present()).accept()
+    wait_until(lambda: said.text == "Resumed from triage.", f"the page said {said.text!r}")
+    wait_for(driver, '#run-status .status[data-status="done"]', 120)
+    assert api.get_run(run_id, settings=stack.settings).status is RunStatus.DONE
 
 
 def triage_status(stack: Stack, run_id: str) -> StageStatus:

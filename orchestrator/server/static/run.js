@@ -214,7 +214,7 @@ function drawFlower() {
   $("flower").replaceChildren(
     "Flower: ", el("a", { href: `${base}/tasks`, rel: "noreferrer", id: "flower-tasks" }, "the tasks view"),
     ". Each stage of this run is a task whose id starts with the run id (",
-    el("code", {}, `${runId}.triage`), ", …): search for it there.");
+    el("code", {}, `${runId}.${stages()[0][0]}`), ", …): search for it there.");
 }
 
 function follow() {

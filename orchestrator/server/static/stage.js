@@ -104,18 +104,19 @@ export class StagePanel {
 
   // The artifact in the viewer: a diff coloured, JSON indented, a log as it is.
   async open(ref) {
-    const url = `${this.path}/artifacts/${ref.name.split("/").map(encodeURIComponent).join("/")}`;
+    const viewer = this.viewer;
+    const url = artifactPath(this.path, ref);
     const body = el("div", { class: "viewer-body" }, el("p", { class: "muted" }, "Loading…"));
-    this.viewer.dataset.artifact = ref.name;
-    this.viewer.dataset.ready = "false";
-    this.viewer.hidden = false;
-    this.viewer.replaceChildren(
+    viewer.dataset.artifact = ref.name;
+    viewer.dataset.ready = "false";
+    viewer.hidden = false;
+    viewer.replaceChildren(
       el("div", { class: "viewer-head" },
         el("strong", { class: "mono" }, ref.name),
         el("span", { class: "muted" }, ` ${formatBytes(ref.size_bytes)} · sha256 ${ref.sha256.slice(0, 12)}`),
         el("span", { class: "spacer" }),
-        el("a", { href: `/api/v1${url}?download=1`, download: ref.name.split("/").pop() }, "Download"),
-        el("button", { type: "button", class: "close", "aria-label": "Close", onclick: () => { this.viewer.hidden = true; } }, "Close")),
+        el("a", { href: `/api/v1${url}?download=1`, download: fileName(ref) }, "Download"),
+        el("button", { type: "button", class: "close", onclick: () => { viewer.hidden = true; } }, "Close")),
       body);
     try {
       const { text, cut } = await apiText(url);
@@ -123,9 +124,18 @@ export class StagePanel {
     } catch (error) {
       body.replaceChildren(el("p", { class: "error" }, error.message));
     }
-    this.viewer.dataset.ready = "true";
-    this.viewer.scrollIntoView({ block: "nearest" });
+    if (!viewer.contains(body)) return; // another artifact was opened meanwhile
+    viewer.dataset.ready = "true";
+    viewer.scrollIntoView({ block: "nearest" });
   }
+}
+
+function artifactPath(runPath, ref) {
+  return `${runPath}/artifacts/${ref.name.split("/").map(encodeURIComponent).join("/")}`;
+}
+
+function fileName(ref) {
+  return ref.name.split("/").pop();
 }
 
 function viewed(ref, text) {
@@ -178,14 +188,14 @@ function artifactTable(refs, path, open) {
   if (!refs.length) return [el("p", { class: "muted" }, "None.")];
   return [el("table", { class: "compact artifacts" },
     el("tbody", {}, ...refs.map((ref) => {
-      const url = `/api/v1${path}/artifacts/${ref.name.split("/").map(encodeURIComponent).join("/")}`;
+      const url = `/api/v1${artifactPath(path, ref)}`;
       return el("tr", { data: { artifact: ref.name } },
-        el("td", { class: "mono" }, ref.name.split("/").pop()),
+        el("td", { class: "mono" }, fileName(ref)),
         el("td", { class: "muted" }, ref.media_type),
         el("td", { class: "num" }, formatBytes(ref.size_bytes)),
         el("td", { class: "actions" },
           VIEWABLE.has(ref.media_type) ? el("button", { type: "button", class: "view", onclick: () => open(ref) }, "View") : null,
           " ",
-          el("a", { href: `${url}?download=1`, class: "download", download: ref.name.split("/").pop() }, "Download")));
+          el("a", { href: `${url}?download=1`, class: "download", download: fileName(ref) }, "Download")));
     })))];
 }
