@@ -115,10 +115,14 @@ def log_in(driver: webdriver.Chrome, web: WebServer, user: str, then: str) -> No
     """Through the login form, from the redirect a page without a session answers with."""
     driver.get(f"{web.url}{then}")
     assert "/login?next=" in driver.current_url, driver.current_url
-    driver.find_element(By.ID, "user").send_keys(user)
-    driver.find_element(By.ID, "password").send_keys(web.passwords[user])
-    driver.find_element(By.ID, "log-in").click()
+    submit_login(driver, user, web.passwords[user])
     wait_until(lambda: "/login" not in driver.current_url, f"{user} was not let in")
+
+
+def submit_login(driver: webdriver.Chrome, user: str, password: str) -> None:
+    driver.find_element(By.ID, "user").send_keys(user)
+    driver.find_element(By.ID, "password").send_keys(password)
+    driver.find_element(By.ID, "log-in").click()
 
 
 def open_run_page(driver: webdriver.Chrome) -> None:
@@ -168,6 +172,11 @@ def test_a_person_logs_in_and_follows_a_finished_run_from_the_list_to_its_transc
 ) -> None:
     run = finished_run
     driver = sized(browser)
+    driver.get(f"{web.url}/runs/{run.id}")
+    submit_login(driver, "operator", "not the password")
+    refused = wait_for(driver, "#login-failed")
+    assert refused.text == "Wrong user or password."
+    assert driver.find_element(By.ID, "next").get_attribute("value") == f"/runs/{run.id}"
     log_in(driver, web, "operator", "/")
 
     # The runs list: the run by its whole id, linking to its page.
