@@ -6,6 +6,7 @@ port, each stage run by its own worker service, the fix pushed, the run read bac
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import shutil
 import subprocess
@@ -28,6 +29,7 @@ from images.base import BASE_TAG
 from images.build import ROOT, ensure_images, image_tag
 from orchestrator import api
 from orchestrator.models import RunRecord, RunStatus, StageStatus
+from orchestrator.pipeline import load_pipeline
 from orchestrator.settings import FAKE_API_KEY, Settings
 from sandbox.image import ensure_image as ensure_sandbox_image
 from tests.containers import sandboxes
@@ -43,6 +45,8 @@ SERVE_PORT = 8080
 HEALTH_PATH = "/api/v1/health"
 WORKER_SECRETS = ("GOOGLE_API_KEY", "BATON_GITHUB_TOKEN")
 """Only worker services may get these (the pr stage both)."""
+PLACEHOLDER = "change-me"
+"""How every password and secret in .env.example begins."""
 
 
 @pytest.fixture(scope="session")
@@ -145,6 +149,7 @@ def _config(tmp_path: Path, **settings: str) -> dict[str, Any]:
         "BATON_SERVE_SECRET": "k",
         "BATON_TEST_REPOS": "/nowhere",
     }
+    tmp_path.mkdir(parents=True, exist_ok=True)
     env_file = tmp_path / "compose.env"
     env_file.write_text("".join(f"{k}={v}\n" for k, v in {**required, **settings}.items()))
     stack = Stack("batonconfig", env_file, "x", ("u", "p"), ("s", "q"))
@@ -181,11 +186,8 @@ def test_compose_serves_the_api_on_loopback_with_a_health_check_and_nothing_but_
     assert test[:3] == ["CMD", "python", "-c"]
     assert f"http://127.0.0.1:{SERVE_PORT}{HEALTH_PATH}" in test[3]
     assert serve["depends_on"] == {"redis": {"condition": "service_healthy"}}
-    # The settings reach the workers that need them, and serve gets none of them.
-    assert config["services"]["pr"]["environment"]["GOOGLE_API_KEY"] == "model-key"
-    assert config["services"]["pr"]["environment"]["BATON_GITHUB_TOKEN"] == "gh-token"
     environment = serve["environment"]
-    assert not set(WORKER_SECRETS) & set(environment)
+    assert not set(WORKER_SECRETS) & set(environment)  # and each secret's own test below
     assert "DOCKER_HOST" not in environment
     assert environment["BATON_REDIS_URL"] == "redis://:x@redis:6379/0"
     login = {key: environment[f"BATON_SERVE_{key}"] for key in ("USER", "PASSWORD", "SECRET")}
@@ -196,6 +198,96 @@ def test_compose_serves_the_api_on_loopback_with_a_health_check_and_nothing_but_
     assert serve["security_opt"] == ["no-new-privileges:true"]
     assert serve["read_only"] is True and serve["tmpfs"] == ["/tmp"]
     assert serve["user"].split(":")[0] not in ("", "0", "root")
+
+
+def test_secrets_and_the_docker_socket_reach_only_the_services_that_use_them(
+    tmp_path: Path,
+) -> None:
+    """The model key goes to every stage's worker, the GitHub token to the one stage that
+    publishes (pr), the Docker socket to the stages with tools (their sandbox host)."""
+    config = _config(
+        tmp_path,
+        GOOGLE_API_KEY="model-key",
+        BATON_GITHUB_TOKEN="gh-token",
+        BATON_GITHUB_API_URL="https://github.example.com/api/v3",
+    )
+    fixer = load_pipeline("fixer")
+    assert [stage.name for stage in fixer.stages] == list(STAGES)
+    for name, service in config["services"].items():
+        environment = service.get("environment", {})
+        stage = fixer.stage(name) if name in STAGES else None
+        model_key = environment.get("GOOGLE_API_KEY")
+        assert model_key == ("model-key" if stage else None), name
+        publishes = stage is not None and "publish" in stage.tools
+        assert publishes == (name == "pr")
+        token = environment.get("BATON_GITHUB_TOKEN")
+        assert token == ("gh-token" if publishes else None), name
+        assert ("BATON_GITHUB_API_URL" in environment) == publishes, name
+        sockets = [v for v in service.get("volumes", []) if "docker.sock" in str(v)]
+        assert bool(sockets) == bool(stage and stage.tools), name
+
+
+def _redis_script(config: dict[str, Any]) -> str:
+    """Redis's shell script as the container runs it (`config` keeps `$$` escaped)."""
+    shell, flag, script = config["services"]["redis"]["command"]
+    assert (shell, flag) == ("sh", "-c")
+    return str(script).replace("$$", "$")
+
+
+def test_redis_caps_its_memory_never_evicts_and_runs_without_privileges(tmp_path: Path) -> None:
+    config = _config(tmp_path, BATON_REDIS_MAXMEMORY="300mb")
+    redis_service = config["services"]["redis"]
+    command = _redis_script(config).split("<<")[0].split("exec ", 1)[1].replace("\\\n", " ")
+    words = command.split()
+    assert words[:2] == ["redis-server", "-"]  # configuration (the password) on stdin
+    flags = dict(zip(words[2::2], words[3::2], strict=True))
+    assert flags["--maxmemory"] == "300mb" and flags["--maxmemory-policy"] == "noeviction"
+    assert flags["--appendonly"] == "yes" and flags["--appendfsync"] == "everysec"
+    assert redis_service["cap_drop"] == ["ALL"]
+    assert redis_service["security_opt"] == ["no-new-privileges:true"]
+    assert redis_service["user"] == "redis"
+    default = _redis_script(_config(tmp_path / "default"))
+    assert "--maxmemory 1gb " in default
+
+
+def _example_values(path: Path) -> dict[str, str]:
+    """KEY=value lines of an example env file, commented-out ones included."""
+    values = {}
+    for line in path.read_text().splitlines():
+        key, equals, value = line.lstrip("#").partition("=")
+        if equals and re.fullmatch(r"[A-Z][A-Z0-9_]*", key):
+            values[key] = value
+    return values
+
+
+def test_example_passwords_are_placeholders_and_redis_refuses_its_own(tmp_path: Path) -> None:
+    """Every password and secret in .env.example says `change-me`; Redis started with the
+    example's password exits before it serves (and the whole stack waits on Redis)."""
+    examples = _example_values(ROOT / ".env.example")
+    secret = [k for k in examples if re.search(r"PASSWORD|SECRET", k)]
+    assert {"BATON_REDIS_PASSWORD", "BATON_FLOWER_PASSWORD", "BATON_SERVE_SECRET"} <= set(secret)
+    for key in secret:
+        assert examples[key].startswith(PLACEHOLDER), key
+    # The script as Compose runs it, with a stand-in redis-server that shows what it was given.
+    stand_in = tmp_path / "bin"
+    stand_in.mkdir()
+    (stand_in / "redis-server").write_text('#!/bin/sh\necho "args: $*"\ncat\n')
+    (stand_in / "redis-server").chmod(0o755)
+    script = _redis_script(_config(tmp_path / "config"))
+
+    def start(password: str) -> subprocess.CompletedProcess[str]:
+        env = {"PATH": f"{stand_in}:/usr/bin:/bin", "BATON_REDIS_PASSWORD": password}
+        return subprocess.run(
+            ["sh", "-c", script], env=env, capture_output=True, text=True, timeout=10
+        )
+
+    refused = start(examples["BATON_REDIS_PASSWORD"])
+    assert refused.returncode == 1 and refused.stdout == ""
+    assert "BATON_REDIS_PASSWORD is still the placeholder" in refused.stderr
+    started = start("0123abcd")
+    assert started.returncode == 0, started.stderr
+    assert 'requirepass "0123abcd"' in started.stdout
+    assert "0123abcd" not in started.stdout.splitlines()[0]  # not on the command line
 
 
 @pytest.mark.timeout(2400)
