@@ -17,10 +17,10 @@ from pydantic import SecretStr
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 
-from demo import SCENARIO
+from demo import SCENARIO, SENTRY_EVENT
 from demo.runner import make_sample_repo
 from orchestrator import api
-from orchestrator.models import RunRecord
+from orchestrator.models import RunRecord, RunStatus
 from orchestrator.pipeline import load_pipeline
 from orchestrator.settings import Settings
 from orchestrator.store import RunStore
@@ -130,6 +130,18 @@ def run_store(session_stack: Stack) -> Iterator[RunStore]:
     store = RunStore.from_url(session_stack.settings.require_redis_url())
     yield store
     store.redis.close()
+
+
+@pytest.fixture(scope="session")
+def demo_run(session_stack: Stack) -> RunRecord:
+    """The demo's Sentry event fixed end to end by the session worker, once a session: the
+    read-only checks of the CLI's and the web UI's views of a run all look at this one."""
+    session_stack.fake.set_scenario(demo_scenario())
+    session_stack.fake.reset()
+    run_id = session_stack.enqueue(SENTRY_EVENT.read_bytes(), session_stack.sample_repo())
+    run = session_stack.wait(run_id, 150)
+    assert run.status is RunStatus.DONE, run.reason
+    return run
 
 
 @pytest.fixture

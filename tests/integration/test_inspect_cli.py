@@ -12,8 +12,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from demo import SENTRY_EVENT
 from orchestrator import keys
 from orchestrator.inspection import find_artifact
@@ -23,14 +21,6 @@ from orchestrator.store import RunStore
 from .conftest import Stack
 
 STAGES = ["triage", "search", "plan", "reproduce", "fix", "pr"]
-
-
-@pytest.fixture(scope="module")
-def demo_run(session_stack: Stack) -> RunRecord:
-    run_id = session_stack.enqueue(SENTRY_EVENT.read_bytes(), session_stack.sample_repo())
-    run = session_stack.wait(run_id)
-    assert run.status == RunStatus.DONE, run.reason
-    return run
 
 
 def baton(stack: Stack, *args: str, columns: int = 80) -> subprocess.CompletedProcess[bytes]:

@@ -32,7 +32,7 @@ from orchestrator.models import RunRecord, RunStatus, StageStatus
 from orchestrator.store import RunStore
 from testkit import services
 
-from .conftest import Stack, demo_scenario
+from .conftest import Stack
 
 STAGES = ("triage", "search", "plan", "reproduce", "fix", "pr")
 SCREENSHOT_ENV = "BATON_RUN_PAGE_SCREENSHOT"
@@ -64,17 +64,6 @@ def web(session_stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Itera
     redis_url = session_stack.settings.require_redis_url()
     with services.serve(redis_url, env, logfile=logfile) as url:
         yield WebServer(url, passwords)
-
-
-@pytest.fixture(scope="module")
-def finished_run(session_stack: Stack) -> RunRecord:
-    """The demo run, done: every read-only check looks at this one."""
-    session_stack.fake.set_scenario(demo_scenario())
-    session_stack.fake.reset()
-    run_id = session_stack.enqueue(SENTRY_EVENT.read_bytes(), session_stack.sample_repo())
-    run = session_stack.wait(run_id, 150)
-    assert run.status is RunStatus.DONE, run.reason
-    return run
 
 
 # -- reading the pages ------------------------------------------------------------------------
@@ -163,14 +152,14 @@ def severe_console_lines(driver: webdriver.Chrome) -> list[str]:
 
 
 @pytest.mark.timeout(240)
-def test_a_person_logs_in_and_follows_a_finished_run_from_the_list_to_its_transcript(
+def test_a_person_logs_in_and_follows_a_demo_run_from_the_list_to_its_transcript(
     web: WebServer,
-    finished_run: RunRecord,
+    demo_run: RunRecord,
     run_store: RunStore,
     browser: webdriver.Chrome,
     tmp_path: Path,
 ) -> None:
-    run = finished_run
+    run = demo_run
     driver = sized(browser)
     driver.get(f"{web.url}/runs/{run.id}")
     submit_login(driver, "operator", "not the password")
