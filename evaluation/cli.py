@@ -64,8 +64,9 @@ def eval_command(
     if as_json:
         click.echo(evaluation.as_json())
     else:
-        for table in reports.tables(evaluation):
-            Console().print(table)
+        console = Console()
+        for table in reports.tables(evaluation, width=console.width):
+            console.print(table)
     if report is not None:
         command = "baton eval " + " ".join(
             [str(corpus), *(f"--mode {m}" for m in chosen), f"--concurrency {concurrency}",

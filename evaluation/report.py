@@ -6,6 +6,7 @@ from __future__ import annotations
 from rich.table import Table
 
 from evaluation.harness import Evaluation, Result
+from orchestrator.tables import Column, fitted_table
 
 COLUMNS = (
     "instance", "env", "reproduced", "proven", "published", "resolved", "fail→pass",
@@ -38,15 +39,30 @@ def summary(evaluation: Evaluation, mode: str) -> str:
     )
 
 
-def tables(evaluation: Evaluation) -> list[Table]:
+DROPPED_FIRST = (
+    "env", "model calls", "tokens in/out", "iterations", "reproduced", "wall s", "proven",
+    "published",
+)  # fmt: skip
+"""The columns a narrow terminal leaves out, the first first; the instance and what the
+harness measured of it (resolved, the tests) stay."""
+
+
+def tables(evaluation: Evaluation, *, width: int | None = None) -> list[Table]:
+    """A table per mode, fitted to `width` (None: every column)."""
+    columns = [
+        Column(name, justify="left" if name == "instance" else "right",
+               drop=len(DROPPED_FIRST) - DROPPED_FIRST.index(name) if name in DROPPED_FIRST else 0)
+        for name in COLUMNS
+    ]  # fmt: skip
     found = []
     for mode in dict.fromkeys(r.mode for r in evaluation.results):
-        table = Table(title=summary(evaluation, mode), title_justify="left")
-        for column in COLUMNS:
-            table.add_column(column, justify="left" if column == "instance" else "right")
-        for result in (r for r in evaluation.results if r.mode == mode):
-            table.add_row(*(cell.replace("**", "") for cell in _row(result)))
-        found.append(table)
+        rows = [
+            [cell.replace("**", "") for cell in _row(result)]
+            for result in evaluation.results
+            if result.mode == mode
+        ]
+        title = summary(evaluation, mode)
+        found.append(fitted_table(columns, rows, width=width, title=title, title_justify="left"))
     return found
 
 

@@ -23,6 +23,7 @@ from rich.table import Table
 import sandbox
 from orchestrator.git import repo_source, resolve_commit
 from orchestrator.store import connect
+from orchestrator.tables import counted
 from sandbox.build import agent_config
 from sandbox.environment import load
 from workers.environments import Environments
@@ -94,7 +95,7 @@ def list_environments(as_json: bool) -> None:
         click.echo(json.dumps(records, indent=2))
         return
     now = time.time()
-    table = Table(title=f"{len(records)} environments", title_justify="left")
+    table = Table(title=counted(len(records), "environment"), title_justify="left")
     for column in ("key", "status", "repository", "size", "age", "used", "pass", "fail"):
         table.add_column(column, no_wrap=column == "key", overflow="fold")
     for r in sorted(records, key=lambda r: -float(r.get("last_used") or r.get("built_at") or 0)):

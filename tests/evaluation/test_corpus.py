@@ -4,15 +4,17 @@ names, selected by the instance's issue title."""
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
 from evaluation.corpus import CorpusError, load_corpus, load_instance
 from evaluation.harness import Evaluation, Result
 from evaluation.policies import SABOTEUR_MARK, command_for, scenario
-from evaluation.report import markdown
+from evaluation.report import markdown, tables
 from orchestrator.pipeline import load_pipeline
 from testkit.gemini.scenario import Scenario
 
@@ -159,3 +161,24 @@ def test_the_report_has_a_summary_and_a_row_per_instance() -> None:
     assert "| a | no | no | no | yes | **yes** | 1/1 | 9/9 | 12 | 3,000/400 | 0 | 0 |" in text
     assert "| b | no | no | no | no | no | 0/2 | 5/5 |" in text
     assert "- b: fix: the reproducing tests still fail (after 3 iterations)" in text
+
+
+def test_the_table_fits_80_columns_with_every_instance_and_verdict_whole() -> None:
+    name = "boltons-iterutils-chunked-even"
+    results = [
+        Result(name, "oracle", resolved=True, published=True, fail_to_pass=[1, 1],
+               pass_to_pass=[120, 120], model_calls=12, prompt_tokens=13000, output_tokens=400,
+               wall_s=48.0),
+    ]  # fmt: skip
+    evaluation = Evaluation("eval/corpus", results, {"oracle": 61.0})
+    for width in (80, 200):
+        console = Console(width=width, record=True, file=io.StringIO())
+        for table in tables(evaluation, width=width):
+            console.print(table)
+        lines = console.export_text().splitlines()
+        assert all(len(line) <= width for line in lines)
+        row = next(line for line in lines if name in line)
+        header = next(line for line in lines if "instance" in line)
+        assert "resolved" in header and "fail→pass" in header and "pass→pass" in header
+        assert ("model calls" in header) == (width == 200)  # left out when narrow
+        assert "120/120" in row
