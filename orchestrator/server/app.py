@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import parse_qs, quote
 
+import redis
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, RedirectResponse, Response
@@ -167,7 +168,8 @@ def create_app(
     )
     app.state.authenticator = authenticator
     app.state.auth_required = auth_required
-    app.include_router(_reads(conductor.store, settings))
+    app.include_router(_service(conductor.store, settings))
+    app.include_router(_reads(conductor.store))
     app.include_router(_artifacts(conductor.store))
     app.include_router(_control(conductor))
     app.include_router(_ui(authenticator, settings))
@@ -191,21 +193,31 @@ def create_app(
     return app
 
 
-def _reads(store: RunStore, settings: ServeSettings) -> APIRouter:
-    """The API's reads: runs, their stages, outputs, time lines, tokens and audit."""
+def _service(store: RunStore, settings: ServeSettings) -> APIRouter:
+    """The service's own: its health (for probes) and who is asking."""
     app = APIRouter()
-    run_of = store.get
 
     @app.get(f"{API}/health", tags=["service"])
     def health() -> dict[str, str]:
-        """Answers without a login (for probes): `ok` when Redis answers."""
-        store.redis.ping()
+        """Answers without a login (for probes): `ok` when Redis answers, else 503."""
+        try:
+            store.redis.ping()
+        except redis.RedisError as exc:
+            raise HTTPException(503, f"Redis does not answer: {type(exc).__name__}") from exc
         return {"status": "ok"}
 
     @app.get(f"{API}/me", tags=["service"])
     def me(who: Viewer) -> Me:
         """Who the credential is and what it may do; where Flower is."""
         return Me(name=who.name, scope=who.scope, flower_url=settings.flower_url)
+
+    return app
+
+
+def _reads(store: RunStore) -> APIRouter:
+    """The API's reads: runs, their stages, outputs, time lines, tokens and audit."""
+    app = APIRouter()
+    run_of = store.get
 
     @app.get(f"{API}/runs", tags=["runs"])
     def list_runs(

@@ -1,15 +1,21 @@
 """Reading a run back without Redis: audit entries made into a transcript, the time line of a
 looped stage with a rate-limit wait, tokens summed over iterations, artifacts found by name,
-and session cookies that cannot be forged, kept past their expiry or outlive a login."""
+session cookies that cannot be forged, kept past their expiry or outlive a login, and a
+health check that says when Redis is away."""
 
 from __future__ import annotations
 
 import json
+import warnings
 
 import pytest
+import redis
 from pydantic import SecretStr
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from orchestrator import inspection
+from orchestrator.conductor import Conductor
 from orchestrator.errors import ArtifactNotFoundError, ConfigError
 from orchestrator.models import (
     ArtifactRef,
@@ -21,7 +27,11 @@ from orchestrator.models import (
     StageRecord,
     StageStatus,
 )
+from orchestrator.queue import Dispatcher
+from orchestrator.server.app import create_app
 from orchestrator.server.auth import Authenticator, Principal, ServeSettings
+from orchestrator.settings import QueueConfig
+from orchestrator.store import RunStore
 
 RUN = "20261201-120000-abcdef"
 
@@ -175,3 +185,18 @@ def test_credentials_must_name_a_scope_and_come_whole() -> None:
     assert token.bearer("tok") == Principal("ci", "read", "token")
     assert token.bearer("to") is None
     assert "zq9-secret" not in repr(ServeSettings(tokens={"ci": SecretStr("read:zq9-secret")}))
+
+
+def test_the_health_check_says_503_when_redis_does_not_answer() -> None:
+    dead = "redis://127.0.0.1:1/0"  # nothing listens on port 1
+    client = redis.Redis.from_url(dead, socket_connect_timeout=0.2, retry=Retry(NoBackoff(), 0))
+    dispatcher = Dispatcher.connect(dead, QueueConfig())
+    app = create_app(Conductor(RunStore(client), dispatcher), ServeSettings(), auth_required=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from fastapi.testclient import TestClient
+
+        reply = TestClient(app).get("/api/v1/health")
+    dispatcher.close()
+    assert reply.status_code == 503
+    assert reply.json()["error"]["message"] == "Redis does not answer: ConnectionError"
