@@ -2,9 +2,9 @@
 
 The core objects validate against the Kubernetes 1.30 schemas that `kubernetes-validate` ships;
 KEDA's objects (custom resources) are checked by structure. Cross-references are checked on
-what `kustomize build k8s/` would produce, rendered here by a small loader of
-`kustomization.yaml` (namespace, labels, images, secret generators); where a `kustomize` or
-`kubectl` binary exists, its build is compared with the loader's.
+what `kustomize build k8s/` would produce, rendered by tests/deploy/manifests.py; where a
+`kustomize` or `kubectl` binary exists, its build is compared with that rendering. Pod Security
+and network policies are in test_k8s_security.py, the autoscalers in test_k8s_autoscaling.py.
 """
 
 from __future__ import annotations
@@ -12,192 +12,63 @@ from __future__ import annotations
 import base64
 import os
 import re
-import shutil
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import kubernetes_validate
 import pytest
 import yaml
 
-from orchestrator.pipeline import StageSpec, load_pipeline
+from orchestrator.pipeline import load_pipeline
 from orchestrator.queue import check_time_limits
 from orchestrator.server.app import API
 from orchestrator.server.auth import Authenticator, ServeSettings
 from orchestrator.settings import DEFAULT_MODEL
+from tests.deploy.manifests import (
+    CODE_STAGES,
+    FIXER_STAGES,
+    K8S,
+    NAMESPACE,
+    RENDERED,
+    SANDBOX_NAMESPACE,
+    Doc,
+    config_data,
+    container,
+    containers,
+    copy_with_example_secrets,
+    env,
+    generated_env_files,
+    kustomization,
+    kustomization_directories,
+    kustomize_build,
+    kustomize_command,
+    mebibytes,
+    metrics_port,
+    named,
+    namespace_of,
+    of_kind,
+    pod_labels,
+    selects,
+    sidecars,
+    stage_spec,
+    workers,
+    workloads,
+)
 from workers.settings import WorkerSettings
 
-K8S = Path(__file__).resolve().parents[2] / "k8s"
 KUBERNETES_VERSION = "1.30"
 """The oldest Kubernetes the manifests are for (native sidecars need 1.29 or later)."""
-NAMESPACE = "baton"
 KEDA_API = "keda.sh/v1alpha1"
-FIXER_STAGES = {"triage", "search", "plan", "reproduce", "fix", "pr"}
-REDIS_URL = "redis://:$(BATON_REDIS_PASSWORD)@baton-redis:6379/0"
-MI_B = 1024 * 1024
+REDIS_URL = "redis://:$(BATON_REDIS_PASSWORD)@baton-redis.baton.svc:6379/0"
+"""Redis by its namespace-qualified name: the code stages reach it from their own namespace."""
 METRICS_PORT = 9808
 """`BATON_METRICS_PORT` by convention (workers.settings)."""
-PROMETHEUS_NAMESPACE = "monitoring"
-"""The namespace whose pods may scrape the workers (k8s/README.md, "Network policies")."""
 SERVE_PORT = 8080
+WORKER_SECRETS = {"GOOGLE_API_KEY", "BATON_GITHUB_TOKEN"}
+"""What only workers may get (the GitHub token only pr's: test_k8s_security.py)."""
 HEALTH_PATH = "/api/v1/health"
 """`baton serve`'s probe: it answers without a login, while Redis answers."""
-WORKER_SECRETS = {"GOOGLE_API_KEY", "BATON_GITHUB_TOKEN"}
-"""Keys of `baton-secrets` that only workers may get."""
-
-Doc = dict[str, Any]
-
-
-# -- the loader: what `kustomize build k8s/` produces, for the features k8s/ uses -------------
-
-
-def kustomization() -> Doc:
-    return yaml.safe_load((K8S / "kustomization.yaml").read_text())
-
-
-def env_file(name: str) -> dict[str, str]:
-    """A generator's env file, as its committed example shows it (the operator's own file, with
-    the real values, is never read)."""
-    pairs = {}
-    for line in (K8S / f"{name}.example").read_text().splitlines():
-        if line.strip() and not line.lstrip().startswith("#"):
-            key, _, value = line.partition("=")
-            pairs[key.strip()] = value
-    return pairs
-
-
-def render() -> list[Doc]:
-    spec = kustomization()
-    docs = [
-        doc
-        for resource in spec["resources"]
-        for doc in yaml.safe_load_all((K8S / resource).read_text())
-        if doc
-    ]
-    for generator in spec.get("secretGenerator", []):
-        data = {}
-        for name in generator["envs"]:
-            data.update(env_file(name))
-        encoded = {k: base64.b64encode(v.encode()).decode() for k, v in data.items()}
-        docs.append(
-            {
-                "apiVersion": "v1",
-                "kind": "Secret",
-                "metadata": {"name": generator["name"]},
-                "type": "Opaque",
-                "data": encoded,
-            }
-        )
-    for doc in docs:
-        metadata = doc["metadata"]
-        if doc["kind"] != "Namespace":
-            metadata["namespace"] = spec["namespace"]
-        for label in spec.get("labels", []):
-            metadata.setdefault("labels", {}).update(label["pairs"])
-            if label.get("includeTemplates") and "template" in doc.get("spec", {}):
-                doc["spec"]["template"]["metadata"]["labels"].update(label["pairs"])
-            for claim in doc.get("spec", {}).get("volumeClaimTemplates", []):
-                claim["metadata"].setdefault("labels", {}).update(label["pairs"])
-        for _, container in containers(doc):
-            container["image"] = renamed(container["image"], spec.get("images", []))
-    return docs
-
-
-def renamed(image: str, rules: list[Doc]) -> str:
-    name, _, tag = image.rpartition(":") if ":" in image.rsplit("/", 1)[-1] else (image, "", "")
-    for rule in rules:
-        if rule["name"] == name:
-            return f"{rule.get('newName', name)}:{rule.get('newTag', tag)}"
-    return image
-
-
-def containers(doc: Doc) -> Iterator[tuple[str, Doc]]:
-    """(`init` or `main`, container) of a workload's pod template."""
-    pod = doc.get("spec", {}).get("template", {}).get("spec", {})
-    for container in pod.get("initContainers", []):
-        yield "init", container
-    for container in pod.get("containers", []):
-        yield "main", container
-
-
-RENDERED = render()
-
-
-def of_kind(kind: str) -> list[Doc]:
-    return [doc for doc in RENDERED if doc["kind"] == kind]
-
-
-def named(kind: str, name: str) -> Doc:
-    (doc,) = [doc for doc in of_kind(kind) if doc["metadata"]["name"] == name]
-    return doc
-
-
-def workloads() -> list[Doc]:
-    return of_kind("Deployment") + of_kind("StatefulSet")
-
-
-def workers() -> dict[str, Doc]:
-    """Worker Deployments by the stage they serve."""
-    return {
-        doc["spec"]["template"]["metadata"]["labels"]["baton.dev/stage"]: doc
-        for doc in of_kind("Deployment")
-        if doc["metadata"]["labels"].get("app.kubernetes.io/component") == "worker"
-    }
-
-
-def container(doc: Doc, name: str) -> Doc:
-    (found,) = [c for _, c in containers(doc) if c["name"] == name]
-    return found
-
-
-def sidecars(doc: Doc) -> list[Doc]:
-    return [c for kind, c in containers(doc) if kind == "init" and c.get("restartPolicy")]
-
-
-def env(c: Doc) -> dict[str, Doc]:
-    return {var["name"]: var for var in c.get("env", [])}
-
-
-def config_data() -> dict[str, str]:
-    return named("ConfigMap", "baton-config")["data"]
-
-
-def metrics_port() -> int:
-    return int(config_data()["BATON_METRICS_PORT"])
-
-
-def selects(selector: Doc, labels: dict[str, str]) -> bool:
-    """Kubernetes label-selector semantics (matchLabels and matchExpressions)."""
-    if any(labels.get(k) != v for k, v in selector.get("matchLabels", {}).items()):
-        return False
-    for expr in selector.get("matchExpressions", []):
-        key, values = expr["key"], expr.get("values", [])
-        holds = {
-            "In": labels.get(key) in values,
-            "NotIn": labels.get(key) not in values,
-            "Exists": key in labels,
-            "DoesNotExist": key not in labels,
-        }
-        if not holds[expr["operator"]]:
-            return False
-    return True
-
-
-def pod_labels() -> list[dict[str, str]]:
-    return [doc["spec"]["template"]["metadata"]["labels"] for doc in workloads()]
-
-
-def mebibytes(quantity: str) -> float:
-    units = {"Ki": 1 / 1024, "Mi": 1, "Gi": 1024, "M": 1e6 / MI_B, "G": 1e9 / MI_B}
-    match = re.fullmatch(r"([\d.]+)([A-Za-z]*)", quantity)
-    assert match, quantity
-    return float(match[1]) * units.get(match[2], 1 / MI_B)
-
-
-def stage_spec(stage: str) -> StageSpec:
-    return load_pipeline("fixer").stage(stage)
 
 
 # -- schemas -----------------------------------------------------------------------------------
@@ -205,7 +76,7 @@ def stage_spec(stage: str) -> StageSpec:
 
 def core_ids() -> list[tuple[str, Doc]]:
     return [
-        (f"{doc['kind']}/{doc['metadata']['name']}", doc)
+        (f"{doc['kind']}/{namespace_of(doc)}/{doc['metadata']['name']}", doc)
         for doc in RENDERED
         if not doc["apiVersion"].startswith("keda.sh/")
     ]
@@ -217,11 +88,14 @@ def test_every_core_object_validates_strictly_against_the_kubernetes_schemas(doc
     assert used == KUBERNETES_VERSION
 
 
-def test_the_custom_resources_are_keda_scaled_objects_and_one_trigger_authentication() -> None:
+def test_the_custom_resources_are_keda_scaled_objects_and_a_trigger_authentication_each() -> None:
     custom = [doc for doc in RENDERED if doc["apiVersion"].startswith("keda.sh/")]
     assert {doc["apiVersion"] for doc in custom} == {KEDA_API}
     kinds = [doc["kind"] for doc in custom]
-    assert sorted(kinds) == ["ScaledObject"] * len(FIXER_STAGES) + ["TriggerAuthentication"]
+    assert sorted(kinds) == ["ScaledObject"] * len(FIXER_STAGES) + ["TriggerAuthentication"] * 2
+    # A ScaledObject's TriggerAuthentication must be in its own namespace.
+    authentications = {namespace_of(doc) for doc in of_kind("TriggerAuthentication")}
+    assert authentications == {namespace_of(doc) for doc in of_kind("ScaledObject")}
 
 
 # -- workers and the pipeline ------------------------------------------------------------------
@@ -248,13 +122,6 @@ def test_each_worker_serves_its_own_stage_and_nothing_else(stage: str) -> None:
 
 
 @pytest.mark.parametrize("stage", sorted(FIXER_STAGES))
-def test_the_grace_period_outlasts_the_stage_hard_time_limit(stage: str) -> None:
-    grace_s = workers()[stage]["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
-    assert grace_s == 660
-    assert grace_s >= stage_spec(stage).budget.time_limit_s + 30
-
-
-@pytest.mark.parametrize("stage", sorted(FIXER_STAGES))
 def test_code_stages_have_a_docker_sidecar_and_tool_less_stages_have_none(stage: str) -> None:
     deployment = workers()[stage]
     worker = container(deployment, "worker")
@@ -262,10 +129,11 @@ def test_code_stages_have_a_docker_sidecar_and_tool_less_stages_have_none(stage:
         c for _, c in containers(deployment) if c.get("securityContext", {}).get("privileged")
     ]
     if not stage_spec(stage).tools:
-        assert stage in ("triage", "plan")
+        assert stage not in CODE_STAGES
         assert not privileged and "initContainers" not in deployment["spec"]["template"]["spec"]
         assert "DOCKER_HOST" not in env(worker)
         return
+    assert stage in CODE_STAGES
     (dind,) = sidecars(deployment)
     assert privileged == [dind] and dind["image"].startswith("docker:") and "dind" in dind["image"]
     assert dind["restartPolicy"] == "Always"
@@ -279,7 +147,7 @@ def test_code_stages_have_a_docker_sidecar_and_tool_less_stages_have_none(stage:
     assert "/var/lib/docker" in mounts and "/var/lib/docker" not in worker_mounts
 
 
-@pytest.mark.parametrize("stage", ["search", "fix", "pr"])
+@pytest.mark.parametrize("stage", CODE_STAGES)
 def test_the_sandbox_image_is_pulled_into_the_sidecar_before_the_worker_starts(stage: str) -> None:
     init = [c for kind, c in containers(workers()[stage]) if kind == "init"]
     assert [c["name"] for c in init] == ["dind", "sandbox-image"]
@@ -294,7 +162,7 @@ def test_the_sandbox_image_is_pulled_into_the_sidecar_before_the_worker_starts(s
     assert {"configMapRef": {"name": "baton-config"}} in worker["envFrom"]
 
 
-@pytest.mark.parametrize("stage", ["search", "fix", "pr"])
+@pytest.mark.parametrize("stage", CODE_STAGES)
 def test_the_sidecar_memory_holds_every_sandbox_the_worker_may_run_at_once(stage: str) -> None:
     deployment = workers()[stage]
     concurrency = int(container(deployment, "worker")["args"][-1])
@@ -331,7 +199,9 @@ def test_each_worker_serves_metrics_on_the_config_map_port_its_annotations_annou
     assert worker["ports"] == [{"name": "metrics", "containerPort": port}]
     others = [c["name"] for _, c in containers(deployment) if c is not worker and "ports" in c]
     assert others == []
-    assert deployment["spec"]["template"]["metadata"]["annotations"] == {
+    annotations = deployment["spec"]["template"]["metadata"]["annotations"]
+    announced = {k: v for k, v in annotations.items() if k.startswith("prometheus.io/")}
+    assert announced == {
         "prometheus.io/scrape": "true",
         "prometheus.io/port": str(port),
         "prometheus.io/path": "/metrics",
@@ -358,71 +228,6 @@ def test_workers_write_only_to_volumes_under_a_read_only_root(stage: str) -> Non
         assert any(path == mount or path.startswith(mount + "/") for mount in mounted), path
 
 
-@pytest.mark.parametrize("stage", sorted(FIXER_STAGES))
-def test_only_the_publishing_stage_gets_the_github_token(stage: str) -> None:
-    worker = container(workers()[stage], "worker")
-    publishes = "publish" in stage_spec(stage).tools
-    assert publishes == (stage == "pr")
-    assert ("BATON_GITHUB_TOKEN" in env(worker)) == publishes
-    assert env(worker)["GOOGLE_API_KEY"]["valueFrom"]["secretKeyRef"]["name"] == "baton-secrets"
-
-
-# -- KEDA --------------------------------------------------------------------------------------
-
-
-def scaled_objects() -> dict[str, Doc]:
-    """ScaledObjects by the stage of the Deployment they scale."""
-    by_name = {doc["metadata"]["name"]: stage for stage, doc in workers().items()}
-    found = {}
-    for scaled in of_kind("ScaledObject"):
-        assert scaled["apiVersion"] == KEDA_API
-        target = scaled["spec"]["scaleTargetRef"]
-        assert target.get("kind", "Deployment") == "Deployment"
-        assert target["name"] in by_name, f"{target['name']} is no worker Deployment"
-        found[by_name[target["name"]]] = scaled
-    return found
-
-
-def test_every_worker_deployment_has_exactly_one_scaled_object() -> None:
-    assert len(of_kind("ScaledObject")) == len(workers())
-    assert set(scaled_objects()) == FIXER_STAGES
-
-
-@pytest.mark.parametrize("stage", sorted(FIXER_STAGES))
-def test_each_scaled_object_watches_its_stage_queue_in_baton_redis(stage: str) -> None:
-    (trigger,) = scaled_objects()[stage]["spec"]["triggers"]
-    assert trigger["type"] == "redis"
-    meta = trigger["metadata"]
-    assert meta["listName"] == stage_spec(stage).queue == f"baton.{stage}"
-    concurrency = container(workers()[stage], "worker")["args"][-1]
-    assert meta["listLength"] == concurrency
-    assert meta["activationListLength"] == "0"
-    assert meta["databaseIndex"] == REDIS_URL.rsplit("/", 1)[1] == "0"
-    host, port = meta["address"].split(":")
-    service, namespace, svc = host.split(".")
-    assert (namespace, svc) == (NAMESPACE, "svc")
-    assert [p["port"] for p in named("Service", service)["spec"]["ports"]] == [int(port)]
-    auth = named("TriggerAuthentication", trigger["authenticationRef"]["name"])
-    assert auth["spec"]["secretTargetRef"] == [
-        {"parameter": "password", "name": "baton-secrets", "key": "BATON_REDIS_PASSWORD"}
-    ]
-
-
-@pytest.mark.parametrize("stage", sorted(FIXER_STAGES))
-def test_scale_down_waits_longer_than_a_stage_may_run(stage: str) -> None:
-    spec = scaled_objects()[stage]["spec"]
-    limit_s = stage_spec(stage).budget.time_limit_s
-    behavior = spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]
-    assert spec["cooldownPeriod"] > limit_s
-    assert behavior["scaleDown"]["stabilizationWindowSeconds"] > limit_s
-    assert 0 <= spec["minReplicaCount"] < spec["maxReplicaCount"]
-
-
-def test_one_stage_never_scales_to_zero_so_the_reconciler_always_runs() -> None:
-    minimum = {stage: doc["spec"]["minReplicaCount"] for stage, doc in scaled_objects().items()}
-    assert minimum == {"triage": 1, "search": 0, "plan": 0, "reproduce": 0, "fix": 0, "pr": 0}
-
-
 # -- Redis, Flower, serve, secrets -------------------------------------------------------------
 
 
@@ -442,8 +247,11 @@ def test_every_redis_client_builds_the_same_url_from_the_secret_password() -> No
             "name": "baton-secrets",
             "key": "BATON_REDIS_PASSWORD",
         }
+    # The Service by its namespace-qualified name, in the namespace where it really is.
     service = named("Service", "baton-redis")
-    assert service["spec"]["ports"][0]["port"] == 6379
+    host, port = REDIS_URL.split("@")[1].split("/")[0].split(":")
+    assert host == f"baton-redis.{namespace_of(service)}.svc"
+    assert service["spec"]["ports"][0]["port"] == int(port)
 
 
 def test_dollar_references_name_variables_the_container_defines() -> None:
@@ -465,11 +273,14 @@ def test_redis_persists_every_second_never_evicts_and_keeps_its_password_off_arg
     server = container(redis, "redis")
     shell, flag, script = server["command"]
     assert (shell, flag) == ("sh", "-c") and "args" not in server
-    command = script.split("<<")[0].replace("\\\n", " ").split()
-    assert command[:3] == ["exec", "redis-server", "-"]  # configuration on stdin, then flags
-    flags = dict(zip(command[3::2], command[4::2], strict=True))
+    command = script.split("<<")[0].split("exec ", 1)[1].replace("\\\n", " ").split()
+    assert command[:2] == ["redis-server", "-"]  # configuration on stdin, then flags
+    flags = dict(zip(command[2::2], command[3::2], strict=True))
     assert flags["--appendonly"] == "yes" and flags["--appendfsync"] == "everysec"
     assert flags["--maxmemory-policy"] == "noeviction"
+    # Room under the container's limit for the fork of an AOF rewrite.
+    limit_mb = mebibytes(server["resources"]["limits"]["memory"])
+    assert mebibytes(flags["--maxmemory"].removesuffix("b").upper()) <= 0.6 * limit_mb
     assert 'requirepass "$REDISCLI_AUTH"' in script.splitlines()
     secret = env(server)["REDISCLI_AUTH"]["valueFrom"]["secretKeyRef"]
     assert secret == {"name": "baton-secrets", "key": "BATON_REDIS_PASSWORD"}
@@ -551,7 +362,7 @@ def test_serve_settings_read_from_its_environment_make_a_control_login(
     secret = named("Secret", "baton-serve-auth")["data"]
     values = {key: base64.b64decode(value).decode() for key, value in secret.items()}
     # The examples the operator may uncomment count too.
-    for line in (K8S / "serve.env.example").read_text().splitlines():
+    for line in (K8S / "baton" / "serve.env.example").read_text().splitlines():
         if line.startswith("#BATON_SERVE_"):
             key, _, value = line.removeprefix("#").partition("=")
             values[key] = value
@@ -597,26 +408,6 @@ def test_every_pod_goes_without_service_links_and_service_account_token() -> Non
         assert pod["automountServiceAccountToken"] is False, doc["metadata"]["name"]
 
 
-def test_every_container_but_the_docker_sidecar_runs_unprivileged() -> None:
-    for doc in workloads():
-        pod = doc["spec"]["template"]["spec"]
-        assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
-        for _, c in containers(doc):
-            if c["name"] == "dind":
-                continue
-            context = c["securityContext"]
-            non_root = context.get("runAsNonRoot", pod["securityContext"].get("runAsNonRoot"))
-            assert non_root is True, c["name"]
-            assert context["allowPrivilegeEscalation"] is False, c["name"]
-            assert context["capabilities"] == {"drop": ["ALL"]}, c["name"]
-            assert "resources" in c and "limits" in c["resources"], c["name"]
-
-
-def test_the_namespace_admits_the_privileged_docker_sidecar_in_so_many_words() -> None:
-    labels = named("Namespace", NAMESPACE)["metadata"]["labels"]
-    assert labels["pod-security.kubernetes.io/enforce"] == "privileged"
-
-
 def test_baton_containers_run_the_image_make_images_builds_renamed_by_kustomize() -> None:
     (rule,) = kustomization()["images"]
     assert (rule["name"], rule["newTag"]) == ("baton", "0.1.0")
@@ -624,7 +415,7 @@ def test_baton_containers_run_the_image_make_images_builds_renamed_by_kustomize(
     baton = [c for doc in workloads() for _, c in containers(doc) if c["name"] in roles]
     assert len(baton) == len(FIXER_STAGES) + 2
     assert {c["image"] for c in baton} == {f"{rule['newName']}:0.1.0"}
-    for manifest in ("worker-fix.yaml", "flower.yaml", "serve.yaml"):
+    for manifest in ("sandbox/worker-fix.yaml", "baton/flower.yaml", "baton/serve.yaml"):
         assert "image: baton:0.1.0" in (K8S / manifest).read_text(), manifest
 
 
@@ -637,10 +428,11 @@ def test_every_workload_selector_matches_its_own_pod_template() -> None:
         assert selects(doc["spec"]["selector"], labels), doc["metadata"]["name"]
 
 
-def test_every_service_selects_the_pods_of_some_workload() -> None:
+def test_every_service_selects_the_pods_of_some_workload_in_its_namespace() -> None:
     for service in of_kind("Service"):
         selector = {"matchLabels": service["spec"]["selector"]}
-        assert any(selects(selector, labels) for labels in pod_labels()), service["metadata"]
+        here = pod_labels(namespace_of(service))
+        assert any(selects(selector, labels) for labels in here), service["metadata"]
 
 
 REF_KINDS = {
@@ -655,157 +447,71 @@ class Reference(NamedTuple):
     """A Secret or ConfigMap something refers to: one key of it, or all (`key` None)."""
 
     kind: str
+    namespace: str
+    """Where it must be: the namespace of whatever refers to it."""
     name: str
     key: str | None
     optional: bool = False
     """The pod starts without it (`optional: true`): a key the operator may leave out."""
 
 
-def container_references(c: Doc) -> Iterator[Reference]:
+def container_references(c: Doc, namespace: str) -> Iterator[Reference]:
     for var in c.get("env", []):
         for ref_kind, ref in var.get("valueFrom", {}).items():
             if ref_kind in REF_KINDS:
                 optional = ref.get("optional", False)
-                yield Reference(REF_KINDS[ref_kind], ref["name"], ref["key"], optional)
+                yield Reference(REF_KINDS[ref_kind], namespace, ref["name"], ref["key"], optional)
     for source in c.get("envFrom", []):
         for ref_kind, ref in source.items():
             if ref_kind in REF_KINDS:
-                yield Reference(REF_KINDS[ref_kind], ref["name"], None)
+                yield Reference(REF_KINDS[ref_kind], namespace, ref["name"], None)
 
 
 def references() -> Iterator[Reference]:
     """Every Secret and ConfigMap something refers to."""
     for doc in workloads():
+        namespace = namespace_of(doc)
         for _, c in containers(doc):
-            yield from container_references(c)
+            yield from container_references(c, namespace)
         for volume in doc["spec"]["template"]["spec"].get("volumes", []):
             if "secret" in volume:
-                yield Reference("Secret", volume["secret"]["secretName"], None)
+                yield Reference("Secret", namespace, volume["secret"]["secretName"], None)
             if "configMap" in volume:
-                yield Reference("ConfigMap", volume["configMap"]["name"], None)
+                yield Reference("ConfigMap", namespace, volume["configMap"]["name"], None)
     for auth in of_kind("TriggerAuthentication"):
         for ref in auth["spec"].get("secretTargetRef", []):
-            yield Reference("Secret", ref["name"], ref["key"])
+            yield Reference("Secret", namespace_of(auth), ref["name"], ref["key"])
 
 
 def test_every_secret_and_config_map_reference_names_a_key_the_kustomization_defines() -> None:
     found = list(references())
-    assert {(ref.kind, ref.name) for ref in found} == {
-        ("Secret", "baton-secrets"),
-        ("Secret", "baton-flower-auth"),
-        ("Secret", "baton-serve-auth"),
-        ("ConfigMap", "baton-config"),
+    assert {(ref.kind, ref.namespace, ref.name) for ref in found} == {
+        ("Secret", NAMESPACE, "baton-secrets"),
+        ("Secret", NAMESPACE, "baton-flower-auth"),
+        ("Secret", NAMESPACE, "baton-serve-auth"),
+        ("ConfigMap", NAMESPACE, "baton-config"),
+        ("Secret", SANDBOX_NAMESPACE, "baton-secrets"),
+        ("Secret", SANDBOX_NAMESPACE, "baton-github"),
+        ("ConfigMap", SANDBOX_NAMESPACE, "baton-config"),
     }
     for ref in found:
-        doc = named(ref.kind, ref.name)
+        doc = named(ref.kind, ref.name, ref.namespace)
         if ref.key is not None and not ref.optional:
             assert ref.key in doc["data"], f"{ref.kind} {ref.name} has no key {ref.key}"
     # An optional key is still one the example shows (maybe commented out), for the operator.
-    generated = {gen["name"]: gen["envs"] for gen in kustomization()["secretGenerator"]}
     for ref in found:
         if ref.optional:
             lines = [
                 line.lstrip("#")
-                for name in generated[ref.name]
-                for line in (K8S / f"{name}.example").read_text().splitlines()
+                for path in generated_env_files()[ref.name]
+                for line in path.with_name(f"{path.name}.example").read_text().splitlines()
             ]
             assert any(line.startswith(f"{ref.key}=") for line in lines), ref
 
 
-def test_worker_secrets_reach_worker_containers_only() -> None:
-    for doc in workloads():
-        for _, c in containers(doc):
-            if c["name"] == "worker":
-                continue
-            secrets = [ref for ref in container_references(c) if ref.kind == "Secret"]
-            assert all(ref.key is not None for ref in secrets), f"{c['name']}: a whole Secret"
-            leaked = {ref.key for ref in secrets} & WORKER_SECRETS
-            assert not leaked, f"{c['name']} gets {leaked}"
-            assert not set(env(c)) & WORKER_SECRETS, c["name"]
-
-
-def test_network_policy_selectors_match_real_pods() -> None:
-    for policy in of_kind("NetworkPolicy"):
-        spec = policy["spec"]
-        if spec["podSelector"]:
-            assert any(selects(spec["podSelector"], labels) for labels in pod_labels())
-        for rule in spec.get("ingress", []) + spec.get("egress", []):
-            for peer in rule.get("from", []) + rule.get("to", []):
-                if "podSelector" in peer and "namespaceSelector" not in peer:
-                    assert any(selects(peer["podSelector"], labels) for labels in pod_labels())
-
-
-def test_the_namespace_denies_all_traffic_unless_a_policy_allows_it() -> None:
-    deny = named("NetworkPolicy", "baton-default-deny")["spec"]
-    assert deny == {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]}
-
-
-def peers_and_ports(policy: str, direction: str) -> tuple[list[Doc], set[tuple[str, int]]]:
-    rules = named("NetworkPolicy", policy)["spec"].get(direction, [])
-    peers = [peer for rule in rules for peer in rule.get("from", []) + rule.get("to", [])]
-    ports = {(p["protocol"], p["port"]) for rule in rules for p in rule.get("ports", [])}
-    return peers, ports
-
-
-def test_redis_accepts_only_workers_flower_serve_and_keda_on_its_port() -> None:
-    peers, ports = peers_and_ports("baton-redis", "ingress")
-    local = [p["podSelector"]["matchLabels"] for p in peers if "namespaceSelector" not in p]
-    components = {labels["app.kubernetes.io/component"] for labels in local}
-    assert components == {"worker", "flower", "serve"}
-    keda = [p for p in peers if "namespaceSelector" in p]
-    assert [p["namespaceSelector"]["matchLabels"] for p in keda] == [
-        {"kubernetes.io/metadata.name": "keda"}
-    ]
-    assert ports == {("TCP", 6379)}
-
-
-def policies_admitting(labels: dict[str, str]) -> list[str]:
-    """NetworkPolicies that select pods with these labels and allow some ingress to them."""
-    return [
-        policy["metadata"]["name"]
-        for policy in of_kind("NetworkPolicy")
-        if selects(policy["spec"]["podSelector"], labels) and policy["spec"].get("ingress")
-    ]
-
-
-def test_workers_reach_only_dns_redis_and_https_and_accept_only_metrics_scrapes() -> None:
-    _, egress = peers_and_ports("baton-workers", "egress")
-    assert egress == {("UDP", 53), ("TCP", 53), ("TCP", 6379), ("TCP", 443)}
-    # One rule: the metrics port, from any pod of the Prometheus namespace, and nothing else.
-    assert named("NetworkPolicy", "baton-workers")["spec"]["ingress"] == [
-        {
-            "from": [
-                {
-                    "namespaceSelector": {
-                        "matchLabels": {"kubernetes.io/metadata.name": PROMETHEUS_NAMESPACE}
-                    }
-                }
-            ],
-            "ports": [{"protocol": "TCP", "port": METRICS_PORT}],
-        }
-    ]
-    assert metrics_port() == METRICS_PORT
-    for stage, deployment in workers().items():
-        labels = deployment["spec"]["template"]["metadata"]["labels"]
-        assert policies_admitting(labels) == ["baton-workers"], stage
-    _, flower_in = peers_and_ports("baton-flower", "ingress")
-    _, flower_out = peers_and_ports("baton-flower", "egress")
-    assert flower_in == {("TCP", 5555)}
-    assert flower_out == {("UDP", 53), ("TCP", 53), ("TCP", 6379)}
-
-
-@pytest.mark.parametrize(("component", "port"), [("flower", 5555), ("serve", SERVE_PORT)])
-def test_web_pods_reach_only_dns_and_redis_and_accept_only_their_own_port(
-    component: str, port: int
-) -> None:
-    policy = f"baton-{component}"
-    peers_in, ports_in = peers_and_ports(policy, "ingress")
-    peers_out, ports_out = peers_and_ports(policy, "egress")
-    assert peers_in == [] and ports_in == {("TCP", port)}  # from anywhere, to this port only
-    assert ports_out == {("UDP", 53), ("TCP", 53), ("TCP", 6379)}
-    assert not any("ipBlock" in peer for peer in peers_out)
-    labels = named("Deployment", policy)["spec"]["template"]["metadata"]["labels"]
-    assert policies_admitting(labels) == [policy]
+def test_both_namespaces_hold_the_same_settings() -> None:
+    assert config_data(NAMESPACE) == config_data(SANDBOX_NAMESPACE)
+    assert len(config_data()) > 10
 
 
 # -- settings ----------------------------------------------------------------------------------
@@ -834,54 +540,57 @@ def test_the_config_map_holds_only_settings_baton_reads(monkeypatch: pytest.Monk
 # -- the kustomization -------------------------------------------------------------------------
 
 
-def test_the_kustomization_lists_every_manifest_and_only_existing_files() -> None:
-    spec = kustomization()
-    listed = spec["resources"]
-    assert len(set(listed)) == len(listed)
-    assert all((K8S / name).is_file() for name in listed)
-    manifests = {p.name for p in K8S.glob("*.yaml")} - {"kustomization.yaml"}
-    assert set(listed) == manifests
-    env_files = [name for gen in spec["secretGenerator"] for name in gen["envs"]]
-    examples = {p.name.removesuffix(".example") for p in K8S.glob("*.example")}
-    assert sorted(examples) == sorted(env_files) == ["flower.env", "secrets.env", "serve.env"]
+def test_each_kustomization_lists_every_manifest_beside_it_and_only_existing_files() -> None:
+    for directory in kustomization_directories():
+        spec = kustomization(directory)
+        listed = spec["resources"]
+        assert len(set(listed)) == len(listed), directory
+        assert all((directory / name).exists() for name in listed), directory
+        manifests = {p.name for p in directory.glob("*.yaml")} - {"kustomization.yaml"}
+        assert {name for name in listed if name.endswith(".yaml")} == manifests - {
+            "namespaces.yaml"  # applied by hand (test_k8s_security.py)
+        }, directory
+        env_files = [name for gen in spec.get("secretGenerator", []) for name in gen["envs"]]
+        examples = {p.name.removesuffix(".example") for p in directory.glob("*.example")}
+        assert sorted(examples) == sorted(env_files), directory
+        # Nothing else: the env files themselves are the operator's, git-ignored.
+        others = {"kustomization.yaml", "README.md", ".gitignore", "namespaces.yaml", *env_files}
+        subdirectories = {d.name for d in kustomization_directories() if d.parent == directory}
+        allowed = manifests | examples | {f"{n}.example" for n in env_files} | others
+        assert {p.name for p in directory.iterdir()} <= allowed | subdirectories, directory
     ignored = (K8S / ".gitignore").read_text().splitlines()
-    assert all(name in ignored for name in env_files)
-    # Nothing else: the env files themselves are the operator's, git-ignored.
-    others = {"kustomization.yaml", "README.md", ".gitignore", *env_files}
-    allowed = manifests | {f"{name}.example" for name in env_files} | others
-    assert {p.name for p in K8S.iterdir()} <= allowed
+    assert {path.name for paths in generated_env_files().values() for path in paths} == {
+        "secrets.env",
+        "flower.env",
+        "serve.env",
+        "github.env",
+    }
+    assert all(path.name in ignored for paths in generated_env_files().values() for path in paths)
 
 
-def test_manifests_leave_the_namespace_to_the_kustomization() -> None:
-    assert kustomization()["namespace"] == NAMESPACE
-    assert [doc["metadata"]["name"] for doc in of_kind("Namespace")] == [NAMESPACE]
-    for resource in kustomization()["resources"]:
-        for doc in yaml.safe_load_all((K8S / resource).read_text()):
-            assert "namespace" not in doc["metadata"], f"{resource}: {doc['metadata']['name']}"
-
-
-def kustomize_command() -> list[str] | None:
-    if shutil.which("kustomize"):
-        return ["kustomize", "build"]
-    if shutil.which("kubectl"):
-        return ["kubectl", "kustomize"]
-    return None
+def test_the_namespaces_are_set_by_the_two_kustomizations_and_nowhere_else() -> None:
+    assert "namespace" not in kustomization()
+    assert kustomization(K8S / "baton")["namespace"] == NAMESPACE
+    assert kustomization(K8S / "sandbox")["namespace"] == SANDBOX_NAMESPACE
+    assert "namespace" not in kustomization(K8S / "common")
+    for directory in kustomization_directories():
+        for resource in kustomization(directory)["resources"]:
+            if (directory / resource).is_file():
+                for doc in yaml.safe_load_all((directory / resource).read_text()):
+                    assert "namespace" not in doc["metadata"], f"{resource}: {doc['metadata']}"
+        for generator in kustomization(directory).get("secretGenerator", []):
+            assert "namespace" not in generator, generator["name"]
+    assert {namespace_of(doc) for doc in RENDERED} == {NAMESPACE, SANDBOX_NAMESPACE}
+    assert of_kind("Namespace") == []  # namespaces.yaml, applied by hand
 
 
 @pytest.mark.skipif(kustomize_command() is None, reason="no kustomize or kubectl binary")
 def test_kustomize_builds_the_objects_the_loader_renders(tmp_path: Path) -> None:
-    build = tmp_path / "k8s"
-    examples = [p.name for p in K8S.glob("*.example")]
-    real = [name.removesuffix(".example") for name in examples]
-    shutil.copytree(K8S, build, ignore=lambda _, names: [n for n in names if n in real])
-    for example in examples:
-        shutil.copy(build / example, build / example.removesuffix(".example"))
-    command = kustomize_command()
-    assert command is not None
-    out = subprocess.run([*command, str(build)], capture_output=True, text=True, check=True)
-    built = [doc for doc in yaml.safe_load_all(out.stdout) if doc]
-    assert sorted((d["kind"], d["metadata"]["name"]) for d in built) == sorted(
-        (d["kind"], d["metadata"]["name"]) for d in RENDERED
-    )
+    built = kustomize_build(copy_with_example_secrets(tmp_path))
+
+    def ids(docs: list[Doc]) -> list[tuple[str, str, str]]:
+        return sorted((d["kind"], namespace_of(d), d["metadata"]["name"]) for d in docs)
+
+    assert ids(built) == ids(RENDERED)
     for doc in RENDERED:
         assert doc in built, f"kustomize renders {doc['kind']} {doc['metadata']['name']} otherwise"
