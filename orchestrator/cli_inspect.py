@@ -303,6 +303,7 @@ def serve(port: int, address: str, no_auth: bool) -> None:
     from orchestrator.server.auth import Authenticator, ServeSettings
 
     serve_settings = ServeSettings()
+    serve_settings.check_secrets()
     if not no_auth and not Authenticator(serve_settings).configured:
         raise ConfigError(
             "baton serve needs a login or a token (BATON_SERVE_USER and BATON_SERVE_PASSWORD, "

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from orchestrator.errors import ConfigError
+from orchestrator.settings import refuse_placeholders
 
 MAX_TASKS = 10_000
 """Tasks Flower keeps in memory (its own default, 100,000, grows without need: five per run)."""
@@ -74,6 +75,7 @@ def flower_config(
             "BATON_FLOWER_USER and BATON_FLOWER_PASSWORD must both be set for Flower's login; "
             "set them, or pass --no-auth to serve Flower to anyone who can reach it"
         )
+    refuse_placeholders({"BATON_FLOWER_PASSWORD": password})
     if ":" in credentials.user or "," in credentials.user + password:
         # Flower splits its list of logins on commas, and a login on the first colon.
         raise ConfigError(

@@ -16,6 +16,9 @@ FAKE_API_KEY = "fake-gemini-key"
 """The key Baton hands the real client when it talks to the bundled fake server."""
 GEMINI_API_URL = "https://generativelanguage.googleapis.com"
 """Where google-genai sends requests when no base URL is set: Google's Gemini API."""
+PLACEHOLDERS = ("change-me", "replace-with")
+"""How the passwords and secrets of the example files (.env.example, k8s/*/*.env.example) begin:
+a value that still does is refused, never used as a login."""
 DEFAULT_MODEL = "gemini-3.8-flash"
 """The model stages use unless `BATON_MODEL` names another: the newest generally available
 Gemini 3 Flash model (Google's agentic workhorse), which requires thought signatures back on
@@ -140,3 +143,16 @@ class Settings(BaseSettings):
                 "BATON_REDIS_URL is not set; point it at your Redis, e.g. redis://localhost:6379/0"
             )
         return self.redis_url
+
+
+def refuse_placeholders(secrets: dict[str, str | None]) -> None:
+    """Raises `ConfigError` naming each variable (`{name: value}`) still holding an example
+    file's placeholder."""
+    left = sorted(
+        name for name, value in secrets.items() if value and value.startswith(PLACEHOLDERS)
+    )
+    if left:
+        raise ConfigError(
+            f"{', '.join(left)} still hold the example's placeholder; set secrets of your own "
+            "(openssl rand -hex 24)"
+        )

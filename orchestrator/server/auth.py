@@ -30,6 +30,7 @@ from pydantic import SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from orchestrator.errors import ConfigError
+from orchestrator.settings import refuse_placeholders
 
 Scope = Literal["read", "control"]
 SCOPES: tuple[Scope, ...] = ("read", "control")
@@ -60,6 +61,21 @@ class ServeSettings(BaseSettings):
     """Where Flower is, for the UI's links to the task view."""
     max_body_bytes: int = 64 * 1024
     """Requests with a bigger body are refused (413) before it is read."""
+
+    def check_secrets(self) -> None:
+        """Raises `ConfigError` if a password, token or the cookie key is still an example
+        file's placeholder (`baton serve` checks before it starts)."""
+        secrets: dict[str, str | None] = {
+            "BATON_SERVE_PASSWORD": _value(self.password),
+            "BATON_SERVE_SECRET": _value(self.secret),
+        }
+        for table, variable in (
+            (self.logins, "BATON_SERVE_LOGINS"),
+            (self.tokens, "BATON_SERVE_TOKENS"),
+        ):
+            for name, value in table.items():
+                secrets[f"{variable}[{name}]"] = value.get_secret_value().partition(":")[2]
+        refuse_placeholders(secrets)
 
     @field_validator("logins", "tokens")
     @classmethod
@@ -157,6 +173,10 @@ class Authenticator:
 
     def _sign(self, payload: str) -> str:
         return hmac.new(self._key, payload.encode(), hashlib.sha256).hexdigest()
+
+
+def _value(secret: SecretStr | None) -> str | None:
+    return secret.get_secret_value() if secret else None
 
 
 def _credentials(table: dict[str, SecretStr]) -> dict[str, _Credential]:

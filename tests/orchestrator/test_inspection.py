@@ -17,6 +17,7 @@ from redis.retry import Retry
 from orchestrator import inspection
 from orchestrator.conductor import Conductor
 from orchestrator.errors import ArtifactNotFoundError, ConfigError
+from orchestrator.flower import FlowerCredentials, flower_config
 from orchestrator.models import (
     ArtifactRef,
     Issue,
@@ -200,3 +201,23 @@ def test_the_health_check_says_503_when_redis_does_not_answer() -> None:
     dispatcher.close()
     assert reply.status_code == 503
     assert reply.json()["error"]["message"] == "Redis does not answer: ConnectionError"
+
+
+def test_the_example_files_placeholders_are_refused_as_secrets() -> None:
+    examples = ServeSettings(
+        user="ana", password=SecretStr("change-me-as-well"),
+        secret=SecretStr("replace-with-openssl-rand-hex-32"),
+        tokens={"ci": SecretStr("read:change-me"), "ok": SecretStr("read:9f8e7d")},
+    )  # fmt: skip
+    with pytest.raises(ConfigError) as refused:
+        examples.check_secrets()
+    assert str(refused.value).startswith(
+        "BATON_SERVE_PASSWORD, BATON_SERVE_SECRET, BATON_SERVE_TOKENS[ci] still hold the "
+        "example's placeholder"
+    )
+    ServeSettings(user="ana", password=SecretStr("9f8e7d6c")).check_secrets()  # no error
+    with pytest.raises(ConfigError, match="BATON_FLOWER_PASSWORD still hold"):
+        flower_config(
+            "redis://r", FlowerCredentials(user="ops", password=SecretStr("change-me-too")),
+            port=5555, address="0.0.0.0", auth=True,
+        )  # fmt: skip
