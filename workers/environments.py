@@ -19,6 +19,7 @@ import json
 import logging
 import tarfile
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -53,8 +54,10 @@ their environment without reading the tree again."""
 KEY_OF_TTL_S = 7 * 24 * 3600
 FAILED_TTL_S = 600
 """How long a failed build's record stops other workers from building the same key again."""
-LOCK_TTL_S = 3600
-"""Longest a build may hold its lock; a builder that died frees it after this."""
+LOCK_TTL_S = 60.0
+"""How long the build lock lasts unless renewed: its holder renews it while it builds (a build
+may take as long as it needs), so a builder that died — a SIGKILLed worker — frees it within
+this."""
 LOCK_WAIT_S = 3600
 TAIL_LINES = 40
 
@@ -74,6 +77,55 @@ class Environment:
     """This call built it (else it was there already)."""
     build_log: str = ""
     test_log: str = ""
+
+
+class BuildLock:
+    """The fleet-wide lock on building one environment, for a `with` block.
+
+    Held for `ttl_s` and renewed every third of it from a thread while the block runs, so that
+    a build may take as long as it needs while a builder that dies without releasing it (a
+    SIGKILLed worker) holds up the others for `ttl_s` at most.
+
+    Raises:
+        EnvironmentBuildError: the lock was not free within `wait_s`.
+    """
+
+    def __init__(
+        self, client: redis.Redis, key: str, *, ttl_s: float = LOCK_TTL_S,
+        wait_s: float = LOCK_WAIT_S,
+    ) -> None:  # fmt: skip
+        self.key = key
+        self.ttl_s = ttl_s
+        # Not thread-local: the renewing thread must see the token the acquiring one got.
+        self._lock = client.lock(
+            LOCK_PREFIX + key, timeout=ttl_s, blocking_timeout=wait_s, thread_local=False
+        )
+        self._wait_s = wait_s
+        self._done = threading.Event()
+        self._renewer = threading.Thread(target=self._renew, name="baton-build-lock", daemon=True)
+
+    def __enter__(self) -> BuildLock:
+        if not self._lock.acquire():
+            raise EnvironmentBuildError(
+                f"environment {self.key}: no build lock after {self._wait_s:.0f}s"
+            )
+        self._renewer.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._done.set()
+        self._renewer.join()
+        try:
+            self._lock.release()
+        except redis.exceptions.LockError:
+            logger.warning("environment %s: the build lock had expired", self.key)
+
+    def _renew(self) -> None:
+        while not self._done.wait(self.ttl_s / 3):
+            try:
+                self._lock.extend(self.ttl_s, replace_ttl=True)
+            except redis.exceptions.RedisError as exc:  # lost, or Redis away: the next try
+                logger.warning("environment %s: build lock not renewed: %s", self.key, exc)
 
 
 class Environments:
@@ -128,24 +180,12 @@ class Environments:
             found = self._found(client, key)
             if found is not None:
                 return found
-            lock = self.redis.lock(
-                LOCK_PREFIX + key, timeout=LOCK_TTL_S, blocking_timeout=LOCK_WAIT_S
-            )
             say(f"environment {key} is not built yet: taking its build lock")
-            if not lock.acquire():
-                raise EnvironmentBuildError(
-                    f"environment {key}: no build lock after {LOCK_WAIT_S}s"
-                )
-            try:
+            with BuildLock(self.redis, key):
                 found = self._found(client, key)  # built by another worker while we waited
                 if found is not None:
                     return found
                 return self._build(client, key, spec, tree, repo, say)
-            finally:
-                try:
-                    lock.release()
-                except redis.exceptions.LockError:
-                    logger.warning("environment %s: the build lock had expired", key)
 
     def prune(self, *, older_than_s: float, dry_run: bool = False) -> list[str]:
         """Remove the environments (image and record) not used for `older_than_s`; the keys."""

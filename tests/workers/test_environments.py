@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import io
 import tarfile
+import time
 
 import pytest
+import redis
 
 from workers import environments
 
@@ -56,3 +58,25 @@ def test_a_tree_with_a_path_out_of_it_is_refused_without_the_data_filter(
 
     with pytest.raises(ValueError, match=r"'\.\./escape\.txt'"):
         environments._spec_and_key(tar({"../escape.txt": b"x"}), None, "base")
+
+
+def test_a_builder_that_died_holds_the_build_lock_up_for_its_ttl_only(
+    redis_client: redis.Redis,
+) -> None:
+    # A worker SIGKILLed mid-build: the lock stays, with the TTL it was last given, unrenewed.
+    redis_client.set(environments.LOCK_PREFIX + "k1", "dead-builder", px=1500)
+    started = time.monotonic()
+    with environments.BuildLock(redis_client, "k1", ttl_s=1.5, wait_s=10):
+        waited = time.monotonic() - started
+    assert 1.0 < waited < 3.0
+    assert not redis_client.exists(environments.LOCK_PREFIX + "k1")  # released after the block
+
+
+def test_a_live_builder_keeps_its_lock_for_as_long_as_it_builds(redis_client: redis.Redis) -> None:
+    with environments.BuildLock(redis_client, "k2", ttl_s=0.6, wait_s=1):
+        time.sleep(2.0)  # more than three times the lock's TTL: renewed meanwhile
+        assert redis_client.exists(environments.LOCK_PREFIX + "k2")
+        with pytest.raises(environments.EnvironmentBuildError, match="no build lock after 1s"):
+            with environments.BuildLock(redis_client, "k2", ttl_s=0.6, wait_s=1):
+                pass
+    assert not redis_client.exists(environments.LOCK_PREFIX + "k2")
