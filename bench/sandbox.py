@@ -1,14 +1,17 @@
-"""Sandbox start-up cost: a whole `DockerSandbox` use against a bare `docker run`.
+"""Sandbox start-up cost: a whole `DockerSandbox` use against a bare `docker run`, on each
+sandbox host (OCI runtime).
 
-Interleaved in one run, `RUNS` times each (the order alternates between rounds):
+Interleaved in one run, `RUNS` times each (the order rotates between rounds):
 
   (1) `with DockerSandbox.start(cfg) as box: box.exec(["true"])`: create and start a hardened
       container, run one command through the exec path (wrapper, deadline reader, inspect),
-      remove the container and its workspace volume;
+      remove the container and its workspace volume — under runc, dockerd's default;
+  (1') the same under gVisor's `runsc` (`SandboxConfig.runtime`; README, "Sandbox hosts");
   (2) `docker run --rm IMAGE true` through the CLI: no hardening, no volume, no exec.
 
-The figure of interest is (1) / (2): the sandbox should cost no more than a bare `docker run`.
-The phases of (1) are timed too: start (create + start), exec, removal.
+The figure of interest is (1) / (2): the sandbox should cost no more than a bare `docker run`;
+(1') / (1) is what gVisor's user-space kernel costs at start. The phases of (1) and (1') are
+timed too: start (create + start), exec, removal.
 
 Then the warm pool (`sandbox.pool.WarmPool`, one ready container): `RUNS` times, once the pool
 has refilled, the time from asking `pool.start(cfg)` to holding a sandbox (renamed for the
@@ -21,6 +24,8 @@ import shutil
 import statistics
 import subprocess
 import time
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import docker
@@ -31,6 +36,11 @@ from sandbox.pool import WarmPool
 
 RUNS = 30
 WARMUP = 2
+RUNTIMES: dict[str, str | None] = {"runc": None, "runsc": "runsc"}
+"""The sandbox hosts compared, by name: dockerd's default runtime, then gVisor, which dockerd
+must have registered (scripts/with-docker.sh does)."""
+PHASES = ("total", "start", "exec", "remove")
+CLI = "docker run"
 MAX_WARM_MS = 50.0
 EXECUTION = {"baton.run": "bench-pool", "baton.stage": "fix", "baton.attempt": "1"}
 """The labels a stage gives its sandbox: a taken one is renamed for them."""
@@ -66,36 +76,45 @@ def docker_run(image: str) -> float:
 
 
 def one_round(
-    client: docker.DockerClient, cfg: SandboxConfig, *, sandbox_first: bool
-) -> tuple[dict[str, float], float]:
-    if sandbox_first:
-        use = sandbox_use(client, cfg)
-        return use, docker_run(cfg.image)
-    seconds = docker_run(cfg.image)
-    return sandbox_use(client, cfg), seconds
+    client: docker.DockerClient, configs: dict[str, SandboxConfig], *, rotation: int
+) -> tuple[dict[str, dict[str, float]], float]:
+    """One sandbox use per runtime and one `docker run`, in an order that rotates by round."""
+    jobs: dict[str, Callable[[], Any]] = {
+        name: partial(sandbox_use, client, cfg) for name, cfg in configs.items()
+    }
+    jobs[CLI] = partial(docker_run, configs["runc"].image)
+    names = list(jobs)
+    first = rotation % len(names)
+    timed = {name: jobs[name]() for name in names[first:] + names[:first]}
+    return timed, timed.pop(CLI)
 
 
 def run(progress: Any) -> dict[str, Any]:
     if shutil.which("docker") is None:
         raise RuntimeError("the docker CLI is needed for the baseline: apt-get install docker.io")
-    task = progress.add_task("sandbox: image", total=2 * RUNS)
+    task = progress.add_task("sandbox: image", total=(len(RUNTIMES) + 1) * RUNS)
     client = docker.from_env()
     try:
         ensure_image(client=client, progress=lambda line: progress.update(task, description=line))
-        progress.update(task, description="sandbox: start → exec → remove vs docker run")
-        cfg = SandboxConfig(image=IMAGE_TAG)
-        phases: dict[str, list[float]] = {"total": [], "start": [], "exec": [], "remove": []}
+        progress.update(task, description="sandbox: start → exec → remove (runc, runsc) vs run")
+        configs = {
+            name: SandboxConfig(image=IMAGE_TAG, runtime=rt) for name, rt in RUNTIMES.items()
+        }
+        phases: dict[str, dict[str, list[float]]] = {
+            name: {phase: [] for phase in PHASES} for name in RUNTIMES
+        }
         cli: list[float] = []
         for i in range(WARMUP + RUNS):
-            use, seconds = one_round(client, cfg, sandbox_first=i % 2 == 0)
+            uses, seconds = one_round(client, configs, rotation=i)
             if i < WARMUP:
                 continue
-            for name, value in use.items():
-                phases[name].append(value)
+            for name, use in uses.items():
+                for phase, value in use.items():
+                    phases[name][phase].append(value)
             cli.append(seconds)
-            progress.advance(task, 2)
+            progress.advance(task, len(RUNTIMES) + 1)
         progress.update(task, description="sandbox: acquire from the warm pool")
-        warm = pool_acquires(client, cfg)
+        warm = pool_acquires(client, configs["runc"])
     finally:
         client.close()
     return summarize(phases, cli, warm)
@@ -123,24 +142,36 @@ def pool_acquires(client: docker.DockerClient, cfg: SandboxConfig) -> list[float
     return acquired[WARMUP:]
 
 
-def summarize(
-    phases: dict[str, list[float]], cli: list[float], warm: list[float]
-) -> dict[str, Any]:
-    def stats(values: list[float]) -> dict[str, float]:
-        return {
-            "p50_ms": round(1000 * statistics.median(values), 1),
-            "p95_ms": round(1000 * percentile(values, 0.95), 1),
-            "n": len(values),
-        }
+def stats(values: list[float]) -> dict[str, float]:
+    return {
+        "p50_ms": round(1000 * statistics.median(values), 1),
+        "p95_ms": round(1000 * percentile(values, 0.95), 1),
+        "n": len(values),
+    }
 
+
+def summarize(
+    phases: dict[str, dict[str, list[float]]], cli: list[float], warm: list[float]
+) -> dict[str, Any]:
+    """runc's figures keep their keys (`sandbox`, `phases`); every runtime's are under
+    `runtimes`."""
+    runtimes: dict[str, Any] = {
+        name: {
+            "sandbox": stats(times["total"]),
+            "phases": {phase: stats(times[phase]) for phase in PHASES[1:]},
+        }
+        for name, times in phases.items()
+    }
     figures: dict[str, Any] = {
-        "sandbox": stats(phases["total"]),
+        **runtimes["runc"],
         "docker_run": stats(cli),
-        "phases": {name: stats(phases[name]) for name in ("start", "exec", "remove")},
+        "runtimes": runtimes,
     }
     for q in ("p50", "p95"):
         ratio = figures["sandbox"][f"{q}_ms"] / figures["docker_run"][f"{q}_ms"]
         figures[f"ratio_{q}"] = round(ratio, 2)
+        gvisor = runtimes["runsc"]["sandbox"][f"{q}_ms"] / figures["sandbox"][f"{q}_ms"]
+        figures[f"runsc_over_runc_{q}"] = round(gvisor, 2)
     figures["warm_acquire"] = stats(warm)
     warm_p50 = figures["warm_acquire"]["p50_ms"]
     figures["targets"] = {
@@ -151,24 +182,25 @@ def summarize(
 
 
 def write(figures: dict[str, Any]) -> None:
-    s, d, phases = figures["sandbox"], figures["docker_run"], figures["phases"]
-    w = figures["warm_acquire"]
-    detail = record.table(
-        ["", "runs", "p50 (ms)", "p95 (ms)"],
-        [
-            ["DockerSandbox: start → exec(true) → removal", str(s["n"]), _ms(s["p50_ms"]),
-             _ms(s["p95_ms"])],
-            ["… of which start (create + start)", str(s["n"]), _ms(phases["start"]["p50_ms"]),
-             _ms(phases["start"]["p95_ms"])],
-            ["… of which exec(true)", str(s["n"]), _ms(phases["exec"]["p50_ms"]),
-             _ms(phases["exec"]["p95_ms"])],
-            ["… of which removal", str(s["n"]), _ms(phases["remove"]["p50_ms"]),
-             _ms(phases["remove"]["p95_ms"])],
-            ["docker run --rm IMAGE true (CLI)", str(d["n"]), _ms(d["p50_ms"]), _ms(d["p95_ms"])],
-            ["warm pool: ask → holding a sandbox", str(w["n"]), _ms(w["p50_ms"]),
-             _ms(w["p95_ms"])],
-        ],
-    )  # fmt: skip
+    d, w, runsc = figures["docker_run"], figures["warm_acquire"], figures["runtimes"]["runsc"]
+    rows = []
+    for name, fig in figures["runtimes"].items():
+        s, phases = fig["sandbox"], fig["phases"]
+        rows += [
+            [f"DockerSandbox ({name}): start → exec(true) → removal", str(s["n"]),
+             _ms(s["p50_ms"]), _ms(s["p95_ms"])],
+            *([f"… of which {label}", str(phases[phase]["n"]), _ms(phases[phase]["p50_ms"]),
+               _ms(phases[phase]["p95_ms"])]
+              for phase, label in (("start", "start (create + start)"), ("exec", "exec(true)"),
+                                   ("remove", "removal"))),
+        ]  # fmt: skip
+    rows += [
+        ["docker run --rm IMAGE true (CLI, runc)", str(d["n"]), _ms(d["p50_ms"]), _ms(d["p95_ms"])],
+        ["warm pool (runc): ask → holding a sandbox", str(w["n"]), _ms(w["p50_ms"]),
+         _ms(w["p95_ms"])],
+    ]  # fmt: skip
+    detail = record.table(["", "runs", "p50 (ms)", "p95 (ms)"], rows)
+    s = figures["sandbox"]
     row = [
         _ms(s["p50_ms"]),
         _ms(s["p95_ms"]),
@@ -177,7 +209,10 @@ def write(figures: dict[str, Any]) -> None:
         f"{figures['ratio_p50']:.2f}×",
         f"{figures['ratio_p95']:.2f}×",
         _ms(w["p50_ms"]),
-        _ms(phases["start"]["p50_ms"]),
+        _ms(figures["phases"]["start"]["p50_ms"]),
+        _ms(runsc["sandbox"]["p50_ms"]),
+        _ms(runsc["sandbox"]["p95_ms"]),
+        _ms(runsc["phases"]["start"]["p50_ms"]),
     ]
     record.save("sandbox", figures, row, detail)
 

@@ -102,10 +102,12 @@ def _classified(
 ) -> SandboxError:
     explanation = str(exc.explanation or exc)
     refused = exc.is_client_error()
-    if "No such container" in explanation or "is not running" in explanation:
+    if any(gone in explanation for gone in ("No such container", "is not running",
+                                             "No such exec instance")):  # fmt: skip
         return SandboxUnavailableError(
             f"{operation}: the sandbox's container is gone ({explanation}); its ttl_s may have "
-            "passed or dockerd restarted"
+            "passed, dockerd restarted, or its runtime ended it (gVisor's runsc does when the "
+            "memory or pids limit is reached)"
         )
     deterministic = any(words in explanation for words in ("read-only", "invalid symlink",
                                                            "breakout"))  # fmt: skip

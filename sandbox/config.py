@@ -45,6 +45,12 @@ class SandboxConfig(BaseModel):
     """Most output kept per command (stdout and stderr together); the rest is read and dropped."""
     log_max_size: str = Field("1m", pattern=r"^\d+[kmg]?$")
     """Cap of the container's own log (json-file `max-size`)."""
+    runtime: str | None = Field(None, pattern=r"^[A-Za-z0-9][\w.-]*$")
+    """`BATON_SANDBOX__RUNTIME`: the OCI runtime dockerd runs the container with, by the name
+    registered in its `daemon.json` (`runsc` for gVisor); None: the daemon's default, runc.
+    The limits above apply under either, but under runsc reaching the memory or pids limit
+    ends the whole sandbox, and runsc is registered with `--network=none`, so `network` gives
+    no network there (README, "Sandbox hosts")."""
 
     @field_validator("network")
     @classmethod

@@ -42,7 +42,7 @@ from docker.types import LogConfig
 from sandbox import labels as label
 from sandbox.client import connected, remove, translated
 from sandbox.config import SandboxConfig
-from sandbox.errors import SandboxError, SandboxFileError
+from sandbox.errors import SandboxError, SandboxFileError, SandboxStartError
 from sandbox.files import read_archive_file
 from sandbox.models import ExecResult
 from sandbox.stream import Capture, ExecStream
@@ -302,8 +302,9 @@ def _create(
         init=True,
         auto_remove=True,
         log_config=LogConfig(type="json-file", config={"max-size": cfg.log_max_size}),
+        runtime=cfg.runtime,
     )
-    with translated(f"creating a sandbox from {cfg.image}", image=cfg.image):
+    with _runtime_hint(cfg), translated(f"creating a sandbox from {cfg.image}", image=cfg.image):
         container_id: str = client.api.create_container(
             cfg.image,
             command=["sleep", str(ttl_s)],
@@ -323,3 +324,17 @@ def _create(
         raise
     logger.debug("sandbox %s started from %s", container_id[:12], cfg.image)
     return container_id
+
+
+@contextmanager
+def _runtime_hint(cfg: SandboxConfig) -> Iterator[None]:
+    """Adds what to do when dockerd does not know `cfg.runtime`."""
+    try:
+        yield
+    except SandboxStartError as exc:
+        if cfg.runtime is None or "Unknown runtime" not in str(exc):
+            raise
+        raise SandboxStartError(
+            f"{exc}: register it in /etc/docker/daemon.json and send dockerd SIGHUP "
+            f'(README, "Sandbox hosts"), or unset BATON_SANDBOX__RUNTIME'
+        ) from exc

@@ -1,14 +1,41 @@
 #!/usr/bin/env bash
 # Runs a command with a Docker daemon and Baton's sandbox image available: starts dockerd when
-# none answers (and stops it afterwards), builds the image when it is missing.
+# none answers (and stops it afterwards), with gVisor's runsc registered as the `runsc` runtime
+# the sandbox tests also run on (README, "Sandbox hosts"); builds the image when it is missing.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
+# What to add to daemon.json's "runtimes". --network=none: Debian's runsc (20221219) mistakes a
+# container's network namespace for the host's on Linux >= 6.x and refuses to start
+# (gvisor#10704); sandboxes have no network anyway.
+runsc=$(command -v runsc || echo /usr/bin/runsc)
+RUNSC_JSON="{\"runsc\": {\"path\": \"$runsc\", \"runtimeArgs\": [\"--network=none\"]}}"
+
+# /etc/docker/daemon.json (if any) with the runsc runtime added, written to $1.
+daemon_config() {
+  .venv/bin/python -c '
+import json, pathlib, sys
+base = pathlib.Path("/etc/docker/daemon.json")
+config = json.loads(base.read_text()) if base.exists() else {}
+config.setdefault("runtimes", {}).update(json.loads(sys.argv[2]))
+pathlib.Path(sys.argv[1]).write_text(json.dumps(config, indent=2))
+' "$1" "$RUNSC_JSON"
+}
+
 started=""
+conf=""
 if ! docker info >/dev/null 2>&1; then
   echo "with-docker: starting dockerd"
   log=$(mktemp -t baton-dockerd.XXXXXX.log)
-  dockerd >"$log" 2>&1 &
+  config=()
+  if command -v runsc >/dev/null; then
+    conf=$(mktemp -t baton-dockerd.XXXXXX.json)
+    daemon_config "$conf" && config=(--config-file "$conf")
+  else
+    echo "with-docker: runsc is not installed (scripts/setup.sh installs it); the sandbox" \
+      "tests on runsc will fail" >&2
+  fi
+  dockerd "${config[@]}" >"$log" 2>&1 &
   started=$!
   for _ in $(seq 1 60); do
     docker info >/dev/null 2>&1 && break
@@ -28,8 +55,15 @@ stop_dockerd() {
     kill "$started" 2>/dev/null
     for _ in $(seq 1 60); do kill -0 "$started" 2>/dev/null || break; sleep 0.5; done
   fi
+  [ -z "$conf" ] || rm -f "$conf"
 }
 trap stop_dockerd EXIT
+
+if ! docker info --format '{{json .Runtimes}}' 2>/dev/null | grep -q '"runsc"'; then
+  echo "with-docker: the running dockerd has no runsc runtime, so the sandbox tests on runsc" \
+    "will fail. Register it without a restart: add to /etc/docker/daemon.json" \
+    "{\"runtimes\": $RUNSC_JSON}, then kill -HUP \$(pidof dockerd)" >&2
+fi
 
 .venv/bin/python -m sandbox.image || exit 1
 "$@"

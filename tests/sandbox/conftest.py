@@ -10,10 +10,35 @@ from typing import Any
 import docker
 import pytest
 
-from sandbox import DockerSandbox, SandboxConfig, ensure_image
+from sandbox import DockerSandbox, SandboxConfig, SandboxUnavailableError, ensure_image
 
 TEST_LABEL = "baton.test"
 """Every container these tests make carries it, with this session's value."""
+
+
+def on_each_runtime(*, runsc_fails: str = "") -> pytest.MarkDecorator:
+    """Runs a test's sandboxes under dockerd's default runtime (runc) and under gVisor's `runsc`,
+    which dockerd must have registered (scripts/with-docker.sh does; README, "Sandbox hosts").
+    `runsc_fails`: why the test cannot pass under runsc; it is then expected to lose the
+    sandbox there (`SandboxUnavailableError`), and reported as an error once it passes."""
+    marks = (
+        [pytest.mark.xfail(strict=True, raises=SandboxUnavailableError, reason=runsc_fails)]
+        if runsc_fails
+        else []
+    )
+    return pytest.mark.parametrize(
+        "runtime", [pytest.param(None, id="runc"), pytest.param("runsc", id="runsc", marks=marks)]
+    )
+
+
+ON_EACH_RUNTIME = on_each_runtime()
+
+
+@pytest.fixture
+def runtime() -> str | None:
+    """The OCI runtime `start_sandbox` uses: the daemon's default, unless a test is marked
+    `on_each_runtime`."""
+    return None
 
 
 @pytest.fixture(scope="session")
@@ -37,10 +62,10 @@ def session_label(docker_client: docker.DockerClient) -> Iterator[str]:
 
 @pytest.fixture
 def start_sandbox(
-    docker_client: docker.DockerClient, session_label: str
+    docker_client: docker.DockerClient, session_label: str, runtime: str | None
 ) -> Iterator[Callable[..., DockerSandbox]]:
     """`start_sandbox(memory_mb=128, labels={...}, env={...})`: a running sandbox with these
-    settings, removed when the test ends."""
+    settings under `runtime`, removed when the test ends."""
     with ExitStack() as stack:
 
         def start(
@@ -48,7 +73,7 @@ def start_sandbox(
         ) -> DockerSandbox:
             return stack.enter_context(
                 DockerSandbox.start(
-                    SandboxConfig(**cfg),
+                    SandboxConfig(**{"runtime": runtime, **cfg}),
                     labels={TEST_LABEL: session_label, **(labels or {})},
                     env=env or {},
                     client=docker_client,

@@ -7,6 +7,7 @@ import tracemalloc
 from collections.abc import Callable
 
 from sandbox import DockerSandbox
+from tests.sandbox.conftest import ON_EACH_RUNTIME, on_each_runtime
 
 FORK_BOMB = (
     "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
@@ -50,6 +51,7 @@ def test_a_missing_program_fails_with_127(box: DockerSandbox) -> None:
     assert "no-such-program: not found" in result.output
 
 
+@ON_EACH_RUNTIME
 def test_a_sleep_is_killed_at_its_timeout_and_leaves_no_process(box: DockerSandbox) -> None:
     started = time.monotonic()
     result = box.exec(["sh", "-c", "sleep 1000 & sleep 1001"], timeout_s=2)
@@ -58,6 +60,7 @@ def test_a_sleep_is_killed_at_its_timeout_and_leaves_no_process(box: DockerSandb
     assert [p for p in processes(box) if "sleep 100" in p] == []
 
 
+@ON_EACH_RUNTIME
 def test_the_configured_timeout_applies_when_the_call_gives_none(
     start_sandbox: Callable[..., DockerSandbox],
 ) -> None:
@@ -67,6 +70,7 @@ def test_the_configured_timeout_applies_when_the_call_gives_none(
     assert result.duration_s < 4
 
 
+@ON_EACH_RUNTIME
 def test_a_background_child_holding_stdout_does_not_hang_the_command(box: DockerSandbox) -> None:
     started = time.monotonic()
     result = box.exec(["sh", "-c", "sleep 300 & echo started"], timeout_s=60)
@@ -81,6 +85,7 @@ def test_a_background_child_that_let_go_of_stdout_keeps_running(box: DockerSandb
     assert "sleep 300" in processes(box)
 
 
+@ON_EACH_RUNTIME
 def test_an_output_flood_is_capped_and_memory_stays_bounded(box: DockerSandbox) -> None:
     flood = "import sys\nfor _ in range(50):\n    sys.stdout.write('x' * 1_000_000)\n"
     tracemalloc.start()
@@ -102,6 +107,9 @@ def test_output_is_capped_by_the_configured_limit_by_default(
     assert (result.output, result.truncated) == ("0123456789", True)
 
 
+@on_each_runtime(
+    runsc_fails="runsc 20221219: the host's memory cgroup OOM-kills the whole gVisor sandbox"
+)
 def test_a_memory_bomb_is_reported_as_oom(start_sandbox: Callable[..., DockerSandbox]) -> None:
     box = start_sandbox(memory_mb=128)
     result = box.exec(["python3", "-c", "x = b'x' * (512 * 1024 * 1024)"])
@@ -109,11 +117,16 @@ def test_a_memory_bomb_is_reported_as_oom(start_sandbox: Callable[..., DockerSan
     assert box.exec(["python3", "-c", "x = b'x' * (16 * 1024 * 1024)"]).status == "ok"
 
 
+@ON_EACH_RUNTIME
 def test_a_plain_sigkill_is_not_mistaken_for_oom(box: DockerSandbox) -> None:
     result = box.exec(["sh", "-c", "kill -9 $$"])
     assert (result.exit_code, result.oom_killed, result.status) == (137, False, "failed")
 
 
+@on_each_runtime(
+    runsc_fails="runsc 20221219 (ptrace): at the pids limit the sentry cannot start a host "
+    "process and panics, ending the sandbox"
+)
 def test_a_fork_bomb_is_contained_by_the_pids_limit(
     start_sandbox: Callable[..., DockerSandbox],
 ) -> None:

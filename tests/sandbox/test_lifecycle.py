@@ -189,3 +189,14 @@ def test_a_missing_network_is_a_start_error(docker_client: docker.DockerClient) 
         DockerSandbox.start(cfg, client=docker_client),
     ):
         pass
+
+
+def test_an_unregistered_runtime_is_a_start_error_saying_how_to_register_it(
+    docker_client: docker.DockerClient,
+) -> None:
+    cfg = SandboxConfig(runtime="baton-no-such-runtime")
+    with (
+        pytest.raises(SandboxStartError, match=r"baton-no-such-runtime.*daemon\.json.*SIGHUP"),
+        DockerSandbox.start(cfg, client=docker_client),
+    ):
+        pass

@@ -59,6 +59,7 @@ def test_the_defaults_are_the_safe_ones() -> None:
         256,
     )
     assert (cfg.ttl_s, cfg.exec_timeout_s, cfg.max_output_bytes) == (1800, 120.0, 1_000_000)
+    assert cfg.runtime is None  # dockerd's default, runc
 
 
 @pytest.mark.parametrize(
@@ -73,6 +74,8 @@ def test_the_defaults_are_the_safe_ones() -> None:
         {"memory_mb": 0},
         {"pids_limit": -1},
         {"privileged": True},
+        {"runtime": "../runsc"},
+        {"runtime": ""},
     ],
 )
 def test_unsafe_or_unknown_settings_are_refused(changes: dict[str, object]) -> None:
