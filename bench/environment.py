@@ -133,18 +133,13 @@ def _head(repo: Path) -> str:
     return done.stdout.strip()
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
 def summarize(
     builds: list[float], hand: list[float], hits: list[float], fresh: list[float],
     setup: tuple[str, ...],
 ) -> dict[str, Any]:  # fmt: skip
     def stats(values: list[float]) -> dict[str, float]:
         return {"p50_s": round(statistics.median(values), 3),
-                "p95_s": round(percentile(values, 0.95), 3), "n": len(values)}  # fmt: skip
+                "p95_s": round(record.percentile(values, 0.95), 3), "n": len(values)}  # fmt: skip
 
     ratio = round(statistics.median(builds) / statistics.median(hand), 2)
     hit, new = stats(hits), stats(fresh)

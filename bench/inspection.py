@@ -255,7 +255,7 @@ def measure_page(client: httpx.Client, run_id: str) -> dict[str, Any]:
     return {
         "requests": len(requests) + audit_requests,
         "server_ms_p50": round(statistics.median(server), 1),
-        "server_ms_p95": round(_p95(server), 1),
+        "server_ms_p95": round(record.percentile(server, 0.95), 1),
         "wall_ms_p50": round(statistics.median(wall), 1),
         "slowest": {
             path.replace(run_id, "RUN"): round(statistics.median(ms), 1) for path, ms in slowest
@@ -281,13 +281,9 @@ def measure_list(
     return {
         "runs_returned": found,
         "server_ms_p50": round(statistics.median(server), 1),
-        "server_ms_p95": round(_p95(server), 1),
-        "wall_ms_p95": round(_p95(wall), 1),
+        "server_ms_p95": round(record.percentile(server, 0.95), 1),
+        "wall_ms_p95": round(record.percentile(wall, 0.95), 1),
     }
-
-
-def _p95(values: list[float]) -> float:
-    return statistics.quantiles(values, n=20)[-1]
 
 
 def write(figures: dict[str, Any]) -> None:

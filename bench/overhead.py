@@ -29,7 +29,7 @@ import json
 import statistics
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -71,11 +71,6 @@ MEASURES = {
 
 Run = tuple[dict[str, str], list[dict[str, Any]]]
 """One run: stage → its task id, and the fake server's record of the run's requests."""
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def baton_run(settings: Settings, repo: Path, i: int) -> dict[str, str]:
@@ -212,7 +207,7 @@ def summarize(
     def stats(values: list[float]) -> dict[str, float]:
         return {
             "p50_ms": round(1000 * statistics.median(values), 2),
-            "p95_ms": round(1000 * percentile(values, 0.95), 2),
+            "p95_ms": round(1000 * record.percentile(values, 0.95), 2),
             "n": len(values),
         }
 

@@ -37,6 +37,12 @@ def save(name: str, figures: Mapping[str, Any], row: Sequence[str], detail: str)
     return path
 
 
+def percentile(values: Sequence[float], q: float) -> float:
+    """The value at quantile `q` (0.95: the 95th percentile) by nearest rank."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
 def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(row) + " |" for row in rows]

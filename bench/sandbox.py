@@ -46,11 +46,6 @@ EXECUTION = {"baton.run": "bench-pool", "baton.stage": "fix", "baton.attempt": "
 """The labels a stage gives its sandbox: a taken one is renamed for them."""
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
 def sandbox_use(client: docker.DockerClient, cfg: SandboxConfig) -> dict[str, float]:
     """One whole use of a sandbox, and its phases, in seconds."""
     started = time.perf_counter()
@@ -145,7 +140,7 @@ def pool_acquires(client: docker.DockerClient, cfg: SandboxConfig) -> list[float
 def stats(values: list[float]) -> dict[str, float]:
     return {
         "p50_ms": round(1000 * statistics.median(values), 1),
-        "p95_ms": round(1000 * percentile(values, 0.95), 1),
+        "p95_ms": round(1000 * record.percentile(values, 0.95), 1),
         "n": len(values),
     }
 
