@@ -185,32 +185,20 @@ def log(run_id: str, stage: str | None, follow: bool, as_json: bool) -> None:
     width), retries and waits, each with its time and branch."""
     width = max(out.width, 60)
     with _store() as store:
-        run = store.get(run_id)
         after: str | None = None
         while True:
-            page = inspection.read_audit(store, run_id, stage=stage, after=after, limit=500)
-            for entry in page.entries:
-                if as_json:
-                    click.echo(entry.model_dump_json())
-                else:
-                    out.print(transcript_line(entry, width), soft_wrap=True)
-            if page.entries:
-                after = page.entries[-1].id
-            if page.next_after:
-                continue
-            if not follow or run.status.is_terminal:
+            # The run's status before its entries: once it has ended, what is read next is all.
+            ended = store.get(run_id).status.is_terminal
+            after = _print_audit(store, run_id, stage, after, as_json, width)
+            if not follow or ended:
                 break
             time.sleep(FOLLOW_INTERVAL_S)
-            run = store.get(run_id)  # read after the entries: the last ones are never missed
-            if run.status.is_terminal:
-                after = _drain(store, run_id, stage, after, as_json, width)
-                break
 
 
-def _drain(
+def _print_audit(
     store: RunStore, run_id: str, stage: str | None, after: str | None, as_json: bool, width: int
 ) -> str | None:
-    """The entries written between the last read and the run's end."""
+    """Print the entries after `after`, page by page, to the last; returns the last one's id."""
     while True:
         page = inspection.read_audit(store, run_id, stage=stage, after=after, limit=500)
         for entry in page.entries:
