@@ -109,7 +109,7 @@ def diff(run_id: str, as_json: bool) -> None:
         if ref is None:
             err.print(f"run {run_id} has made no change")
             sys.exit(1)
-        chunks = inspection.read_artifact(store, ref)
+        _, chunks = inspection.read_artifact(store, ref)
         if as_json:
             text = b"".join(chunks).decode("utf-8", "replace")
             _echo_json({"run_id": run_id, "artifact": ref.name, "diff": text})
@@ -157,7 +157,7 @@ def artifact(run_id: str, name: str, path: Path | None, as_json: bool) -> None:
         if as_json and path is None:
             _echo_json(ref.model_dump())
             return
-        chunks = inspection.read_artifact(store, ref)
+        _, chunks = inspection.read_artifact(store, ref)
         if path is None:
             for chunk in chunks:
                 sys.stdout.buffer.write(chunk)

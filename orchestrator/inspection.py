@@ -329,8 +329,8 @@ def change(run: RunRecord) -> ArtifactRef | None:
     return found
 
 
-def read_artifact(store: RunStore, ref: ArtifactRef) -> Iterator[bytes]:
-    """The artifact's bytes in chunks, never all in memory at once.
+def read_artifact(store: RunStore, ref: ArtifactRef) -> tuple[int, Iterator[bytes]]:
+    """The artifact's size, and its bytes in chunks, never all in memory at once.
 
     Raises:
         ArtifactNotFoundError: it is gone (the run expired).
@@ -338,7 +338,7 @@ def read_artifact(store: RunStore, ref: ArtifactRef) -> Iterator[bytes]:
     size = store.artifact_size(ref)
     if size is None:
         raise ArtifactNotFoundError(f"artifact {ref.name} of run {ref.run_id} has expired")
-    return store.artifact_chunks(ref, size)
+    return size, store.artifact_chunks(ref, size)
 
 
 # -- outputs ---------------------------------------------------------------------------------

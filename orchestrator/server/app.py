@@ -432,8 +432,7 @@ def _ui(authenticator: Authenticator, settings: ServeSettings) -> APIRouter:
 
 
 def _stream(store: RunStore, ref: ArtifactRef, download: bool) -> Response:
-    chunks = inspection.read_artifact(store, ref)  # raises now if it is gone
-    size = store.artifact_size(ref)
+    size, chunks = inspection.read_artifact(store, ref)  # raises now if it is gone
     media = ref.media_type if ref.media_type in SAFE_MEDIA_TYPES else "application/octet-stream"
     if media.startswith("text/"):
         media += "; charset=utf-8"
