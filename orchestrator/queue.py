@@ -93,6 +93,11 @@ def celery_config(redis_url: str | None, queue: QueueConfig) -> dict[str, Any]:
         "task_send_sent_event": True,
         "worker_send_task_events": True,
         "worker_prefetch_multiplier": 1,
+        # Take a message only with a process free to run it, and hold at most a few countdown
+        # retries on top (celery-flower.md, §2): what waits stays in the queue, where other
+        # workers and KEDA see it.
+        "worker_disable_prefetch": True,
+        "worker_eta_task_limit": queue.eta_task_limit,
         # A task that loses its broker connection finishes its stage; the redelivered message
         # then only advances the run (Conductor.begin), so cancelling it would only waste work.
         "worker_cancel_long_running_tasks_on_connection_loss": False,

@@ -3,8 +3,11 @@
 This module is an entry point: it reads `Settings` once, here. When the worker is ready, its
 main process removes sandboxes a crashed worker left behind and starts the fleet's
 housekeeping thread: now and then (one worker at a time, under a Redis lock) it reconciles
-stuck runs and reaps orphaned sandboxes. With `BATON_METRICS_PORT`, the main process also serves
-the Prometheus metrics of all its pool processes (`workers.metrics`).
+stuck runs and reaps orphaned sandboxes. Every heartbeat the consumer sends (2 s) touches
+`BATON_HEALTH_FILE` while that thread lives: the probes' file is fresh only while the loop that
+takes tasks runs, is connected to Redis and housekeeping goes on. With `BATON_METRICS_PORT`,
+the main process also serves the Prometheus metrics of all its pool processes
+(`workers.metrics`).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from typing import Any
 from celery import Celery
 from celery.signals import (
     celeryd_init,
+    heartbeat_sent,
     worker_process_init,
     worker_process_shutdown,
     worker_ready,
@@ -37,6 +41,7 @@ from workers.settings import WorkerSettings
 logger = logging.getLogger(__name__)
 
 _stop_housekeeping = threading.Event()
+_housekeeper: threading.Thread | None = None
 _reap_failed = False
 
 
@@ -89,10 +94,19 @@ def _say_what_is_missing(**_: Any) -> None:
 
 @worker_ready.connect
 def _start_housekeeping(**_: Any) -> None:
+    global _housekeeper
     _touch_health_file()
     _reap()
-    thread = threading.Thread(target=_housekeeping, name="baton-housekeeping", daemon=True)
-    thread.start()
+    _housekeeper = threading.Thread(target=_housekeeping, name="baton-housekeeping", daemon=True)
+    _housekeeper.start()
+
+
+@heartbeat_sent.connect
+def _consumer_alive(**_: Any) -> None:
+    """Sent from the consumer's event loop, and only while it is connected to the broker (a
+    lost connection stops the heartbeats until it is back)."""
+    if _housekeeper is not None and _housekeeper.is_alive():
+        _touch_health_file()
 
 
 @worker_shutdown.connect
@@ -113,7 +127,6 @@ def _housekeeping() -> None:
             logger.warning("reconciling stuck runs failed; trying again later", exc_info=True)
         if _stop_housekeeping.wait(settings.queue.reconcile_every_s):
             return
-        _touch_health_file()
         _reap()
 
 

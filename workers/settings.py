@@ -38,8 +38,9 @@ class WorkerSettings(Settings):
     github_api_url: str = GITHUB_API_URL
     """`BATON_GITHUB_API_URL`, for GitHub Enterprise (github.com's API unless set)."""
     health_file: Path | None = None
-    """`BATON_HEALTH_FILE`: touched when the worker is ready and at every housekeeping round
-    (`BATON_QUEUE__RECONCILE_EVERY_S`), for liveness and readiness probes."""
+    """`BATON_HEALTH_FILE`: touched when the worker is ready and at every heartbeat of its
+    consumer (2 s) while its housekeeping thread lives, for liveness and readiness probes:
+    older than a minute means the worker no longer takes tasks."""
     metrics_port: int | None = Field(None, ge=0, le=65535)
     """`BATON_METRICS_PORT`: the worker's main process serves Prometheus `/metrics` on this
     port (9808 by convention), summed over its pool processes; unset, no metrics are served."""

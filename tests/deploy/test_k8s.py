@@ -174,14 +174,20 @@ def test_the_sidecar_memory_holds_every_sandbox_the_worker_may_run_at_once(stage
 
 @pytest.mark.parametrize("stage", sorted(FIXER_STAGES))
 def test_worker_probes_read_the_health_file_and_forgive_missed_touches(stage: str) -> None:
+    """The consumer touches the file at every heartbeat, 2 s apart (Celery's default): a
+    probe forgives ten missed ones, and the liveness probe three failures more."""
     worker = container(workers()[stage], "worker")
-    touch_every_s = float(config_data()["BATON_QUEUE__RECONCILE_EVERY_S"])
+    heartbeat_s = 2.0
     assert config_data()["BATON_HEALTH_FILE"] == "/tmp/baton-alive"
+    assert not any("heartbeat" in arg for arg in worker.get("args", []))
+    ages = {}
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         command = worker[probe]["exec"]["command"]
         assert "BATON_HEALTH_FILE" in command[-1]
         (max_age_s,) = re.findall(r"> (\d+)\)$", command[-1])
-        assert float(max_age_s) >= 3 * touch_every_s
+        ages[probe] = float(max_age_s)
+        assert ages[probe] >= 10 * heartbeat_s
+    assert ages["livenessProbe"] >= ages["readinessProbe"]
     assert worker["livenessProbe"]["failureThreshold"] >= 3
 
 
