@@ -3,7 +3,9 @@
 Like the sandbox image (`sandbox/image.py`), it is Debian bookworm's minbase made with
 debootstrap, slimmed and brought in with `docker import`; it adds what Baton's services need:
 python3 and python3-venv (Baton itself goes into a venv, `images/Dockerfile`), git and ripgrep
-(the stages' host-side repository work), ca-certificates (Gemini, GitHub) and redis-server.
+(the stages' host-side repository work), ca-certificates (Gemini, GitHub), redis-server, and
+tini: PID 1 of every container, which reaps the git helpers a killed stage leaves behind
+(Kubernetes has no `init: true`).
 Redis lives in the same base, rather than in an image of its own, because it costs a few MB
 there and the stack then needs one debootstrap, not two; `compose.yaml` runs it as the
 `redis` user the package creates.
@@ -25,7 +27,7 @@ from sandbox.errors import SandboxError
 from sandbox.image import DEFAULT_MIRROR, RootfsImage, build_rootfs_image, inspected
 from sandbox.image import build_lock as sandbox_build_lock
 
-BASE_TAG = "baton-base:1"
+BASE_TAG = "baton-base:2"
 """Bump the version when `BASE` changes: an existing tag is never rebuilt."""
 
 
@@ -42,8 +44,10 @@ def _add_redis_data_dir(rootfs: Path) -> None:
     raise ImageBuildError("redis-server's package made no `redis` user in the base image")
 
 
+PACKAGES = ("python3", "python3-venv", "git", "ripgrep", "ca-certificates", "redis-server", "tini")
+
 BASE = RootfsImage(
-    packages=("python3", "python3-venv", "git", "ripgrep", "ca-certificates", "redis-server"),
+    packages=PACKAGES,
     changes=(
         "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
         "ENV LANG=C.UTF-8",

@@ -9,12 +9,19 @@ own wheel is made from a clean copy of its source (so no stale file of an old bu
 The Docker build context holds just the Dockerfile and those wheels. The image is labelled with
 a hash of Baton's source, the Dockerfile and the base image, and is rebuilt only when that hash
 changes (or with `--force`); the dependency layer is rebuilt only when a dependency changes.
+
+Tags: `baton:<version>-<source>`, where `<source>` is a hash of what the image is made of (the
+source, the Dockerfile, the base image's recipe version), so a changed source is a new tag and
+no two builds ever share one; and `baton:<version>`, which follows the newest build, for
+Compose on one host. `--registry R` also tags the image `R/baton:<version>-<source>` and writes
+build/k8s/kustomization.yaml, an overlay of k8s/ that runs exactly that image (README, k8s).
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import os
 import shutil
 import subprocess
 import sys
@@ -43,17 +50,30 @@ for it (environment markers such as `python_full_version < "3.11.3"` depend on i
 SOURCES = ("pyproject.toml", "README.md", "orchestrator", "workers", "sandbox", "testkit", "demo")
 """What Baton's wheel is made of (pyproject.toml names README.md as its long description)."""
 IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
+K8S = ROOT / "k8s"
+K8S_OVERLAY = ROOT / "build" / "k8s"
 SOURCE_LABEL = "org.baton.source-hash"
 DISTRIBUTION = "baton"
 VERSION_SCRIPT = "import platform; print(platform.python_version())"
 
-__all__ = ["BASE_TAG", "SOURCE_LABEL", "ensure_images", "image_tag"]
+__all__ = ["BASE_TAG", "SOURCE_LABEL", "ensure_images", "image_tag", "source_tag", "write_overlay"]
 
 
 def image_tag() -> str:
-    """`baton:<version>`, the version being the one in pyproject.toml."""
+    """`baton:<version>`, the version being the one in pyproject.toml: the newest build."""
     with open(ROOT / "pyproject.toml", "rb") as file:
         return f"{DISTRIBUTION}:{tomllib.load(file)['project']['version']}"
+
+
+def source_tag() -> str:
+    """`baton:<version>-<source>`: the tag of the image this checkout makes (no Docker
+    needed)."""
+    with tempfile.TemporaryDirectory(prefix="baton-image-src-") as scratch:
+        return _source_tag(_copy_sources(Path(scratch) / "src"))
+
+
+def _source_tag(source: Path) -> str:
+    return f"{image_tag()}-{_digest(source, base_id=BASE_TAG)[:12]}"
 
 
 def ensure_images(
@@ -66,18 +86,46 @@ def ensure_images(
     """Build what is missing or out of date; the tag of Baton's image. Builders on one host
     take turns (a lock), so concurrent callers build once."""
     say = progress or (lambda line: None)
-    tag = image_tag()
     with connected(client) as docker_client, build_lock(say):
         ensure_base(docker_client, say, mirror=mirror)
         with tempfile.TemporaryDirectory(prefix="baton-image-src-") as scratch:
             source = _copy_sources(Path(scratch) / "src")
+            tag = _source_tag(source)
             digest = _digest(source, base_id=image_id(docker_client, BASE_TAG) or "")
             if _label(docker_client, tag) == digest and not force:
                 say(f"{tag} is up to date with the source (--force rebuilds it)")
+                _tag(docker_client, tag, image_tag())
                 return tag
             _prepare_context(source, _wheel_python(docker_client), say)
         _docker_build(docker_client, tag, digest, say)
+        _tag(docker_client, tag, image_tag())
     return tag
+
+
+def write_overlay(image: str, directory: Path = K8S_OVERLAY) -> Path:
+    """A kustomization in `directory` that is k8s/ with Baton's image replaced by `image`
+    (`<registry>/baton:<version>-<source>`); its path."""
+    name, _, tag = image.rpartition(":")
+    directory.mkdir(parents=True, exist_ok=True)
+    base = os.path.relpath(K8S, directory)
+    path = directory / "kustomization.yaml"
+    path.write_text(
+        "# Written by `python -m images.build --registry ...`: k8s/ running the image built from\n"
+        "# this checkout. `kubectl apply -k` this directory (k8s/README.md, Deploying).\n"
+        "apiVersion: kustomize.config.k8s.io/v1beta1\n"
+        "kind: Kustomization\n"
+        f"resources:\n  - {base}\n"
+        f"images:\n  - name: {DISTRIBUTION}\n    newName: {name}\n    newTag: {tag}\n"
+    )
+    return path
+
+
+def _tag(client: docker.DockerClient, image: str, tag: str) -> None:
+    repository, _, version = tag.rpartition(":")
+    try:
+        client.api.tag(image, repository, version, force=True)
+    except docker.errors.DockerException as exc:
+        raise ImageBuildError(f"could not tag {image} as {tag}: {exc}") from exc
 
 
 def _copy_sources(dest: Path) -> Path:
@@ -183,7 +231,6 @@ def _pip(argv: list[str], say: Progress, *, show: bool, quiet: bool = False) -> 
 def _docker_build(client: docker.DockerClient, tag: str, digest: str, say: Progress) -> None:
     """The classic builder, never pulling: FROM names the local base image."""
     started = time.monotonic()
-    previous = image_id(client, tag)
     say(f"building {tag} from images/Dockerfile")
     try:
         for chunk in client.api.build(
@@ -203,16 +250,21 @@ def _docker_build(client: docker.DockerClient, tag: str, digest: str, say: Progr
                     say(line.rstrip())
     except docker.errors.DockerException as exc:
         raise ImageBuildError(f"docker build of {tag} failed: {exc}") from exc
-    new = image_id(client, tag)
-    if previous and previous != new:
-        _remove_quietly(client, previous)
+    # The build this one replaces (the one `baton:<version>` names), unless a container uses it.
+    replaced = image_id(client, image_tag())
+    if replaced and replaced != image_id(client, tag):
+        _remove_quietly(client, replaced)
     size_mb = client.api.inspect_image(tag)["Size"] / 1e6
     say(f"built {tag} ({size_mb:.0f} MB) in {time.monotonic() - started:.0f} s")
 
 
 def _remove_quietly(client: docker.DockerClient, image: str) -> None:
-    """The image the new build replaced, unless a container still uses it."""
+    """An image and its source tags, unless a container still uses it."""
+    found = inspected(client, image)
     try:
+        for tag in (found or {}).get("RepoTags") or []:
+            if tag.startswith(f"{DISTRIBUTION}:") and tag != image_tag():
+                client.api.remove_image(tag)
         client.api.remove_image(image)
     except docker.errors.APIError:
         pass
@@ -226,14 +278,27 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--mirror", default=DEFAULT_MIRROR, help=f"default: {DEFAULT_MIRROR}")
     parser.add_argument("--force", action="store_true", help="rebuild Baton's image anyway")
+    parser.add_argument(
+        "--registry",
+        metavar="REGISTRY",
+        help="also tag it REGISTRY/baton:<version>-<source> and write build/k8s, the overlay "
+        "of k8s/ that runs it",
+    )
     args = parser.parse_args(argv)
     say = timed_printer()
     try:
         tag = ensure_images(progress=say, mirror=args.mirror, force=args.force)
+        if args.registry:
+            pushed = f"{args.registry.rstrip('/')}/{tag}"
+            with connected() as client:
+                _tag(client, tag, pushed)
+            overlay = write_overlay(pushed)
     except (ImageBuildError, SandboxError, docker.errors.DockerException) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    say(f"images ready: {BASE_TAG}, {tag}")
+    say(f"images ready: {BASE_TAG}, {tag} (also {image_tag()})")
+    if args.registry:
+        say(f"next: docker push {pushed}; kubectl apply -k {overlay.parent.relative_to(ROOT)}")
     return 0
 
 

@@ -2,7 +2,8 @@
 
 A small loader of the kustomize features k8s/ uses: resources (files, and directories with a
 kustomization of their own), `namespace`, secret generators (fed from the committed
-`*.env.example` files, never the operator's own), `labels`, `images` and `replacements`.
+`*.env.example` files, never the operator's own, and literals), `labels`, `images` and
+`replacements`.
 Where a `kustomize` or `kubectl` binary exists, test_k8s.py compares its build with this one.
 """
 
@@ -88,6 +89,7 @@ def secret(directory: Path, generator: Doc) -> Doc:
     data: dict[str, str] = {}
     for name in generator["envs"]:
         data.update(env_file(directory / name))
+    data.update(literal.split("=", 1) for literal in generator.get("literals", []))
     encoded = {k: base64.b64encode(v.encode()).decode() for k, v in data.items()}
     made: Doc = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": generator["name"]}}
     return {**made, "type": "Opaque", "data": encoded}

@@ -290,6 +290,42 @@ def test_example_passwords_are_placeholders_and_redis_refuses_its_own(tmp_path: 
     assert "0123abcd" not in started.stdout.splitlines()[0]  # not on the command line
 
 
+def _zombies_after_an_orphan_exits(
+    client: docker.DockerClient, image: str, **run: Any
+) -> tuple[str, int]:
+    """Start `image` (the fake server: a process that never waits for others' children), make an
+    orphan in it that exits at once: (PID 1's name, the zombies left a second later)."""
+    container = client.containers.run(
+        image, ["fake-gemini", "--host", "127.0.0.1"], detach=True, network_mode="none", **run
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while container.exec_run(["true"]).exit_code != 0 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        pid1 = container.exec_run(["cat", "/proc/1/comm"]).output.decode().strip()
+        # The subshell exits before `sleep 0`: sleep's parent becomes PID 1.
+        container.exec_run(["sh", "-c", "(sleep 0.3 &); true"])
+        time.sleep(1.5)
+        states = container.exec_run(["sh", "-c", "cat /proc/[0-9]*/stat"]).output.decode()
+        zombies = sum(1 for line in states.splitlines() if line.rsplit(")", 1)[1].split()[0] == "Z")
+        return pid1, zombies
+    finally:
+        container.remove(force=True)
+
+
+def test_the_image_runs_tini_as_pid_1_and_orphans_leave_no_zombies(baton_image: str) -> None:
+    client = docker.from_env()
+    try:
+        entrypoint = client.images.get(baton_image).attrs["Config"]["Entrypoint"]
+        assert entrypoint == ["tini", "--", "baton"]
+        assert _zombies_after_an_orphan_exits(client, baton_image) == ("tini", 0)
+        # The same without tini (Baton as PID 1) keeps the zombie: the check can see one.
+        pid1, zombies = _zombies_after_an_orphan_exits(client, baton_image, entrypoint=["baton"])
+        assert (pid1, zombies) == ("baton", 1)
+    finally:
+        client.close()
+
+
 @pytest.mark.timeout(2400)
 def test_compose_stack_fixes_the_demo_issue_end_to_end_and_leaves_nothing_behind(
     stack: Stack, baton_image: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, git: Git

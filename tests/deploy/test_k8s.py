@@ -20,6 +20,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from images import build as images_build
+from images.build import image_tag, source_tag, write_overlay
 from orchestrator.pipeline import load_pipeline
 from orchestrator.queue import check_time_limits
 from orchestrator.server.app import API
@@ -33,6 +35,7 @@ from tests.deploy.manifests import (
     RENDERED,
     SANDBOX_NAMESPACE,
     Doc,
+    build,
     config_data,
     container,
     containers,
@@ -414,15 +417,45 @@ def test_every_pod_goes_without_service_links_and_service_account_token() -> Non
         assert pod["automountServiceAccountToken"] is False, doc["metadata"]["name"]
 
 
-def test_baton_containers_run_the_image_make_images_builds_renamed_by_kustomize() -> None:
-    (rule,) = kustomization()["images"]
-    assert (rule["name"], rule["newTag"]) == ("baton", "0.1.0")
-    roles = ("worker", "flower", "serve")
+PINNED = re.compile(r"[a-z0-9./-]+(:[\w.-]+)?@sha256:[0-9a-f]{64}")
+"""A third-party image by digest: what it names cannot change under the same reference."""
+
+
+def test_baton_containers_run_the_image_make_images_builds_and_redis_is_one_of_them() -> None:
+    assert "images" not in kustomization()
+    roles = ("worker", "flower", "serve", "redis")
     baton = [c for doc in workloads() for _, c in containers(doc) if c["name"] in roles]
-    assert len(baton) == len(FIXER_STAGES) + 2
-    assert {c["image"] for c in baton} == {f"{rule['newName']}:0.1.0"}
-    for manifest in ("sandbox/worker-fix.yaml", "baton/flower.yaml", "baton/serve.yaml"):
-        assert "image: baton:0.1.0" in (K8S / manifest).read_text(), manifest
+    assert len(baton) == len(FIXER_STAGES) + 3
+    assert {c["image"] for c in baton} == {image_tag()}
+    assert image_tag() == "baton:0.1.0"
+
+
+def test_the_overlay_make_images_writes_runs_this_source_and_pins_every_other_image(
+    tmp_path: Path,
+) -> None:
+    """Deployed through build/k8s, every container runs either the image built from this
+    checkout, under a tag no other build shares, or a third-party image by digest."""
+    tag = source_tag()
+    assert re.fullmatch(r"baton:0\.1\.0-[0-9a-f]{12}", tag)
+    pushed = f"registry.example.com/baton/{tag}"
+    overlay = write_overlay(pushed, tmp_path / "k8s")
+    images = [
+        c["image"]
+        for doc in build(overlay.parent)
+        if doc["kind"] in ("Deployment", "StatefulSet")
+        for _, c in containers(doc)
+    ]
+    ours = [image for image in images if image == pushed]
+    theirs = [image for image in images if image != pushed]
+    assert len(ours) == len(FIXER_STAGES) + 3  # workers, Flower, serve, Redis
+    assert theirs and all(PINNED.fullmatch(image) for image in theirs), theirs
+    assert {image.split("@")[0] for image in theirs} == {"docker:27-dind"}
+
+
+def test_a_change_to_the_source_is_a_new_image_tag(monkeypatch: pytest.MonkeyPatch) -> None:
+    before = source_tag()
+    monkeypatch.setattr(images_build, "DOCKERFILE", K8S / "kustomization.yaml")
+    assert source_tag() != before
 
 
 # -- cross-references --------------------------------------------------------------------------

@@ -96,8 +96,10 @@ def test_each_scaled_object_counts_the_waiting_messages_of_its_stage_queue(stage
     assert namespace == namespace_of(named("Service", service)) and svc == "svc"
     assert [p["port"] for p in named("Service", service)["spec"]["ports"]] == [int(port)]
     auth = named("TriggerAuthentication", redis["authenticationRef"]["name"], namespace_of(scaled))
+    # KEDA's own Redis user (test_k8s_security.py shows what it may do).
     assert auth["spec"]["secretTargetRef"] == [
-        {"parameter": "password", "name": "baton-secrets", "key": "BATON_REDIS_PASSWORD"}
+        {"parameter": "username", "name": "baton-secrets", "key": "BATON_REDIS_KEDA_USER"},
+        {"parameter": "password", "name": "baton-secrets", "key": "BATON_REDIS_KEDA_PASSWORD"},
     ]
 
 

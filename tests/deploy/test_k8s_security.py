@@ -9,12 +9,18 @@ requests the ephemeral storage it may fill.
 
 from __future__ import annotations
 
+import base64
+import json
+import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import kubernetes_validate
 import pytest
+import redis
 
+from testkit.services import free_port
 from tests.deploy.manifests import (
     CODE_STAGES,
     FIXER_STAGES,
@@ -301,27 +307,116 @@ def test_every_example_secret_is_a_recognisable_placeholder() -> None:
         assert PLACEHOLDER in value, where
 
 
-def test_redis_refuses_to_start_with_the_example_password(tmp_path: Path) -> None:
-    """Redis's own script, run with a stand-in redis-server that shows what it was given."""
+def secret_data() -> dict[str, str]:
+    """The Secret `baton-secrets` as the example env file and the generator's literals make it."""
+    secret = next(s for s in of_kind("Secret") if s["metadata"]["name"] == "baton-secrets")
+    return {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
+
+
+def redis_environment(chosen: dict[str, str]) -> dict[str, str]:
+    """The Redis container's environment: each variable from its key of `baton-secrets`, with
+    the values `chosen` gives some keys."""
+    data = {**secret_data(), **chosen}
     server = container(named("StatefulSet", "baton-redis"), "redis")
-    shell, flag, script = server["command"]
+    return {n: data[v["valueFrom"]["secretKeyRef"]["key"]] for n, v in env(server).items()}
+
+
+def redis_script() -> list[str]:
+    return list(container(named("StatefulSet", "baton-redis"), "redis")["command"])
+
+
+CHOSEN = {"BATON_REDIS_PASSWORD": "admin0123", "BATON_REDIS_KEDA_PASSWORD": "keda4567"}
+
+
+@pytest.mark.parametrize("password", sorted(CHOSEN))
+def test_redis_refuses_to_start_with_an_example_password(password: str, tmp_path: Path) -> None:
+    """Redis's own script, run with a stand-in redis-server that shows what it was given."""
     stand_in = tmp_path / "redis-server"
     stand_in.write_text('#!/bin/sh\necho "args: $*"\ncat\n')
     stand_in.chmod(0o755)
-    example = env_file(K8S / "common" / "secrets.env")["BATON_REDIS_PASSWORD"]
+    path = {"PATH": f"{tmp_path}:/usr/bin:/bin"}
+    example = env_file(K8S / "common" / "secrets.env")[password]
+    assert PLACEHOLDER in example
 
-    def start(password: str) -> subprocess.CompletedProcess[str]:
-        environment = {"PATH": f"{tmp_path}:/usr/bin:/bin", "REDISCLI_AUTH": password}
+    def start(chosen: dict[str, str]) -> subprocess.CompletedProcess[str]:
+        environment = {**path, **redis_environment(chosen)}
         return subprocess.run(
-            [shell, flag, script], env=environment, capture_output=True, text=True, timeout=10
+            redis_script(), env=environment, capture_output=True, text=True, timeout=10
         )
 
-    refused = start(example)
+    refused = start({**CHOSEN, password: example})
     assert refused.returncode == 1 and refused.stdout == ""
-    assert "BATON_REDIS_PASSWORD is still the placeholder" in refused.stderr
-    started = start("0123abcd")
+    assert "a Redis password is still the placeholder" in refused.stderr
+    started = start(CHOSEN)
     assert started.returncode == 0, started.stderr
-    assert started.stdout.splitlines()[1:] == ['requirepass "0123abcd"']
+    assert 'requirepass "admin0123"' in started.stdout.splitlines()
+
+
+def test_keda_logs_in_to_redis_as_a_user_that_may_only_read_the_queue_lengths(
+    tmp_path: Path,
+) -> None:
+    """The manifest's Redis start script runs the real redis-server (only its data directory
+    and port moved to the test's), and a client logs in the way keda-auth.yaml says KEDA does."""
+    real = shutil.which("redis-server")
+    assert real is not None, "redis-server is not installed: run `make setup`"
+    port = free_port()
+    moved = tmp_path / "bin" / "redis-server"
+    moved.parent.mkdir()
+    moved.write_text(
+        "#!/bin/sh\n"
+        f'for a; do shift; [ "$a" = /data ] && a={tmp_path}; set -- "$@" "$a"; done\n'
+        f'exec {real} "$@" --port {port}\n'
+    )
+    moved.chmod(0o755)
+    proc = subprocess.Popen(
+        redis_script(),
+        env={"PATH": f"{moved.parent}:/usr/bin:/bin", **redis_environment(CHOSEN)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    (auth,) = {json.dumps(a["spec"], sort_keys=True) for a in of_kind("TriggerAuthentication")}
+    login = {ref["parameter"]: ref["key"] for ref in json.loads(auth)["secretTargetRef"]}
+    values = {**secret_data(), **CHOSEN}
+    keda = redis.Redis(
+        port=port, username=values[login["username"]], password=values[login["password"]]
+    )
+    admin = redis.Redis(port=port, password=CHOSEN["BATON_REDIS_PASSWORD"])
+    queues = [
+        trigger["metadata"]["listName"]
+        for doc in of_kind("ScaledObject")
+        for trigger in doc["spec"]["triggers"]
+        if trigger["type"] == "redis"
+    ]
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                admin.ping()
+                break
+            except redis.exceptions.ConnectionError:
+                assert time.monotonic() < deadline and proc.poll() is None, "Redis did not start"
+                time.sleep(0.05)
+        assert len(queues) == len(FIXER_STAGES)
+        admin.rpush(queues[0], "message")
+        admin.set("run:1", "a run")
+        assert keda.ping() is True
+        assert [keda.llen(queue) for queue in queues] == [1] + [0] * (len(queues) - 1)
+        for forbidden in (
+            lambda: keda.lrange(queues[0], 0, -1),
+            lambda: keda.get("run:1"),
+            lambda: keda.llen("run:1"),
+            lambda: keda.keys("*"),
+            lambda: keda.delete(queues[0]),
+            lambda: keda.config_get("requirepass"),
+        ):
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                forbidden()
+        assert admin.llen(queues[0]) == 1
+    finally:
+        keda.close()
+        admin.close()
+        proc.terminate()
+        proc.wait(timeout=10)
 
 
 # -- disk --------------------------------------------------------------------------------------
