@@ -26,7 +26,7 @@ import h11
 
 from sandbox.gate.lookup import Lookup
 from sandbox.gate.policy import GatePolicy
-from sandbox.gate.routes import Refusal, Route, route
+from sandbox.gate.routes import Refusal, Route, route, unversioned
 
 logger = logging.getLogger(__name__)
 
@@ -184,7 +184,7 @@ class _Session:
 
     def _answer(self, method: str, target: str, answer: _Answer) -> bool:
         """Answer the request with Docker's error shape; the body it sent is read and dropped."""
-        path = urlsplit(target).path
+        path = unversioned(urlsplit(target).path)
         message = answer.message
         if answer.status == 403 or answer.status == 413:
             message = f"refused by Baton's sandbox gate: {method} {path}: {answer.message}"

@@ -78,6 +78,12 @@ class Call:
         return self.target
 
 
+def unversioned(path: str) -> str:
+    """`path` without its API version."""
+    found = VERSION.match(path)
+    return found.group(2) if found else path
+
+
 def route(policy: GatePolicy, method: str, target: str) -> Refusal | Route:
     """How the gate handles `method target`; see the module's documentation."""
     split = urlsplit(target)
@@ -88,7 +94,7 @@ def route(policy: GatePolicy, method: str, target: str) -> Refusal | Route:
     for pattern, methods, handler in ROUTES:
         if method in methods and _matches(pattern, parts):
             return handler(call)
-    return Refusal(f"{method} {path} is not an API call Baton's sandboxes use")
+    return Refusal("not an API call Baton's sandboxes use")
 
 
 Handler = Callable[[Call], Refusal | Route]
@@ -142,7 +148,7 @@ def _list(call: Call) -> Refusal | Route:
         wanted = filters.get("label") or []
         labels = [*wanted] if isinstance(wanted, list) else [k for k, on in wanted.items() if on]
     except (ValueError, AttributeError):
-        return Refusal("GET /containers/json: its filters are not Docker's JSON")
+        return Refusal("its filters are not Docker's JSON")
     fields["filters"] = [json.dumps({**filters, "label": [*labels, label.SANDBOX_FILTER]})]
     listed = f"{call.version}/containers/json?{urlencode(fields, doseq=True)}"
     return Route(lambda _: listed)
@@ -152,10 +158,10 @@ def _image(call: Call) -> Refusal | Route:
     """`GET /images/{name}/json` for any image; `DELETE /images/{name}` for environments."""
     if call.method == GET:
         if len(call.parts) < 3 or call.parts[-1] != "json":
-            return Refusal(f"GET /{'/'.join(call.parts)}: only an image's inspection is read")
+            return Refusal("of the images, only one's inspection (/images/{name}/json) is read")
         return Route(call.same)
     reason = not_an_environment("/".join(call.parts[1:]))
-    return Refusal(f"DELETE /images: {reason}") if reason else Route(call.same)
+    return Refusal(reason) if reason else Route(call.same)
 
 
 def _commit(call: Call) -> Refusal | Route:
@@ -165,7 +171,7 @@ def _commit(call: Call) -> Refusal | Route:
     repository = f"{fields.get('repo', [''])[-1]}:{fields.get('tag', [''])[-1]}"
     reason = not_an_environment(repository)
     if reason or not container:
-        return Refusal(f"POST /commit: {reason or 'it names no container'}")
+        return Refusal(reason or "it names no container")
 
     def target(container_id: str) -> str:
         query = urlencode({**fields, "container": [container_id]}, doseq=True)

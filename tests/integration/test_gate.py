@@ -1,0 +1,266 @@
+"""The sandbox gate for real: `baton sandbox-gate` as a subprocess in front of the real dockerd,
+Baton's own sandbox code on one side of it (exec with stdin and large output, timeouts, archives
+both ways, the warm pool, an environment's build and commit), and a plain docker-py client
+asking for what Baton never does on the other."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+import tarfile
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import closing, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import docker
+import docker.errors
+import pytest
+
+from sandbox import DockerSandbox, SandboxConfig, ensure_image, remove_labelled
+from sandbox.build import BuildSettings, build_environment, environment_tag
+from sandbox.environment import EnvironmentSpec
+from sandbox.pool import WarmPool
+from tests.sandbox.conftest import TEST_LABEL
+
+DOCKER_URL = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
+CANARY = "canary-value-5d1e7b"
+HARDENED: dict[str, Any] = {
+    "labels": {"baton.sandbox": "1"},
+    "cap_drop": ["ALL"],
+    "security_opt": ["no-new-privileges"],
+    "mem_limit": "64m",
+    "pids_limit": 32,
+    "network_mode": "none",
+}
+"""A container the gate would let through, short of the one setting each refusal test adds."""
+
+
+@dataclass
+class Gate:
+    socket: Path
+    log: Path
+
+    def client(self) -> docker.DockerClient:
+        return docker.DockerClient(base_url=f"unix://{self.socket}", timeout=60)
+
+
+@pytest.fixture(scope="module")
+def real_docker() -> Iterator[docker.DockerClient]:
+    """dockerd itself, for setting up and checking what the gate did."""
+    client = docker.from_env()
+    ensure_image(client=client)
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="module")
+def label_value(real_docker: docker.DockerClient) -> Iterator[str]:
+    """This module's `TEST_LABEL` value; at its end no container carries it."""
+    value = uuid.uuid4().hex[:12]
+    yield value
+    left = real_docker.api.containers(all=True, filters={"label": f"{TEST_LABEL}={value}"})
+    for container in left:
+        real_docker.api.remove_container(container["Id"], force=True, v=True)
+    assert [c["Names"] for c in left] == []
+
+
+@contextmanager
+def started_gate(folder: Path, *options: str) -> Iterator[Gate]:
+    """`baton sandbox-gate` with `options` on a socket in `folder`, stopped at the end."""
+    started = Gate(folder / "docker.sock", folder / "gate.log")
+    argv = [
+        sys.executable, "-m", "orchestrator.cli", "sandbox-gate", "--listen", str(started.socket),
+        "--docker", DOCKER_URL, *options,
+    ]  # fmt: skip
+    with started.log.open("wb") as log:
+        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 15
+        while not started.socket.exists():
+            assert process.poll() is None, started.log.read_text()
+            assert time.monotonic() < deadline, "the gate did not listen within 15 s"
+            time.sleep(0.05)
+        yield started
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def gate(
+    real_docker: docker.DockerClient, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Gate]:
+    options = ("--allow-network", "bridge", "--allow-ca-bundle", CA_BUNDLE)
+    with started_gate(tmp_path_factory.mktemp("gate"), *options) as started:
+        yield started
+
+
+@pytest.fixture(scope="module")
+def gated(gate: Gate) -> Iterator[docker.DockerClient]:
+    """A docker-py client that reaches dockerd only through the gate."""
+    client = gate.client()
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def plain_container(real_docker: docker.DockerClient, label_value: str) -> Iterator[str]:
+    """A running container that is not a sandbox, started on dockerd's own socket."""
+    container = real_docker.containers.run(
+        "baton-sandbox:2", ["sleep", "60"], detach=True, network_mode="none",
+        labels={TEST_LABEL: label_value}, user="1000:1000",
+    )  # fmt: skip
+    yield container.id
+    container.remove(force=True, v=True)
+
+
+def tar_of(files: dict[str, bytes]) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size, info.uid, info.gid = len(data), 1000, 1000
+            archive.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+def refused(error: pytest.ExceptionInfo[docker.errors.APIError], *named: str) -> None:
+    assert error.value.status_code == 403
+    explanation = str(error.value.explanation)
+    assert "refused by Baton's sandbox gate" in explanation
+    for words in named:
+        assert words in explanation
+
+
+def test_a_sandbox_runs_whole_through_the_gate(
+    gated: docker.DockerClient, real_docker: docker.DockerClient, label_value: str
+) -> None:
+    stdin = os.urandom(3_000_000).hex().encode()  # 6 MB in; 6 MB back, and 4 MB more
+    with DockerSandbox.start(SandboxConfig(), labels={TEST_LABEL: label_value},
+                             env={"SECRET": CANARY}, client=gated) as box:  # fmt: skip
+        echoed = box.exec(["sh", "-c", "cat; head -c 4000000 /dev/zero | tr '\\0' x"],
+                          stdin=stdin, max_output_bytes=20_000_000)  # fmt: skip
+        assert (echoed.exit_code, echoed.truncated) == (0, False)
+        assert echoed.output == stdin.decode() + "x" * 4_000_000
+
+        box.put_archive("/workspace", tar_of({"src/app.py": b"print('in')\n"}))
+        assert box.read_file("/workspace/src/app.py", max_bytes=1000) == b"print('in')\n"
+        box.write_file("/workspace/out.bin", b"\x00\x01" * 500_000)
+        assert box.read_file("/workspace/out.bin", max_bytes=2_000_000) == b"\x00\x01" * 500_000
+        assert box.exec(["sh", "-c", "echo $SECRET"]).output == f"{CANARY}\n"
+
+        slow = box.exec(["sleep", "30"], timeout_s=1)
+        assert slow.timed_out and slow.exit_code is None
+        assert box.exec(["true"]).exit_code == 0
+        container_id = box.id
+    with pytest.raises(docker.errors.NotFound):
+        real_docker.api.inspect_container(container_id)
+
+
+def test_a_pooled_sandbox_is_taken_and_renamed_through_the_gate(
+    gated: docker.DockerClient, real_docker: docker.DockerClient, label_value: str
+) -> None:
+    pool = WarmPool(size=1, client=gated)
+    cfg = SandboxConfig()
+    labels = {"baton.run": f"gate{label_value}", "baton.stage": "fix", "baton.attempt": "1"}
+    try:
+        with pool.start(cfg, labels=labels, env={}) as cold:
+            assert cold.exec(["true"]).exit_code == 0
+        deadline = time.monotonic() + 15
+        while pool.ready() < 1:
+            assert time.monotonic() < deadline, "the pool did not fill within 15 s"
+            time.sleep(0.05)
+        with pool.start(cfg, labels=labels, env={}) as warm:
+            name = real_docker.api.inspect_container(warm.id)["Name"]
+            assert name.startswith(f"/baton-sbx-gate{label_value}.fix.1-")
+            assert warm.exec(["echo", "warm"]).output == "warm\n"
+    finally:
+        pool.close()
+
+
+def test_listing_through_the_gate_shows_only_sandboxes(
+    gated: docker.DockerClient, plain_container: str, label_value: str
+) -> None:
+    with DockerSandbox.start(SandboxConfig(), labels={TEST_LABEL: label_value},
+                             client=gated) as box:  # fmt: skip
+        listed = {c["Id"] for c in gated.api.containers(all=True)}
+        mine = {
+            c["Id"] for c in gated.api.containers(filters={"label": f"{TEST_LABEL}={label_value}"})
+        }
+        assert box.id in listed and plain_container not in listed
+        assert mine == {box.id}
+    assert remove_labelled({TEST_LABEL: label_value}, client=gated) == []
+
+
+def test_an_environment_builds_and_is_removed_through_the_gate(
+    gated: docker.DockerClient, real_docker: docker.DockerClient, label_value: str
+) -> None:
+    spec = EnvironmentSpec(setup=("echo built > /opt/marker",))
+    tag = environment_tag(f"gatetest{label_value}")
+    settings = BuildSettings(ca_bundle=Path(CA_BUNDLE))
+    tree = tar_of({"README": b"a repository\n"})
+    built = build_environment(spec, tree, tag=tag, settings=settings,
+                              labels={TEST_LABEL: label_value}, client=gated)  # fmt: skip
+    try:
+        with DockerSandbox.start(SandboxConfig(image=tag), labels={TEST_LABEL: label_value},
+                                 client=gated) as box:  # fmt: skip
+            assert box.exec(["cat", "/opt/marker"]).output == "built\n"
+    finally:
+        gated.api.remove_image(tag, force=True)
+    with pytest.raises(docker.errors.ImageNotFound):
+        real_docker.api.inspect_image(built.image_id)
+
+
+def test_what_baton_never_asks_for_is_refused(
+    gated: docker.DockerClient, gate: Gate, plain_container: str
+) -> None:
+    image = "baton-sandbox:2"
+    with pytest.raises(docker.errors.APIError) as error:
+        gated.containers.create(image, ["true"], privileged=True, **HARDENED)
+    refused(error, "POST /containers/create", "Privileged")
+    with pytest.raises(docker.errors.APIError) as error:
+        gated.containers.create(image, ["true"], volumes={"/": {"bind": "/host", "mode": "rw"}},
+                                environment={"SECRET": CANARY}, **HARDENED)  # fmt: skip
+    refused(error, "HostConfig.Binds", "/:/host:rw")
+    with pytest.raises(docker.errors.APIError) as error:
+        gated.containers.create(image, ["true"], **{**HARDENED, "labels": {"x": "1"}})
+    refused(error, "baton.sandbox=1")
+
+    with pytest.raises(docker.errors.APIError) as error:
+        gated.api.exec_create(plain_container, ["id"])
+    refused(error, "not a Baton sandbox")
+    with pytest.raises(docker.errors.APIError) as error:
+        gated.api.get_archive(plain_container, "/etc/passwd")
+    refused(error, "not a Baton sandbox")
+    with pytest.raises(docker.errors.APIError) as error:
+        gated.api.commit(plain_container, repository="baton-env", tag="stolen")
+    refused(error, "not a Baton sandbox")
+
+    with pytest.raises(docker.errors.APIError) as error:
+        gated.images.build(fileobj=io.BytesIO(b"FROM scratch\n"), tag="baton-env:built")
+    refused(error, "POST /build")
+    with pytest.raises(docker.errors.APIError) as error:
+        gated.images.pull("alpine", tag="3")
+    refused(error, "POST /images/create")
+
+    logged = gate.log.read_text()
+    assert logged.count("refused ") >= 8
+    assert "refused POST /build: not an API call" in logged
+    assert CANARY not in logged
+
+
+def test_the_gate_s_runtime_is_every_sandbox_s(
+    real_docker: docker.DockerClient, tmp_path: Path, label_value: str
+) -> None:
+    with started_gate(tmp_path, "--runtime", "runsc") as gate, closing(gate.client()) as client:
+        with DockerSandbox.start(SandboxConfig(runtime=None), labels={TEST_LABEL: label_value},
+                                 client=client) as box:  # fmt: skip
+            assert real_docker.api.inspect_container(box.id)["HostConfig"]["Runtime"] == "runsc"
+            assert box.exec(["echo", "in gvisor"]).output == "in gvisor\n"
