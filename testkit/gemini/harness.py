@@ -8,10 +8,14 @@ with FakeGemini.start(scenario) as fake:
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import functools
 import socket
+import ssl
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -25,6 +29,10 @@ from testkit.gemini.server import create_app
 
 ADMIN_TIMEOUT_S = 10.0
 """Timeout of one admin request."""
+TICK_S = 0.1
+"""How often a server does its housekeeping (uvicorn's `on_tick`: the Date header, limits)."""
+DRAIN_POLL_S = 0.001
+"""How often a stopping server looks whether its connections and requests are done."""
 
 
 class FakeGemini:
@@ -46,9 +54,12 @@ class FakeGemini:
         record_path: str | Path | None = None,
         host: str = "127.0.0.1",
         startup_timeout_s: float = 10.0,
+        clock: Callable[[], float] = time.time,
     ) -> Iterator[FakeGemini]:
-        """Serve `scenario` on a free port of `host` until the block ends."""
-        app = create_app(Scenario.model_validate(scenario or {}), record_path=record_path)
+        """Serve `scenario` on a free port of `host` until the block ends; `clock` is the
+        server's (`create_app`)."""
+        played = Scenario.model_validate(scenario or {})
+        app = create_app(played, record_path=record_path, clock=clock)
         with serve_in_thread(app, "fake Gemini", host=host, timeout_s=startup_timeout_s) as url:
             yield cls(url)
 
@@ -73,8 +84,17 @@ class FakeGemini:
         self._admin("PUT", "/_fake/scenario", json=validated.model_dump(mode="json", by_alias=True))
 
     def _admin(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        response = httpx.request(method, self.url + path, timeout=ADMIN_TIMEOUT_S, **kwargs)
+        response = httpx.request(
+            method, self.url + path, timeout=ADMIN_TIMEOUT_S, verify=_tls_context(), **kwargs
+        )
         return response.raise_for_status()
+
+
+@functools.cache
+def _tls_context() -> ssl.SSLContext:
+    """One TLS context for every admin request of this process: left alone, httpx makes one per
+    request, loading the whole CA bundle (50 ms) for a server that speaks plain HTTP."""
+    return ssl.create_default_context()
 
 
 def listen(host: str, port: int) -> socket.socket:
@@ -96,10 +116,59 @@ def url_of(sock: socket.socket) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-def uvicorn_server(app: ASGIApp) -> uvicorn.Server:
+class PromptServer(uvicorn.Server):
+    """A uvicorn server that stops as soon as it is asked to (`stop()`), for servers started
+    and stopped around every test.
+
+    uvicorn notices `should_exit` at its next tick, up to 0.1 s later, and then gives open
+    connections a fixed 0.1 s before it waits for them to close: 0.15 s a server on average,
+    more than most tests take. This one wakes when asked to stop, closes idle connections and
+    waits, as uvicorn does, for the rest to finish their replies, looking every millisecond.
+    """
+
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake: asyncio.Event | None = None
+
+    def stop(self) -> None:
+        """Ask the server to stop; safe from any thread, before or after it started."""
+        self.should_exit = True
+        loop, wake = self._loop, self._wake
+        if loop is not None and wake is not None:
+            with contextlib.suppress(RuntimeError):  # its loop has closed: it stopped already
+                loop.call_soon_threadsafe(wake.set)
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        self._loop, self._wake = asyncio.get_running_loop(), asyncio.Event()
+        await super().startup(sockets=sockets)
+
+    async def main_loop(self) -> None:
+        assert self._wake is not None
+        counter = 0
+        while not await self.on_tick(counter):
+            counter = (counter + 1) % 864_000  # as uvicorn counts its ticks
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), TICK_S)
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        for server in self.servers:
+            server.close()
+        for sock in sockets or []:
+            sock.close()
+        for connection in list(self.server_state.connections):
+            connection.shutdown()  # closes an idle connection, ends a busy one after its reply
+        while self.server_state.connections or self.server_state.tasks:
+            await asyncio.sleep(DRAIN_POLL_S)
+        for server in self.servers:
+            await server.wait_closed()
+        await self.lifespan.shutdown()
+
+
+def uvicorn_server(app: ASGIApp) -> PromptServer:
     """A uvicorn server for `app` that leaves logging configuration to the entry point."""
     config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="off")
-    return uvicorn.Server(config)
+    return PromptServer(config)
 
 
 @contextmanager
@@ -124,5 +193,5 @@ def serve_in_thread(
                 time.sleep(0.01)
             yield url_of(sock)
         finally:
-            server.should_exit = True
+            server.stop()
             thread.join(timeout_s)
