@@ -33,7 +33,7 @@ import math
 import re
 import secrets
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -97,9 +97,17 @@ class _DroppedResponse(Response):
 
 class FakeServer:
     """The server's state (scenario, fault counters, quota windows, record, signing secret,
-    implicit cache) and its endpoints."""
+    implicit cache) and its endpoints. `clock` tells the time in seconds since the epoch: when
+    requests arrive and are answered, for the record and the quota windows."""
 
-    def __init__(self, scenario: Scenario, ledger: Ledger, secret: bytes) -> None:
+    def __init__(
+        self,
+        scenario: Scenario,
+        ledger: Ledger,
+        secret: bytes,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._clock = clock
         self._scenario = scenario
         self._faults = FaultBook(scenario.faults)
         self._quota = QuotaBook(scenario.quota)
@@ -119,14 +127,14 @@ class FakeServer:
         if not isinstance(body, dict):
             return _error(400, "Invalid JSON payload received: expected a JSON object.")
 
-        received_s = time.time()
+        received_s = self._clock()
         asked = self._read(body, model, agent_name(body, request.headers), method)
         number, answer = await self._respond(asked, received_s)
         usage = answer.usage
         self._ledger.append(
             {
                 "ts": received_s,
-                "replied": time.time(),
+                "replied": self._clock(),
                 "agent": asked.agent,
                 "model": model,
                 "stream": asked.stream,
@@ -250,15 +258,21 @@ class FakeServer:
 
 
 def create_app(
-    scenario: Scenario, record_path: str | Path | None = None, *, ledger: Ledger | None = None
+    scenario: Scenario,
+    record_path: str | Path | None = None,
+    *,
+    ledger: Ledger | None = None,
+    clock: Callable[[], float] = time.time,
 ) -> Starlette:
     """The fake server as an ASGI app; `record_path` also appends each entry to a JSONL file.
-    `ledger` is where it records (a fresh one by default).
+    `ledger` is where it records (a fresh one by default). `clock` tells the time, in seconds
+    since the epoch, for the record and the quota windows: a test's fake clock moves the
+    windows on without waiting them out.
 
     Each app signs with a secret of its own: another server's signatures are corrupted to it.
     """
     ledger = ledger if ledger is not None else Ledger(record_path)
-    server = FakeServer(scenario, ledger, secrets.token_bytes(SECRET_BYTES))
+    server = FakeServer(scenario, ledger, secrets.token_bytes(SECRET_BYTES), clock)
     routes = [
         Route("/{version}/models/{target}", server.model_call, methods=["POST"]),
         Route("/_fake/health", server.health, methods=["GET"]),

@@ -1,9 +1,12 @@
-"""The fake Gemini server's quota, driven by the real google-genai client, and `scope: all`."""
+"""The fake Gemini server's quota, driven by the real google-genai client, and `scope: all`.
+
+The server tells the time by a fake clock that the tests move on: a window is waited out by
+moving the clock, not by sleeping.
+"""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -15,19 +18,43 @@ from workers.gemini import retry_delay_s
 
 MODEL = "gemini-2.5-flash"
 OK: dict[str, Any] = {"agents": {"*": [{"text": "ok"}]}}
+REQUEST_S = 0.33
+"""How far the clock moves between two requests of a test, as if each took that long."""
+
+ClientFor = Callable[..., genai.Client]
+
+
+class FakeClock:
+    """Seconds since the epoch, as `time.time` tells them, but moved only by the test."""
+
+    def __init__(self, now_s: float = 1_700_000_000.05) -> None:
+        self.now_s = now_s
+
+    def __call__(self) -> float:
+        return self.now_s
+
+    def advance(self, seconds: float) -> None:
+        self.now_s += seconds
+
+    def advance_to_phase(self, window_s: float, phase_s: float) -> None:
+        """Move on to `phase_s` into the next fixed window of `window_s` (from the epoch)."""
+        self.advance(window_s - self.now_s % window_s + phase_s)
 
 
 @pytest.fixture
-def fake() -> Iterator[FakeGemini]:
-    with FakeGemini.start(OK) as server:
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def fake(clock: FakeClock) -> Iterator[FakeGemini]:
+    with FakeGemini.start(OK, clock=clock) as server:
         yield server
 
 
-def client_for(fake: FakeGemini) -> genai.Client:
-    options = types.HttpOptions(
-        base_url=fake.url, api_version="v1beta", retry_options=types.HttpRetryOptions(attempts=1)
-    )
-    return genai.Client(api_key="fake-key", http_options=options)
+@pytest.fixture
+def client(fake: FakeGemini, client_for: ClientFor) -> genai.Client:
+    return client_for(fake)
 
 
 def ask(client: genai.Client, agent: str = "default", model: str = MODEL) -> float | None:
@@ -52,15 +79,17 @@ def with_quota(**quota: Any) -> dict[str, Any]:
 
 
 def test_requests_over_the_quota_get_a_429_with_the_time_until_the_window_has_room(
-    fake: FakeGemini,
+    fake: FakeGemini, client: genai.Client, clock: FakeClock
 ) -> None:
     fake.set_scenario(with_quota(requests_per_minute=2, window_s=2))
-    client = client_for(fake)
 
-    answers = [ask(client), ask(client), ask(client)]
+    answers = [ask(client)]
+    for _ in range(2):
+        clock.advance(REQUEST_S)
+        answers.append(ask(client))
     delay = answers[2]
     assert delay is not None
-    time.sleep(delay)
+    clock.advance(delay)
     answers.append(ask(client))
 
     assert answers[:2] == [None, None]
@@ -71,9 +100,8 @@ def test_requests_over_the_quota_get_a_429_with_the_time_until_the_window_has_ro
     assert statuses(fake) == [200, 200, 429, 200]
 
 
-def test_each_model_has_its_own_window(fake: FakeGemini) -> None:
+def test_each_model_has_its_own_window(fake: FakeGemini, client: genai.Client) -> None:
     fake.set_scenario(with_quota(requests_per_minute=1))
-    client = client_for(fake)
 
     answers = [ask(client), ask(client, model="gemini-2.5-pro"), ask(client)]
 
@@ -83,11 +111,11 @@ def test_each_model_has_its_own_window(fake: FakeGemini) -> None:
 
 
 def test_tokens_over_the_quota_count_the_prompt_and_reply_of_what_was_answered(
-    fake: FakeGemini,
+    fake: FakeGemini, client: genai.Client, clock: FakeClock
 ) -> None:
     fake.set_scenario(with_quota(tokens_per_minute=1_000_000))
-    client = client_for(fake)
     ask(client)
+    clock.advance(REQUEST_S)
     answered = fake.requests()[0]
     used, prompt = (
         answered["prompt_tokens"] + answered["candidates_tokens"],
@@ -105,24 +133,21 @@ def test_tokens_over_the_quota_count_the_prompt_and_reply_of_what_was_answered(
 
 
 def test_the_quota_comes_before_the_faults_and_a_failed_request_gives_its_place_back(
-    fake: FakeGemini,
+    fake: FakeGemini, client: genai.Client, clock: FakeClock
 ) -> None:
     scenario = with_quota(requests_per_minute=1, window_s=1)
     fake.set_scenario({**scenario, "faults": [{"requests": [2], "status": 503}]})
-    client = client_for(fake)
 
     ask(client)
     ask(client)
-    time.sleep(1.1)
+    clock.advance(1.1)
     ask(client)
     ask(client)
 
     assert statuses(fake) == [200, 429, 503, 200]
 
 
-def test_a_scenario_without_a_quota_answers_everything(fake: FakeGemini) -> None:
-    client = client_for(fake)
-
+def test_a_scenario_without_a_quota_answers_everything(client: genai.Client) -> None:
     answers = [ask(client) for _ in range(20)]
 
     assert answers == [None] * 20
@@ -133,10 +158,9 @@ def test_a_scenario_without_a_quota_answers_everything(fake: FakeGemini) -> None
     [("all", [200, 503, 200, 503]), ("agent", [200, 200, 503, 503])],
 )
 def test_scope_says_whether_every_counts_all_requests_or_the_agents_own(
-    fake: FakeGemini, scope: str, expected: list[int]
+    fake: FakeGemini, client: genai.Client, scope: str, expected: list[int]
 ) -> None:
     fake.set_faults([{"every": 2, "scope": scope, "status": 503}])
-    client = client_for(fake)
 
     for agent in ["triage", "plan", "triage", "plan"]:
         ask(client, agent)
@@ -145,21 +169,17 @@ def test_scope_says_whether_every_counts_all_requests_or_the_agents_own(
     assert statuses(fake) == expected
 
 
-def sleep_until_phase(window_s: float, phase_s: float) -> None:
-    """Sleep until `phase_s` into the next fixed window of `window_s` (from the epoch)."""
-    now = time.time()
-    time.sleep(window_s - now % window_s + phase_s)
-
-
 def test_a_fixed_window_admits_a_whole_quota_again_as_soon_as_the_next_window_starts(
-    fake: FakeGemini,
+    fake: FakeGemini, client: genai.Client, clock: FakeClock
 ) -> None:
     fake.set_scenario(with_quota(requests_per_minute=2, window_s=2, window="fixed"))
-    client = client_for(fake)
 
-    sleep_until_phase(2.0, 1.4)
-    late = [ask(client), ask(client), ask(client)]
-    sleep_until_phase(2.0, 0.1)
+    clock.advance_to_phase(2.0, 1.0)
+    late = [ask(client)]
+    for _ in range(2):
+        clock.advance(REQUEST_S)
+        late.append(ask(client))
+    clock.advance_to_phase(2.0, 0.1)
     early = [ask(client), ask(client)]
 
     refused = fake.requests()[2]
