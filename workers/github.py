@@ -36,6 +36,22 @@ _REMOTES = [
 
 
 @dataclass(frozen=True)
+class GitHubPacing:
+    """How far apart REST requests are spaced. GitHub asks integrations to space their requests,
+    writes most of all, to stay clear of its secondary rate limits; the defaults are PyGithub's
+    own. A fake API in a test has no such limits to respect."""
+
+    request_gap_s: float = 0.25
+    """Least time from the end of one request to the start of the next."""
+    write_gap_s: float = 1.0
+    """Least time from the end of one writing request (not a GET) to the start of the next."""
+
+
+GITHUB_PACING = GitHubPacing()
+"""The pacing of requests to GitHub, PyGithub's."""
+
+
+@dataclass(frozen=True)
 class GitHubPullRequest:
     """A pull request as GitHub's API reports it, and whether this call opened it (not the pr
     stage's output, `orchestrator.schemas.PullRequest`)."""
@@ -80,11 +96,18 @@ def secret_forms(token: SecretStr) -> list[str]:
 
 class GitHubAPI:
     """GitHub's REST API at `api_url`, authenticated with `token` (no work until a call); it
-    calls the API through PyGithub's `Github` client."""
+    calls the API through PyGithub's `Github` client, its requests spaced by `pacing`."""
 
-    def __init__(self, token: SecretStr, *, api_url: str = GITHUB_API_URL) -> None:
+    def __init__(
+        self,
+        token: SecretStr,
+        *,
+        api_url: str = GITHUB_API_URL,
+        pacing: GitHubPacing = GITHUB_PACING,
+    ) -> None:
         self.token = token
         self.api_url = api_url
+        self.pacing = pacing
 
     def open_pull_request(
         self, slug: str, *, branch: str, title: str, body: str, base: str | None = None
@@ -96,7 +119,13 @@ class GitHubAPI:
         `requests.RequestException`.
         """
         auth = Auth.Token(self.token.get_secret_value())
-        with Github(base_url=self.api_url, auth=auth, timeout=API_TIMEOUT_S) as client:
+        with Github(
+            base_url=self.api_url,
+            auth=auth,
+            timeout=API_TIMEOUT_S,
+            seconds_between_requests=self.pacing.request_gap_s,
+            seconds_between_writes=self.pacing.write_gap_s,
+        ) as client:
             repo = client.get_repo(slug)
             head = f"{slug.split('/')[0]}:{branch}"
             existing = _existing_pull(repo, head)

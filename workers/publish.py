@@ -46,7 +46,9 @@ from workers.changes import ChangedFile, ChangePolicy, UnsafeChangeError, listin
 from workers.errors import PublishError
 from workers.github import (
     GITHUB_API_URL,
+    GITHUB_PACING,
     GitHubAPI,
+    GitHubPacing,
     GitHubPullRequest,
     git_auth_config,
     github_slug,
@@ -80,7 +82,8 @@ class PublishResult(BaseModel):
 
 
 class Publisher:
-    """Publishes fixes to the repositories of `repos`; `token` authenticates to GitHub."""
+    """Publishes fixes to the repositories of `repos`; `token` authenticates to GitHub, whose
+    API at `github_api_url` is called with its requests spaced by `github_pacing`."""
 
     def __init__(
         self,
@@ -88,10 +91,12 @@ class Publisher:
         *,
         token: SecretStr | None = None,
         github_api_url: str = GITHUB_API_URL,
+        github_pacing: GitHubPacing = GITHUB_PACING,
     ) -> None:
         self.repos = repos
         self.token = token
         self.github_api_url = github_api_url
+        self.github_pacing = github_pacing
 
     def publish(
         self,
@@ -188,7 +193,7 @@ class Publisher:
         slug = github_slug(copy.source)
         if not (slug and self.token):
             return None
-        github = GitHubAPI(self.token, api_url=self.github_api_url)
+        github = GitHubAPI(self.token, api_url=self.github_api_url, pacing=self.github_pacing)
         try:
             pull = github.open_pull_request(slug, branch=copy.branch, title=title, body=body)
         except GithubException as exc:

@@ -19,13 +19,15 @@ from tests.fences import failing_at
 from tests.repos import Git, Upstream
 from workers.changes import ChangePolicy
 from workers.errors import PublishError
-from workers.github import git_auth_config, github_slug
+from workers.github import GitHubPacing, git_auth_config, github_slug
 from workers.mirrors import RepoCache
 from workers.publish import Publisher, PublishResult
 
 TOKEN = "ghp_TestTokenThatMustNeverLeak0123456789"
 GITHUB_REMOTE = "https://github.com/octo/widgets.git"
 BINARY = bytes(range(256)) * 4
+UNPACED = GitHubPacing(request_gap_s=0, write_gap_s=0)
+"""The fake GitHub has no rate limits to keep clear of: its requests are not spaced."""
 
 
 def redate(git: Git, upstream: Upstream, branch: str) -> str:
@@ -300,7 +302,7 @@ def on_github(upstream: Upstream, tmp_path: Path, monkeypatch: pytest.MonkeyPatc
 
 def github_publisher(tmp_path: Path, fake: FakeGitHub) -> Publisher:
     cache = RepoCache(tmp_path / "cache")
-    return Publisher(cache, token=SecretStr(TOKEN), github_api_url=fake.url)
+    return Publisher(cache, token=SecretStr(TOKEN), github_api_url=fake.url, github_pacing=UNPACED)
 
 
 def test_a_pull_request_is_opened_once_from_the_branch_into_the_default_branch(
