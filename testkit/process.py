@@ -11,7 +11,8 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 from workers.tools.workspace import CommandResult
@@ -141,36 +142,48 @@ def first_lines(
 
 
 def _pump(proc: subprocess.Popen[bytes], output: CappedOutput, deadline: float) -> bool:
-    """Copy the command's output until it exits; False if the deadline came first."""
+    """Copy the command's output until it exits; False if the deadline came first.
+
+    The command's exit is watched through a pidfd, which turns readable when it exits but does
+    not reap it (its pid stays reserved): seen at once, though a child it left behind may still
+    hold the pipe open.
+    """
     assert proc.stdout is not None
-    fd, eof = proc.stdout.fileno(), False
-    with selectors.DefaultSelector() as selector:
-        selector.register(fd, selectors.EVENT_READ)
-        while True:
+    out_fd, exited, eof = proc.stdout.fileno(), False, False
+    with selectors.DefaultSelector() as selector, _exit_watch(proc.pid) as exit_fd:
+        selector.register(out_fd, selectors.EVENT_READ)
+        selector.register(exit_fd, selectors.EVENT_READ)
+        while not (exited and eof):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return False
-            exited = _exited(proc.pid)
-            if eof:
-                if exited:
-                    return True
-                time.sleep(min(remaining, EXIT_GRACE_S))
-                continue
-            if not selector.select(min(remaining, EXIT_GRACE_S if exited else 1.0)):
+            events = selector.select(min(remaining, EXIT_GRACE_S) if exited else remaining)
+            if not events:
                 if exited:  # the command is gone; only a straggler can still hold the pipe
                     return True
                 continue
-            chunk = os.read(fd, READ_CHUNK_BYTES)
-            if chunk:
-                output.write(chunk)
-            else:
-                eof = True
+            for key, _ in events:
+                if key.fd == exit_fd:
+                    exited = True
+                    selector.unregister(exit_fd)
+                    continue
+                chunk = os.read(out_fd, READ_CHUNK_BYTES)
+                if chunk:
+                    output.write(chunk)
+                else:
+                    eof = True
+                    selector.unregister(out_fd)
+    return True
 
 
-def _exited(pid: int) -> bool:
-    """Whether the process has exited, without reaping it (its pid stays reserved)."""
-    flags = os.WEXITED | os.WNOHANG | os.WNOWAIT
-    return os.waitid(os.P_PID, pid, flags) is not None
+@contextmanager
+def _exit_watch(pid: int) -> Iterator[int]:
+    """A pidfd of process `pid`: readable once the process has exited."""
+    fd = os.pidfd_open(pid)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
 
 
 def _kill_group(pgid: int) -> None:
