@@ -6,6 +6,10 @@ A test belongs to the integration tier (marker `integration`) when it lives in a
 runs real services (`tests/integration`, `tests/deploy`, `tests/sandbox`), when it asks for a
 fixture that starts one (`SERVICE_FIXTURES`), or when its module says so (`pytestmark`). The
 rest is the unit tier, `make unit`: no redis-server, no dockerd, no network.
+
+The service fixtures import what they need (redis, `testkit.services`, the run store) when first
+used: pytest's main process imports this module too, and under xdist it only hands tests to its
+workers; google-adk, Celery and redis would cost it two seconds before the first worker starts.
 """
 
 from __future__ import annotations
@@ -13,14 +17,17 @@ from __future__ import annotations
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
-import redis
 
-from orchestrator.store import RunStore
-from testkit import services
 from tests import tiers  # noqa: F401  (registers the `unit` Hypothesis profile)
 from tests.repos import Git, Upstream
+
+if TYPE_CHECKING:
+    import redis
+
+    from orchestrator.store import RunStore
 
 TESTS = Path(__file__).resolve().parent
 SERVICE_FOLDERS = frozenset({"integration", "deploy"})
@@ -40,6 +47,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(scope="session")
 def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    from testkit import services
+
     with services.redis_server(tmp_path_factory.mktemp("redis")) as url:
         yield url
 
@@ -53,6 +62,8 @@ def unit_redis_url(redis_url: str) -> str:
 
 @pytest.fixture
 def redis_client(unit_redis_url: str) -> Iterator[redis.Redis]:
+    import redis
+
     client = redis.Redis.from_url(unit_redis_url, decode_responses=True)
     client.flushdb()
     yield client
@@ -61,6 +72,8 @@ def redis_client(unit_redis_url: str) -> Iterator[redis.Redis]:
 
 @pytest.fixture
 def store(redis_client: redis.Redis) -> RunStore:
+    from orchestrator.store import RunStore
+
     return RunStore(redis_client, ttl_s=3600)
 
 

@@ -1,27 +1,34 @@
 """Fixtures of the fake Gemini tests: servers that stop with the test, and real google-genai
-clients pointed at them."""
+clients pointed at them.
+
+pytest's main process imports this module too (it loads the conftest of every `test*` folder
+of `tests` before collecting), and under xdist it only hands tests to its workers: the fixtures
+import the fake and google-genai when first used, which spares it a second of start-up.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
-from google import genai
-from google.genai import types
 
-from testkit.gemini import FakeGemini
-from workers.gemini import tls_context
+if TYPE_CHECKING:
+    from google import genai
 
-StartFake = Callable[..., FakeGemini]
-ClientFor = Callable[..., genai.Client]
+    from testkit.gemini import FakeGemini
+
+StartFake = Callable[..., "FakeGemini"]
+ClientFor = Callable[..., "genai.Client"]
 
 
 @pytest.fixture
 def start_fake() -> Iterator[StartFake]:
     """Start fake servers (`start_fake(scenario, record_path=...)`); all stop when the test
     ends."""
+    from testkit.gemini import FakeGemini
+
     with ExitStack() as stack:
 
         def start(scenario: dict[str, Any], **kwargs: Any) -> FakeGemini:
@@ -35,6 +42,10 @@ def client_for() -> ClientFor:
     """A google-genai client for a fake server, with the client's own retries off and the
     process's one TLS context, as a worker makes it (`workers.gemini.build_model`): left alone,
     each client loads the CA bundle twice, a tenth of a second."""
+    from google import genai
+    from google.genai import types
+
+    from workers.gemini import tls_context
 
     def client(
         fake: FakeGemini, api_key: str = "fake-key", headers: dict[str, str] | None = None
