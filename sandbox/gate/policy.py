@@ -59,7 +59,9 @@ class GatePolicy(BaseModel):
     """The host path of the CA bundle a build container may see read-only at `CA_PATH`; None:
     no bind mount at all."""
     runtime: str | None = None
-    """Set: every container runs under this OCI runtime (`runsc`), whatever the caller asked."""
+    """Set: every sandbox runs under this OCI runtime (`runsc`), whatever the caller asked.
+    Build containers keep dockerd's default: they need the network runsc is registered
+    without (README, "Sandbox hosts"), and they run no model's commands."""
 
 
 EMPTY: tuple[Any, ...] = (None, "", 0, False, [], {})
@@ -227,8 +229,8 @@ def create_refusal(policy: GatePolicy, body: Body) -> str | None:
 
 
 def with_runtime(policy: GatePolicy, body: Body) -> dict[str, Any]:
-    """`body`, under the gate's runtime if it has one."""
-    if policy.runtime is None:
+    """`body`, under the gate's runtime if it has one and `body` is a sandbox's."""
+    if policy.runtime is None or _is_build(body):
         return dict(body)
     return {**body, "HostConfig": {**_host(body), "Runtime": policy.runtime}}
 

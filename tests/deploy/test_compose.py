@@ -11,8 +11,10 @@ import secrets
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -171,7 +173,7 @@ def test_compose_defaults_to_the_image_tags_make_images_builds(tmp_path: Path) -
     images = {name: service["image"] for name, service in config["services"].items()}
     assert images == {
         "redis": BASE_TAG,
-        **dict.fromkeys([*STAGES, "flower", "serve", "fake-gemini"], image_tag()),
+        **dict.fromkeys([*STAGES, "sandbox-gate", "flower", "serve", "fake-gemini"], image_tag()),
     }
 
 
@@ -204,7 +206,8 @@ def test_secrets_and_the_docker_socket_reach_only_the_services_that_use_them(
     tmp_path: Path,
 ) -> None:
     """The model key goes to every stage's worker, the GitHub token to the one stage that
-    publishes (pr), the Docker socket to the stages with tools (their sandbox host)."""
+    publishes (pr), the Docker socket to the sandbox gate alone; the stages with tools reach
+    dockerd only through the gate, under gVisor unless told otherwise."""
     config = _config(
         tmp_path,
         GOOGLE_API_KEY="model-key",
@@ -224,7 +227,28 @@ def test_secrets_and_the_docker_socket_reach_only_the_services_that_use_them(
         assert token == ("gh-token" if publishes else None), name
         assert ("BATON_GITHUB_API_URL" in environment) == publishes, name
         sockets = [v for v in service.get("volumes", []) if "docker.sock" in str(v)]
-        assert bool(sockets) == bool(stage and stage.tools), name
+        assert bool(sockets) == (name == "sandbox-gate"), name
+        assert ("group_add" in service) == (name == "sandbox-gate"), name
+        through_gate = environment.get("DOCKER_HOST") == "unix:///run/baton-gate/docker.sock"
+        assert through_gate == bool(stage and stage.tools), name
+        if through_gate:
+            assert environment["BATON_SANDBOX__RUNTIME"] == "runsc"
+            gate_volume = [v for v in service["volumes"] if "/run/baton-gate" in str(v)]
+            assert [_mount(v) for v in gate_volume] == [("sandbox-gate", "/run/baton-gate", True)]
+    gate = config["services"]["sandbox-gate"]
+    assert gate["command"][0] == "sandbox-gate" and "--runtime=runsc" in gate["command"]
+    assert "GOOGLE_API_KEY" not in gate.get("environment", {})
+    assert gate["cap_drop"] == ["ALL"] and gate["read_only"] is True
+    assert gate["user"].split(":")[0] not in ("", "0", "root")
+
+
+def _mount(volume: str | dict[str, Any]) -> tuple[str, str, bool]:
+    """(source, target, read-only) of a volume in docker-compose 1.29's short form
+    (`name:/path:ro`) or Compose v2's long one."""
+    if isinstance(volume, dict):
+        return volume["source"], volume["target"], bool(volume.get("read_only"))
+    source, target, *mode = volume.split(":")
+    return source, target, mode == ["ro"]
 
 
 def _redis_script(config: dict[str, Any]) -> str:
@@ -341,8 +365,15 @@ def test_compose_stack_fixes_the_demo_issue_end_to_end_and_leaves_nothing_behind
         run_id = api.enqueue(
             SENTRY_EVENT.read_bytes(), repo=str(repo), pipeline="fixer", settings=settings
         )
-        run = _wait_for(run_id, settings)
+        with _runtimes_of_sandboxes(client, run_id) as runtimes:
+            run = _wait_for(run_id, settings)
         assert run.status == RunStatus.DONE, (run.status, run.reason)
+        # Every sandbox of the run came through the gate, under gVisor; no worker holds the
+        # socket, and the gate refused nothing Baton asked for.
+        assert runtimes and set(runtimes.values()) == {"runsc"}, runtimes
+        _check_no_worker_mounts_the_docker_socket(stack, client)
+        gate_log = stack.compose("logs", "--no-color", "sandbox-gate")
+        assert "refused" not in gate_log, gate_log[-2000:]
         assert {name: run.stages[name].status for name in STAGES} == dict.fromkeys(
             STAGES, StageStatus.DONE
         )
@@ -366,6 +397,42 @@ def test_compose_stack_fixes_the_demo_issue_end_to_end_and_leaves_nothing_behind
     assert client.volumes.list(filters=ours) == []
     assert client.networks.list(filters=ours) == []
     assert sandboxes(run_id) == []
+
+
+@contextmanager
+def _runtimes_of_sandboxes(client: docker.DockerClient, run_id: str) -> Iterator[dict[str, str]]:
+    """While the block runs: the OCI runtime of each sandbox named for `run_id`, by container
+    id, looked at every 0.2 s (a sandbox lives for seconds)."""
+    seen: dict[str, str] = {}
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            for found in client.api.containers(all=True, filters={"name": run_id}):
+                if found["Id"] not in seen:
+                    try:
+                        inspected = client.api.inspect_container(found["Id"])
+                    except docker.errors.NotFound:
+                        continue
+                    seen[found["Id"]] = inspected["HostConfig"].get("Runtime") or ""
+            done.wait(0.2)
+
+    watcher = threading.Thread(target=watch, name="sandbox-runtimes", daemon=True)
+    watcher.start()
+    try:
+        yield seen
+    finally:
+        done.set()
+        watcher.join(timeout=10)
+
+
+def _check_no_worker_mounts_the_docker_socket(stack: Stack, client: docker.DockerClient) -> None:
+    for name in STAGES:
+        for container in _containers(client, stack.project, name):
+            sources = [m.get("Source", "") for m in container.attrs["Mounts"]]
+            assert not any(s.endswith("docker.sock") for s in sources), (name, sources)
+    (gate,) = _containers(client, stack.project, "sandbox-gate")
+    assert any(m["Source"] == "/var/run/docker.sock" for m in gate.attrs["Mounts"])
 
 
 def _services(stack: Stack, client: docker.DockerClient, image: str) -> list[str]:

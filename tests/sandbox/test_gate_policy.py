@@ -344,6 +344,11 @@ def test_the_gate_s_runtime_replaces_the_caller_s(
     assert with_runtime(GatePolicy(), body)["HostConfig"]["Runtime"] == asked
 
 
+def test_a_build_container_keeps_dockerd_s_default_runtime(build_body: dict[str, Any]) -> None:
+    """Builds need the network runsc is registered without; they run no model's commands."""
+    assert with_runtime(GatePolicy(runtime="runsc"), build_body) == build_body
+
+
 def test_an_exec_asking_for_privileges_is_refused() -> None:
     reason = exec_refusal(POLICY, {"Cmd": ["sh"], "Privileged": True})
     assert reason is not None and "Privileged" in reason
