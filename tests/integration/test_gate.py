@@ -7,14 +7,11 @@ from __future__ import annotations
 
 import io
 import os
-import subprocess
-import sys
 import tarfile
 import time
 import uuid
 from collections.abc import Iterator
-from contextlib import closing, contextmanager
-from dataclasses import dataclass
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +23,7 @@ from sandbox import DockerSandbox, SandboxConfig, ensure_image, remove_labelled
 from sandbox.build import BuildSettings, build_environment, environment_tag
 from sandbox.environment import EnvironmentSpec
 from sandbox.pool import WarmPool
-from tests.sandbox.conftest import TEST_LABEL
+from tests.sandbox.conftest import TEST_LABEL, Gate, started_gate
 
 DOCKER_URL = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
@@ -40,15 +37,6 @@ HARDENED: dict[str, Any] = {
     "network_mode": "none",
 }
 """A container the gate would let through, short of the one setting each refusal test adds."""
-
-
-@dataclass
-class Gate:
-    socket: Path
-    log: Path
-
-    def client(self) -> docker.DockerClient:
-        return docker.DockerClient(base_url=f"unix://{self.socket}", timeout=60)
 
 
 @pytest.fixture(scope="module")
@@ -69,28 +57,6 @@ def label_value(real_docker: docker.DockerClient) -> Iterator[str]:
     for container in left:
         real_docker.api.remove_container(container["Id"], force=True, v=True)
     assert [c["Names"] for c in left] == []
-
-
-@contextmanager
-def started_gate(folder: Path, *options: str) -> Iterator[Gate]:
-    """`baton sandbox-gate` with `options` on a socket in `folder`, stopped at the end."""
-    started = Gate(folder / "docker.sock", folder / "gate.log")
-    argv = [
-        sys.executable, "-m", "orchestrator.cli", "sandbox-gate", "--listen", str(started.socket),
-        "--docker", DOCKER_URL, *options,
-    ]  # fmt: skip
-    with started.log.open("wb") as log:
-        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 15
-        while not started.socket.exists():
-            assert process.poll() is None, started.log.read_text()
-            assert time.monotonic() < deadline, "the gate did not listen within 15 s"
-            time.sleep(0.05)
-        yield started
-    finally:
-        process.terminate()
-        process.wait(timeout=10)
 
 
 @pytest.fixture(scope="module")

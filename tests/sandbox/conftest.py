@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import time
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import docker
@@ -16,9 +22,16 @@ TEST_LABEL = "baton.test"
 """Every container these tests make carries it, with this session's value."""
 
 
+GATED = "gate"
+"""The `runtime` of a test run through the sandbox gate, which puts every sandbox under runsc
+(Compose's sandbox host)."""
+DOCKER_URL = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+
+
 def on_each_runtime(*, runsc_fails: str = "") -> pytest.MarkDecorator:
-    """Runs a test's sandboxes under dockerd's default runtime (runc) and under gVisor's `runsc`,
-    which dockerd must have registered (scripts/with-docker.sh does; README, "Sandbox hosts").
+    """Runs a test's sandboxes under dockerd's default runtime (runc), under gVisor's `runsc`,
+    which dockerd must have registered (scripts/with-docker.sh does; README, "Sandbox hosts"),
+    and through the sandbox gate started with `--runtime runsc`, as Compose runs them.
     `runsc_fails`: why the test cannot pass under runsc; it is then expected to lose the
     sandbox there (`SandboxUnavailableError`), and reported as an error once it passes."""
     marks = (
@@ -27,8 +40,44 @@ def on_each_runtime(*, runsc_fails: str = "") -> pytest.MarkDecorator:
         else []
     )
     return pytest.mark.parametrize(
-        "runtime", [pytest.param(None, id="runc"), pytest.param("runsc", id="runsc", marks=marks)]
+        "runtime",
+        [
+            pytest.param(None, id="runc"),
+            pytest.param("runsc", id="runsc", marks=marks),
+            pytest.param(GATED, id="gate-runsc", marks=marks),
+        ],
     )
+
+
+@dataclass
+class Gate:
+    socket: Path
+    log: Path
+
+    def client(self) -> docker.DockerClient:
+        return docker.DockerClient(base_url=f"unix://{self.socket}", timeout=60)
+
+
+@contextmanager
+def started_gate(folder: Path, *options: str) -> Iterator[Gate]:
+    """`baton sandbox-gate` with `options` on a socket in `folder`, stopped at the end."""
+    started = Gate(folder / "docker.sock", folder / "gate.log")
+    argv = [
+        sys.executable, "-m", "orchestrator.cli", "sandbox-gate", "--listen", str(started.socket),
+        "--docker", DOCKER_URL, *options,
+    ]  # fmt: skip
+    with started.log.open("wb") as log:
+        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 15
+        while not started.socket.exists():
+            assert process.poll() is None, started.log.read_text()
+            assert time.monotonic() < deadline, "the gate did not listen within 15 s"
+            time.sleep(0.05)
+        yield started
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
 
 
 ON_EACH_RUNTIME = on_each_runtime()
@@ -60,25 +109,46 @@ def session_label(docker_client: docker.DockerClient) -> Iterator[str]:
     assert [c["Names"] for c in left] == []
 
 
+@pytest.fixture(scope="session")
+def gate_client(
+    docker_client: docker.DockerClient, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[docker.DockerClient]:
+    """A client of a sandbox gate in front of dockerd, started as Compose starts it."""
+    with started_gate(tmp_path_factory.mktemp("gate"), "--runtime", "runsc") as gate:
+        client = gate.client()
+        yield client
+        client.close()
+
+
 @pytest.fixture
 def start_sandbox(
-    docker_client: docker.DockerClient, session_label: str, runtime: str | None
+    request: pytest.FixtureRequest,
+    docker_client: docker.DockerClient,
+    session_label: str,
+    runtime: str | None,
 ) -> Iterator[Callable[..., DockerSandbox]]:
     """`start_sandbox(memory_mb=128, labels={...}, env={...})`: a running sandbox with these
-    settings under `runtime`, removed when the test ends."""
+    settings under `runtime`, removed when the test ends. Through the gate (`GATED`), the
+    sandbox asks for no runtime, and is checked to run under the gate's."""
+    gated = runtime == GATED
+    client = request.getfixturevalue("gate_client") if gated else docker_client
     with ExitStack() as stack:
 
         def start(
             *, labels: dict[str, str] | None = None, env: dict[str, str] | None = None, **cfg: Any
         ) -> DockerSandbox:
-            return stack.enter_context(
+            box = stack.enter_context(
                 DockerSandbox.start(
-                    SandboxConfig(**{"runtime": runtime, **cfg}),
+                    SandboxConfig(**{"runtime": None if gated else runtime, **cfg}),
                     labels={TEST_LABEL: session_label, **(labels or {})},
                     env=env or {},
-                    client=docker_client,
+                    client=client,
                 )
             )
+            if gated:
+                inspected = docker_client.api.inspect_container(box.id)
+                assert inspected["HostConfig"]["Runtime"] == "runsc"
+            return box
 
         yield start
 
