@@ -6,6 +6,7 @@ Gemini server stands in for an outside service, so it imports nothing of Baton e
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
 import pickle
 import re
@@ -35,11 +36,17 @@ def python_files(package: str) -> list[Path]:
     return [p for p in (ROOT / package).rglob("*.py") if "sample_repo" not in p.parts]
 
 
+@functools.cache
+def syntax_tree(path: Path) -> ast.Module:
+    """The file's syntax tree, parsed once for all the checks (which only read it)."""
+    return ast.parse(path.read_text())
+
+
 def imported_packages(package: str) -> dict[str, set[str]]:
     found: dict[str, set[str]] = {}
     for path in python_files(package):
         names: set[str] = set()
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(syntax_tree(path)):
             if isinstance(node, ast.Import):
                 names |= {alias.name.split(".")[0] for alias in node.names}
             elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -53,7 +60,7 @@ def named_packages(package: str) -> dict[str, set[str]]:
     (docstrings left out: prose may mention a module)."""
     found: dict[str, set[str]] = {}
     for path in python_files(package):
-        tree = ast.parse(path.read_text())
+        tree = syntax_tree(path)
         docstrings = {
             id(node.body[0].value)
             for node in ast.walk(tree)
@@ -127,7 +134,7 @@ def test_no_test_double_lives_in_the_product() -> None:
         str(path.relative_to(ROOT))
         for package in CORE
         for path in python_files(package)
-        for node in ast.walk(ast.parse(path.read_text()))
+        for node in ast.walk(syntax_tree(path))
         if isinstance(node, ast.ClassDef)
         and re.match(r"(Fake|Stub|Mock|Dummy|Memory|Local)[A-Z]", node.name)
     ]
