@@ -47,7 +47,6 @@ ROOT = Path(__file__).resolve().parents[2]
 PRELUDE = """
 import json, multiprocessing, os, signal, sys, time, urllib.request
 from pathlib import Path
-from celery.exceptions import Retry
 from workers import metrics
 from workers.errors import ModelRejectedError
 
@@ -136,6 +135,8 @@ def test_samples_of_several_forked_processes_add_up_on_the_served_endpoint(
 def test_the_stage_timer_records_each_outcome_and_why_a_stage_failed(tmp_path: Path) -> None:
     shown = run_script(
         """
+        from celery.exceptions import Retry
+
         metrics.prepare(Path(sys.argv[1]))
         port = metrics.serve(0, host="127.0.0.1")
 
