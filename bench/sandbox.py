@@ -7,6 +7,8 @@ Interleaved in one run, `RUNS` times each (the order rotates between rounds):
       container, run one command through the exec path (wrapper, deadline reader, inspect),
       remove the container and its workspace volume — under runc, dockerd's default;
   (1') the same under gVisor's `runsc` (`SandboxConfig.runtime`; README, "Sandbox hosts");
+  (1'') the same through the sandbox gate started with `--runtime runsc`: Compose's sandbox
+      host, where no worker holds dockerd's socket (images/README.md);
   (2) `docker run --rm IMAGE true` through the CLI: no hardening, no volume, no exec.
 
 The figure of interest is (1) / (2): the sandbox should cost no more than a bare `docker run`;
@@ -23,9 +25,12 @@ from __future__ import annotations
 import shutil
 import statistics
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import docker
@@ -33,12 +38,15 @@ import docker
 from bench import record
 from sandbox import IMAGE_TAG, DockerSandbox, SandboxConfig, ensure_image
 from sandbox.pool import WarmPool
+from testkit import services
 
 RUNS = 30
 WARMUP = 2
-RUNTIMES: dict[str, str | None] = {"runc": None, "runsc": "runsc"}
+GATED = "gate + runsc"
+RUNTIMES: dict[str, str | None] = {"runc": None, "runsc": "runsc", GATED: None}
 """The sandbox hosts compared, by name: dockerd's default runtime, then gVisor, which dockerd
-must have registered (scripts/with-docker.sh does)."""
+must have registered (scripts/with-docker.sh does), then the sandbox gate, which puts the
+sandbox under runsc itself (the sandbox asks for no runtime)."""
 PHASES = ("total", "start", "exec", "remove")
 CLI = "docker run"
 MAX_WARM_MS = 50.0
@@ -71,11 +79,14 @@ def docker_run(image: str) -> float:
 
 
 def one_round(
-    client: docker.DockerClient, configs: dict[str, SandboxConfig], *, rotation: int
+    clients: dict[str, docker.DockerClient],
+    configs: dict[str, SandboxConfig],
+    *,
+    rotation: int,
 ) -> tuple[dict[str, dict[str, float]], float]:
-    """One sandbox use per runtime and one `docker run`, in an order that rotates by round."""
+    """One sandbox use per host and one `docker run`, in an order that rotates by round."""
     jobs: dict[str, Callable[[], Any]] = {
-        name: partial(sandbox_use, client, cfg) for name, cfg in configs.items()
+        name: partial(sandbox_use, clients[name], cfg) for name, cfg in configs.items()
     }
     jobs[CLI] = partial(docker_run, configs["runc"].image)
     names = list(jobs)
@@ -89,9 +100,15 @@ def run(progress: Any) -> dict[str, Any]:
         raise RuntimeError("the docker CLI is needed for the baseline: apt-get install docker.io")
     task = progress.add_task("sandbox: image", total=(len(RUNTIMES) + 1) * RUNS)
     client = docker.from_env()
-    try:
+    with ExitStack() as stack:
+        stack.callback(client.close)
         ensure_image(client=client, progress=lambda line: progress.update(task, description=line))
-        progress.update(task, description="sandbox: start → exec → remove (runc, runsc) vs run")
+        folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-gate-")))
+        gate = stack.enter_context(services.sandbox_gate(folder, "--runtime", "runsc"))
+        gated = docker.DockerClient(base_url=f"unix://{gate}")
+        stack.callback(gated.close)
+        clients = {name: gated if name == GATED else client for name in RUNTIMES}
+        progress.update(task, description="sandbox: start → exec → remove on each host vs run")
         configs = {
             name: SandboxConfig(image=IMAGE_TAG, runtime=rt) for name, rt in RUNTIMES.items()
         }
@@ -100,7 +117,7 @@ def run(progress: Any) -> dict[str, Any]:
         }
         cli: list[float] = []
         for i in range(WARMUP + RUNS):
-            uses, seconds = one_round(client, configs, rotation=i)
+            uses, seconds = one_round(clients, configs, rotation=i)
             if i < WARMUP:
                 continue
             for name, use in uses.items():
@@ -110,8 +127,6 @@ def run(progress: Any) -> dict[str, Any]:
             progress.advance(task, len(RUNTIMES) + 1)
         progress.update(task, description="sandbox: acquire from the warm pool")
         warm = pool_acquires(client, configs["runc"])
-    finally:
-        client.close()
     return summarize(phases, cli, warm)
 
 
@@ -167,6 +182,8 @@ def summarize(
         figures[f"ratio_{q}"] = round(ratio, 2)
         gvisor = runtimes["runsc"]["sandbox"][f"{q}_ms"] / figures["sandbox"][f"{q}_ms"]
         figures[f"runsc_over_runc_{q}"] = round(gvisor, 2)
+        gate = runtimes[GATED]["sandbox"][f"{q}_ms"] / runtimes["runsc"]["sandbox"][f"{q}_ms"]
+        figures[f"gate_over_runsc_{q}"] = round(gate, 2)
     figures["warm_acquire"] = stats(warm)
     warm_p50 = figures["warm_acquire"]["p50_ms"]
     figures["targets"] = {
@@ -178,6 +195,7 @@ def summarize(
 
 def write(figures: dict[str, Any]) -> None:
     d, w, runsc = figures["docker_run"], figures["warm_acquire"], figures["runtimes"]["runsc"]
+    gated = figures["runtimes"][GATED]
     rows = []
     for name, fig in figures["runtimes"].items():
         s, phases = fig["sandbox"], fig["phases"]
@@ -208,6 +226,9 @@ def write(figures: dict[str, Any]) -> None:
         _ms(runsc["sandbox"]["p50_ms"]),
         _ms(runsc["sandbox"]["p95_ms"]),
         _ms(runsc["phases"]["start"]["p50_ms"]),
+        _ms(gated["sandbox"]["p50_ms"]),
+        _ms(gated["sandbox"]["p95_ms"]),
+        _ms(gated["phases"]["start"]["p50_ms"]),
     ]
     record.save("sandbox", figures, row, detail)
 

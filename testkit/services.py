@@ -1,5 +1,6 @@
 """The processes a local Baton needs, as context managers that stop what they started:
-a private redis-server, the fake Gemini server, Celery workers and `baton serve`.
+a private redis-server, the fake Gemini server, Celery workers, `baton serve` and the sandbox
+gate.
 
 The demo, the tests and the benchmarks all start their services through this module; Baton
 itself never does (in production, Redis and the workers are the operator's).
@@ -176,6 +177,30 @@ def serve(
                 raise ConfigError(f"baton serve did not answer within 30s; see {logfile}")
             time.sleep(0.1)
         yield url
+    finally:
+        stop(proc)
+
+
+@contextmanager
+def sandbox_gate(folder: Path, *options: str, docker_url: str | None = None) -> Iterator[Path]:
+    """`baton sandbox-gate` with `options` in front of dockerd (`DOCKER_HOST`, else the usual
+    socket), listening on `folder`/docker.sock, which it yields once it exists; its log is
+    `folder`/gate.log."""
+    listen, logfile = folder / "docker.sock", folder / "gate.log"
+    upstream = docker_url or os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+    argv = [sys.executable, "-m", "orchestrator.cli", "sandbox-gate", "--listen", str(listen),
+            "--docker", upstream, *options]  # fmt: skip
+    with open(logfile, "wb") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 15
+        while not listen.exists():
+            if proc.poll() is not None:
+                raise ConfigError(f"the sandbox gate exited at start:\n{logfile.read_text()}")
+            if time.monotonic() > deadline:
+                raise ConfigError(f"the sandbox gate did not listen within 15 s; see {logfile}")
+            time.sleep(0.05)
+        yield listen
     finally:
         stop(proc)
 

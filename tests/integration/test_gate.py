@@ -25,7 +25,6 @@ from sandbox.environment import EnvironmentSpec
 from sandbox.pool import WarmPool
 from tests.sandbox.conftest import TEST_LABEL, Gate, started_gate
 
-DOCKER_URL = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 CANARY = "canary-value-5d1e7b"
 HARDENED: dict[str, Any] = {

@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
@@ -17,6 +13,7 @@ import docker
 import pytest
 
 from sandbox import DockerSandbox, SandboxConfig, SandboxUnavailableError, ensure_image
+from testkit import services
 
 TEST_LABEL = "baton.test"
 """Every container these tests make carries it, with this session's value."""
@@ -25,7 +22,6 @@ TEST_LABEL = "baton.test"
 GATED = "gate"
 """The `runtime` of a test run through the sandbox gate, which puts every sandbox under runsc
 (Compose's sandbox host)."""
-DOCKER_URL = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
 
 
 def on_each_runtime(*, runsc_fails: str = "") -> pytest.MarkDecorator:
@@ -61,23 +57,8 @@ class Gate:
 @contextmanager
 def started_gate(folder: Path, *options: str) -> Iterator[Gate]:
     """`baton sandbox-gate` with `options` on a socket in `folder`, stopped at the end."""
-    started = Gate(folder / "docker.sock", folder / "gate.log")
-    argv = [
-        sys.executable, "-m", "orchestrator.cli", "sandbox-gate", "--listen", str(started.socket),
-        "--docker", DOCKER_URL, *options,
-    ]  # fmt: skip
-    with started.log.open("wb") as log:
-        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 15
-        while not started.socket.exists():
-            assert process.poll() is None, started.log.read_text()
-            assert time.monotonic() < deadline, "the gate did not listen within 15 s"
-            time.sleep(0.05)
-        yield started
-    finally:
-        process.terminate()
-        process.wait(timeout=10)
+    with services.sandbox_gate(folder, *options) as listen:
+        yield Gate(listen, folder / "gate.log")
 
 
 ON_EACH_RUNTIME = on_each_runtime()
