@@ -137,23 +137,39 @@ def test_code_stages_have_a_docker_sidecar_and_tool_less_stages_have_none(stage:
         assert "DOCKER_HOST" not in env(worker)
         return
     assert stage in CODE_STAGES
-    (dind,) = sidecars(deployment)
+    dind, gate = sidecars(deployment)
     assert privileged == [dind] and dind["image"].startswith("docker:") and "dind" in dind["image"]
-    assert dind["restartPolicy"] == "Always"
-    assert env(worker)["DOCKER_HOST"]["value"] == "unix:///var/run/dind/docker.sock"
+    assert dind["restartPolicy"] == gate["restartPolicy"] == "Always"
     # The API is that socket only: no TCP listener another container could reach.
     hosts = [arg for arg in dind["args"] if arg.startswith(("--host", "-H"))]
     assert dind["args"][0] == "dockerd" and hosts == ["--host=unix:///var/run/dind/docker.sock"]
-    mounts = {m["mountPath"]: m["name"] for m in dind["volumeMounts"]}
-    worker_mounts = {m["mountPath"]: m["name"] for m in worker["volumeMounts"]}
-    assert mounts["/var/run/dind"] == worker_mounts["/var/run/dind"]
-    assert "/var/lib/docker" in mounts and "/var/lib/docker" not in worker_mounts
+    # The worker reaches the daemon only through the sandbox gate, which alone mounts its socket
+    # besides the daemon (and the image puller, which runs before either).
+    assert gate["args"][0] == "sandbox-gate" and gate["image"] == worker["image"]
+    assert "--docker=unix:///var/run/dind/docker.sock" in gate["args"]
+    assert "--listen=/var/run/gate/docker.sock" in gate["args"]
+    assert env(worker)["DOCKER_HOST"]["value"] == "unix:///var/run/gate/docker.sock"
+    mounts = {
+        c["name"]: {m["mountPath"]: m for m in c["volumeMounts"]} for c in (dind, gate, worker)
+    }
+    assert (
+        mounts["dind"]["/var/run/dind"]["name"] == mounts["sandbox-gate"]["/var/run/dind"]["name"]
+    )
+    assert mounts["sandbox-gate"]["/var/run/dind"].get("readOnly") is True
+    assert (
+        mounts["sandbox-gate"]["/var/run/gate"]["name"] == mounts["worker"]["/var/run/gate"]["name"]
+    )
+    assert mounts["worker"]["/var/run/gate"].get("readOnly") is True
+    assert "/var/run/dind" not in mounts["worker"]
+    socket_volume = mounts["dind"]["/var/run/dind"]["name"]
+    assert all(m["name"] != socket_volume for m in worker["volumeMounts"])
+    assert "/var/lib/docker" in mounts["dind"] and "/var/lib/docker" not in mounts["worker"]
 
 
 @pytest.mark.parametrize("stage", CODE_STAGES)
 def test_the_sandbox_image_is_pulled_into_the_sidecar_before_the_worker_starts(stage: str) -> None:
     init = [c for kind, c in containers(workers()[stage]) if kind == "init"]
-    assert [c["name"] for c in init] == ["dind", "sandbox-image"]
+    assert [c["name"] for c in init] == ["dind", "sandbox-image", "sandbox-gate"]
     pull = init[1]
     assert pull["command"] == ["docker", "pull", "$(BATON_SANDBOX_IMAGE)"]
     assert env(pull)["BATON_SANDBOX_IMAGE"]["valueFrom"]["configMapKeyRef"] == {
@@ -170,7 +186,7 @@ def test_the_sidecar_memory_holds_every_sandbox_the_worker_may_run_at_once(stage
     deployment = workers()[stage]
     concurrency = int(container(deployment, "worker")["args"][-1])
     sandbox_mb = int(config_data()["BATON_SANDBOX__MEMORY_MB"])
-    (dind,) = sidecars(deployment)
+    dind = next(c for c in sidecars(deployment) if c["name"] == "dind")
     limit_mb = mebibytes(dind["resources"]["limits"]["memory"])
     assert limit_mb >= concurrency * sandbox_mb + 256
 
@@ -447,7 +463,8 @@ def test_the_overlay_make_images_writes_runs_this_source_and_pins_every_other_im
     ]
     ours = [image for image in images if image == pushed]
     theirs = [image for image in images if image != pushed]
-    assert len(ours) == len(FIXER_STAGES) + 3  # workers, Flower, serve, Redis
+    # Workers, Flower, serve, Redis, and the code stages' sandbox gates.
+    assert len(ours) == len(FIXER_STAGES) + 3 + len(CODE_STAGES)
     assert theirs and all(PINNED.fullmatch(image) for image in theirs), theirs
     assert {image.split("@")[0] for image in theirs} == {"docker:27-dind"}
 
