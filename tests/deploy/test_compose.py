@@ -33,6 +33,9 @@ from orchestrator import api
 from orchestrator.models import RunRecord, RunStatus, StageStatus
 from orchestrator.pipeline import load_pipeline
 from orchestrator.settings import FAKE_API_KEY, Settings
+from sandbox import IMAGE_TAG as SANDBOX_IMAGE
+from sandbox.build import ENV_REPOSITORY
+from sandbox.gate.policy import GatePolicy, foreign_image
 from sandbox.image import ensure_image as ensure_sandbox_image
 from tests.containers import sandboxes
 from tests.repos import Git
@@ -237,6 +240,13 @@ def test_secrets_and_the_docker_socket_reach_only_the_services_that_use_them(
             assert [_mount(v) for v in gate_volume] == [("sandbox-gate", "/run/baton-gate", True)]
     gate = config["services"]["sandbox-gate"]
     assert gate["command"][0] == "sandbox-gate" and "--runtime=runsc" in gate["command"]
+    prefixes = tuple(
+        a.split("=", 1)[1] for a in gate["command"] if a.startswith("--allow-image-prefix=")
+    )
+    allowed = GatePolicy(image_prefixes=prefixes)
+    for image in (SANDBOX_IMAGE, f"{ENV_REPOSITORY}:0123456789abcdef"):
+        assert foreign_image(allowed, {"Image": image}) is None, image
+    assert foreign_image(allowed, {"Image": "alpine:3"}) is not None
     assert "GOOGLE_API_KEY" not in gate.get("environment", {})
     assert gate["cap_drop"] == ["ALL"] and gate["read_only"] is True
     assert gate["user"].split(":")[0] not in ("", "0", "root")

@@ -27,6 +27,8 @@ from orchestrator.queue import check_time_limits
 from orchestrator.server.app import API
 from orchestrator.server.auth import Authenticator, ServeSettings
 from orchestrator.settings import DEFAULT_MODEL
+from sandbox.build import ENV_REPOSITORY
+from sandbox.gate.policy import GatePolicy, foreign_image
 from tests.deploy.manifests import (
     CODE_STAGES,
     FIXER_STAGES,
@@ -124,6 +126,15 @@ def test_each_worker_serves_its_own_stage_and_nothing_else(stage: str) -> None:
     assert worker["args"] == ["worker", "--stages", stage, "--concurrency", "2"]
 
 
+def init_container(deployment: Doc, name: str) -> Doc:
+    return next(c for kind, c in containers(deployment) if kind == "init" and c["name"] == name)
+
+
+def environment_tag_example() -> str:
+    """An environment image's name, as a build in the daemon commits it."""
+    return f"{ENV_REPOSITORY}:0123456789abcdef"
+
+
 @pytest.mark.parametrize("stage", sorted(FIXER_STAGES))
 def test_code_stages_have_a_docker_sidecar_and_tool_less_stages_have_none(stage: str) -> None:
     deployment = workers()[stage]
@@ -148,6 +159,18 @@ def test_code_stages_have_a_docker_sidecar_and_tool_less_stages_have_none(stage:
     assert gate["args"][0] == "sandbox-gate" and gate["image"] == worker["image"]
     assert "--docker=unix:///var/run/dind/docker.sock" in gate["args"]
     assert "--listen=/var/run/gate/docker.sock" in gate["args"]
+    # It lets through the sandbox image the daemon pulled, and the environments built there.
+    prefixes = tuple(a.split("=", 1)[1] for a in gate["args"] if a.startswith("--allow-image"))
+    assert (
+        env(gate)["BATON_SANDBOX_IMAGE"]
+        == env(init_container(deployment, "sandbox-image"))["BATON_SANDBOX_IMAGE"]
+    )
+    allowed = GatePolicy(image_prefixes=tuple(
+        p.replace("$(BATON_SANDBOX_IMAGE)", config_data()["BATON_SANDBOX_IMAGE"]) for p in prefixes
+    ))  # fmt: skip
+    for image in (config_data()["BATON_SANDBOX_IMAGE"], environment_tag_example()):
+        assert foreign_image(allowed, {"Image": image}) is None, image
+    assert foreign_image(allowed, {"Image": "alpine:3"}) is not None
     assert env(worker)["DOCKER_HOST"]["value"] == "unix:///var/run/gate/docker.sock"
     mounts = {
         c["name"]: {m["mountPath"]: m for m in c["volumeMounts"]} for c in (dind, gate, worker)
