@@ -16,10 +16,11 @@ demo: setup
 # The unit tier: no redis-server, no dockerd, no network (tests marked `integration` are left
 # out), on both cores; property tests run a fifth of their examples (tests/tiers.py).
 # Bytecode is cached even where PYTHONDONTWRITEBYTECODE is set: compiling google-adk and
-# google-genai afresh at every start would cost more than the tests.
+# google-genai afresh at every start would cost more than the tests. A worker that runs out of
+# tests takes some of the other's (worksteal): the slow ones come in runs of a file.
 unit: setup
-	env -u PYTHONDONTWRITEBYTECODE $(BIN)/pytest -q -m "not integration" -n 2 --hypothesis-profile=unit \
-		--ignore=tests/integration --ignore=tests/deploy
+	env -u PYTHONDONTWRITEBYTECODE $(BIN)/pytest -q -m "not integration" -n 2 --dist worksteal \
+		--hypothesis-profile=unit --ignore=tests/integration --ignore=tests/deploy
 
 # Everything: lint, then both tiers against real redis-server, Celery workers, dockerd, Chromium.
 test: lint
