@@ -129,10 +129,14 @@ def fix_inputs(harness: Harness, **overrides: Any) -> StageInputs:
     return harness.inputs("fix", **values)
 
 
-def fix_diff(harness: Harness) -> str:
-    """The demo fix's change, as the fix stage hands it on."""
-    harness.run(fix_inputs(harness), {"fix": steps("fix")})
-    return harness.artifacts.data["workspace.diff"].decode()
+@cache
+def demo_fix_diff() -> str:
+    """The demo fix's change, as the fix stage hands it on: run once per test process in a
+    harness of its own, as `demo_reproduction` is (it does not depend on the commit either)."""
+    with tempfile.TemporaryDirectory(prefix="baton-fix-") as tmp:
+        harness = Harness(Path(tmp))
+        harness.run(fix_inputs(harness), {"fix": steps("fix")})
+        return harness.artifacts.data["workspace.diff"].decode()
 
 
 def test_a_stage_without_tools_returns_its_validated_output(harness: Harness) -> None:
@@ -381,7 +385,7 @@ def test_a_cancel_stops_the_stage_at_its_next_safe_point(harness: Harness) -> No
 
 
 def test_a_cancel_right_before_publishing_pushes_nothing(harness: Harness) -> None:
-    diff = fix_diff(harness)
+    diff = demo_fix_diff()
     # Safe points of the pr stage: model, show_diff, model, publish; then publish's own fence.
     fence, calls = cancel_on_call(5)
 
@@ -394,7 +398,7 @@ def test_a_cancel_right_before_publishing_pushes_nothing(harness: Harness) -> No
 
 
 def test_a_pr_stage_publishes_and_reports_the_branch_it_measured(harness: Harness) -> None:
-    diff = fix_diff(harness)
+    diff = demo_fix_diff()
     claims = {**output_of("pr"), "branch": "made-up", "commit": "0" * 40}
     pr = [*steps("pr")[:-1], {"json": claims}]
 
