@@ -205,6 +205,8 @@ class _Session:
 
     def _forward(self, request: h11.Request, target: str, body: bytes | None) -> bool:
         headers = list(request.headers)
+        if not any(k.lower() == b"host" for k, _ in headers):  # HTTP/1.0 may leave it out;
+            headers.append((b"host", b"docker"))  # HTTP/1.1 to dockerd may not
         if body is not None:
             framing = (b"content-length", b"transfer-encoding")
             headers = [(k, v) for k, v in headers if k.lower() not in framing]

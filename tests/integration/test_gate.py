@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import os
+import socket
 import tarfile
 import time
 import uuid
@@ -229,3 +230,26 @@ def test_the_gate_s_runtime_is_every_sandbox_s(
                                  client=client) as box:  # fmt: skip
             assert real_docker.api.inspect_container(box.id)["HostConfig"]["Runtime"] == "runsc"
             assert box.exec(["echo", "in gvisor"]).output == "in gvisor\n"
+
+
+@pytest.mark.parametrize(
+    "request_head",
+    [
+        b"GET /_ping HTTP/1.0\r\n\r\n",
+        b"GET /_ping HTTP/1.1\r\nHost: gate\r\nConnection: close\r\n\r\n",
+    ],
+    ids=["http-1.0-without-host", "http-1.1"],
+)
+def test_a_bare_ping_is_answered_as_compose_s_health_check_sends_it(
+    gate: Gate, request_head: bytes
+) -> None:
+    with socket.socket(socket.AF_UNIX) as client:
+        client.settimeout(10)
+        client.connect(str(gate.socket))
+        client.sendall(request_head)
+        answer = b""
+        while chunk := client.recv(4096):
+            answer += chunk
+    status_line, _, _ = answer.partition(b"\r\n")
+    assert status_line.split()[1] == b"200", answer[:200]
+    assert answer.endswith(b"OK")
