@@ -25,9 +25,14 @@ unit: setup
 		-o tmp_path_retention_policy=failed --hypothesis-profile=unit \
 		--ignore=tests/integration --ignore=tests/deploy
 
-# Everything: lint, then both tiers against real redis-server, Celery workers, dockerd, Chromium.
+# Everything: lint, then both tiers against real redis-server, Celery workers, dockerd, Chromium:
+# the unit tier on both cores (with every property example), then the integration tier, whose
+# tests share workers, servers and dockerd, one at a time.
 test: lint
-	env -u PYTHONDONTWRITEBYTECODE bash scripts/with-docker.sh $(BIN)/pytest -q --durations=15
+	env -u PYTHONDONTWRITEBYTECODE bash scripts/with-docker.sh sh -c '\
+		$(BIN)/pytest -q -m "not integration" -n 2 --dist worksteal \
+			-o tmp_path_retention_policy=failed --ignore=tests/integration --ignore=tests/deploy \
+		&& $(BIN)/pytest -q -m integration --durations=15'
 
 bench: setup
 	bash scripts/with-docker.sh $(BIN)/python -m bench
