@@ -97,8 +97,11 @@ def ensure_images(
                 _tag(docker_client, tag, image_tag())
                 return tag
             _prepare_context(source, _wheel_python(docker_client), say)
+        replaced = image_id(docker_client, image_tag())
         _docker_build(docker_client, tag, digest, say)
         _tag(docker_client, tag, image_tag())
+        if replaced is not None and replaced != image_id(docker_client, tag):
+            _retire(docker_client, replaced)
     return tag
 
 
@@ -250,24 +253,20 @@ def _docker_build(client: docker.DockerClient, tag: str, digest: str, say: Progr
                     say(line.rstrip())
     except docker.errors.DockerException as exc:
         raise ImageBuildError(f"docker build of {tag} failed: {exc}") from exc
-    # The build this one replaces (the one `baton:<version>` names), unless a container uses it.
-    replaced = image_id(client, image_tag())
-    if replaced and replaced != image_id(client, tag):
-        _remove_quietly(client, replaced)
     size_mb = client.api.inspect_image(tag)["Size"] / 1e6
     say(f"built {tag} ({size_mb:.0f} MB) in {time.monotonic() - started:.0f} s")
 
 
-def _remove_quietly(client: docker.DockerClient, image: str) -> None:
-    """An image and its source tags, unless a container still uses it."""
+def _retire(client: docker.DockerClient, image: str) -> None:
+    """The build a new one replaced: its source tags go, and with the last of them the image,
+    unless a container still uses it (Docker then keeps it, tag and all)."""
     found = inspected(client, image)
-    try:
-        for tag in (found or {}).get("RepoTags") or []:
-            if tag.startswith(f"{DISTRIBUTION}:") and tag != image_tag():
+    for tag in (found or {}).get("RepoTags") or []:
+        if tag.startswith(f"{DISTRIBUTION}:"):
+            try:
                 client.api.remove_image(tag)
-        client.api.remove_image(image)
-    except docker.errors.APIError:
-        pass
+            except docker.errors.APIError:
+                pass
 
 
 def main(argv: list[str] | None = None) -> int:
