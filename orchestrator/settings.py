@@ -93,9 +93,10 @@ class QueueConfig(_Section):
     max_interrupted: int = 3
     """Executions of one stage that may be lost before the run fails."""
     eta_task_limit: int = Field(4, ge=1)
-    """Most messages one worker process may hold unacknowledged, counting retries waiting out
-    their countdown (a 429's `retryDelay`). Celery raises a worker's prefetch by one for each
-    such retry and, unbounded, a worker would hoard messages no other worker or autoscaler
+    """Most messages one worker (all its processes together) may hold unacknowledged, the
+    stages it runs and the retries waiting out their countdown (a 429's `retryDelay`) alike;
+    keep it above the worker's `--concurrency`. Celery raises a worker's prefetch by one for
+    each such retry and, unbounded, a worker would hoard messages no other worker or autoscaler
     sees (the queue's length no longer counts them)."""
 
 
