@@ -46,6 +46,12 @@ def worker(stages: str, pipeline: str, concurrency: int, loglevel: str) -> None:
     if settings.google_api_key is None:
         raise ConfigError(missing_key_message(settings.model_section()))
     check_time_limits(spec, settings.queue, settings.retry)
+    if concurrency > settings.queue.eta_task_limit:
+        raise ConfigError(
+            f"--concurrency {concurrency} is above BATON_QUEUE__ETA_TASK_LIMIT "
+            f"({settings.queue.eta_task_limit}), the most messages a worker may hold: raise "
+            "the limit to at least the concurrency, or run fewer processes"
+        )
     label = "-".join(names) if stages != "all" else "all"
     argv = worker_argv(
         [spec.stage(name).queue for name in names],

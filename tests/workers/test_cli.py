@@ -29,3 +29,16 @@ def test_the_commands_of_other_packages_are_listed() -> None:
     assert result.exit_code == 0
     for command in ("worker", "demo", "fake-gemini", "enqueue", "cancel"):
         assert f"  {command} " in result.output
+
+
+def test_a_worker_with_more_processes_than_messages_it_may_hold_refuses_to_start(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("BATON_REDIS_URL", "redis://127.0.0.1:1/0")
+    monkeypatch.setenv("GOOGLE_API_KEY", "any-key")
+    monkeypatch.setenv("BATON_QUEUE__ETA_TASK_LIMIT", "2")
+
+    result = CliRunner().invoke(main, ["worker", "--stages", "triage", "--concurrency", "3"])
+
+    assert result.exit_code == 2
+    assert "--concurrency 3 is above BATON_QUEUE__ETA_TASK_LIMIT (2)" in result.output
