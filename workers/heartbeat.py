@@ -9,8 +9,11 @@ its sandbox) and to remove its sandbox."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+import os
 import threading
+import time
 from collections.abc import Callable, Coroutine
 from types import TracebackType
 from typing import Any, TypeVar
@@ -24,7 +27,8 @@ T = TypeVar("T")
 
 
 class Heartbeat:
-    """Renews the owner's lease every third of `lease_s` from a thread, for a `with` block.
+    """Renews the owner's lease every third of `lease_s`, for a `with` block, from the process's
+    one heartbeat thread (`_Beater`): a stage does not start and join a thread of its own.
 
     When the execution no longer holds its stage (`hold` is `CANCELLED` or `LOST`), `stopped`
     is set and `on_stop` runs once (it stops whatever the stage is blocked in, such as its
@@ -45,14 +49,19 @@ class Heartbeat:
         self._run_id, self._stage, self._owner = run_id, stage, owner
         self._lease_s = lease_s
         self._on_stop = on_stop
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._beating = threading.Lock()
+        """Held while a beat of this heartbeat runs: leaving the block waits for it."""
+        self._active = False
         self.stopped = threading.Event()
         self.hold = Hold.HELD
 
+    @property
+    def every_s(self) -> float:
+        return self._lease_s / 3
+
     def __enter__(self) -> Heartbeat:
-        self._thread = threading.Thread(target=self._beat, name="baton-heartbeat", daemon=True)
-        self._thread.start()
+        self._active = True
+        _beater().add(self)
         return self
 
     def __exit__(
@@ -61,25 +70,90 @@ class Heartbeat:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=self._lease_s)
+        self._active = False
+        _beater().remove(self)
+        if self._beating.acquire(timeout=self._lease_s):  # a beat under way ends first
+            self._beating.release()
 
-    def _beat(self) -> None:
-        while not self._stop.wait(self._lease_s / 3):
+    def beat(self) -> bool:
+        """Renew the lease once; False once the execution no longer holds its stage (no more
+        beats are needed)."""
+        with self._beating:
+            if not self._active:  # its block has been left meanwhile
+                return False
             try:
                 hold = self._conductor.renew(
                     self._run_id, self._stage, owner=self._owner, lease_s=self._lease_s
                 )
             except Exception:
                 logger.warning("could not renew the lease of %s", self._owner, exc_info=True)
-                continue
+                return True
             if hold != Hold.HELD and not self.stopped.is_set():
                 logger.info("stage %s of run %s: %s; stopping", self._stage, self._run_id, hold)
                 self.hold = hold
                 self.stopped.set()
                 self._on_stop()
-                return
+                return False
+            return hold == Hold.HELD
+
+
+class _Beater:
+    """The thread that beats every running heartbeat of this process when it is due. Started
+    on first use and kept for the process's life (it waits on a condition while no stage
+    runs); a forked child makes its own (`_beater`)."""
+
+    def __init__(self) -> None:
+        self._due: dict[Heartbeat, float] = {}
+        self._changed = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def add(self, heartbeat: Heartbeat) -> None:
+        with self._changed:
+            self._due[heartbeat] = time.monotonic() + heartbeat.every_s
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._run, name="baton-heartbeat", daemon=True
+                )
+                self._thread.start()
+            self._changed.notify()
+
+    def remove(self, heartbeat: Heartbeat) -> None:
+        with self._changed:
+            self._due.pop(heartbeat, None)
+
+    def _run(self) -> None:
+        while True:
+            for heartbeat in self._next_due():
+                try:
+                    going = heartbeat.beat()
+                except Exception:  # its `on_stop` failed: the others beat on
+                    logger.exception("a heartbeat's stop failed")
+                    going = False
+                if not going:
+                    self.remove(heartbeat)
+
+    def _next_due(self) -> list[Heartbeat]:
+        """Wait until a heartbeat is due; the due ones, rescheduled for their next beat."""
+        with self._changed:
+            while True:
+                now = time.monotonic()
+                due = [h for h, at in self._due.items() if at <= now]
+                if due:
+                    for heartbeat in due:
+                        self._due[heartbeat] = now + heartbeat.every_s
+                    return due
+                wait_s = min(self._due.values(), default=now + 3600) - now
+                self._changed.wait(wait_s)
+
+
+@functools.cache
+def _beater() -> _Beater:
+    """This process's beater; a forked child (a pool process) gets a new one, as the parent's
+    thread does not run in it."""
+    return _Beater()
+
+
+os.register_at_fork(after_in_child=_beater.cache_clear)
 
 
 class Interruptible:
