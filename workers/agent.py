@@ -25,6 +25,7 @@ from google.adk.agents.run_config import RunConfig, StreamingMode
 from google.adk.events import Event
 from google.adk.models.base_llm import BaseLlm
 from google.adk.models.llm_request import LlmRequest
+from google.adk.models.llm_response import LlmResponse
 from google.adk.runners import Runner
 from google.adk.sessions import InMemorySessionService
 from google.adk.telemetry.context import ContentCapturingMode, TelemetryConfig
@@ -114,15 +115,22 @@ def build_agent(spec: AgentSpec, model: BaseLlm, usage: Usage) -> LlmAgent:
     def instruction(ctx: ReadonlyContext) -> str:
         return render(spec.instruction, dict(ctx.state)).strip() + "\n\n" + spec.contract
 
-    def count_request(callback_context: Any, llm_request: LlmRequest) -> None:
+    def safe_point(*_: Any, **__: Any) -> None:
+        if spec.checkpoint is not None:
+            spec.checkpoint()
+
+    def before_model(callback_context: Any, llm_request: LlmRequest) -> LlmResponse | None:
+        """The safe point, the trim, then the count of what is sent: one callback rather than
+        a list of three, as ADK inspects each callback's signature at every call."""
+        safe_point()
+        trimmed = trim(callback_context, llm_request)
+        if trimmed is not None:
+            return trimmed
         usage.requests += 1
         if spec.record_request is not None:
             sent = llm_request.model_dump(mode="json", include=REQUEST_FIELDS, exclude_none=True)
             spec.record_request({"agent": spec.name, "number": usage.requests, **sent})
-
-    def safe_point(*_: Any, **__: Any) -> None:
-        if spec.checkpoint is not None:
-            spec.checkpoint()
+        return None
 
     config = (
         types.GenerateContentConfig(response_mime_type="application/json")
@@ -137,7 +145,7 @@ def build_agent(spec: AgentSpec, model: BaseLlm, usage: Usage) -> LlmAgent:
         instruction=instruction,
         tools=list(spec.tools),
         generate_content_config=config,
-        before_model_callback=[safe_point, trim, count_request],
+        before_model_callback=before_model,
         after_model_callback=guard.after_model,
         before_tool_callback=[safe_point, guard.before_tool],
         after_tool_callback=tool_output_limiter(spec.budget.max_tool_output_chars),
