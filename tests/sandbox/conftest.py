@@ -19,15 +19,23 @@ TEST_LABEL = "baton.test"
 """Every container these tests make carries it, with this session's value."""
 
 
-GATED = "gate"
-"""The `runtime` of a test run through the sandbox gate, which puts every sandbox under runsc
-(Compose's sandbox host)."""
+GATED = "gate:"
+"""How the `runtime` of a test run through the sandbox gate begins; the gate's `--runtime`
+follows (`gate:runsc` is Compose's sandbox host)."""
+
+
+def effective_runtime(runtime: str | None) -> str:
+    """The OCI runtime a sandbox of `runtime` really runs under."""
+    if runtime is None:
+        return "runc"
+    return runtime.removeprefix(GATED)
 
 
 def on_each_runtime(*, runsc_fails: str = "") -> pytest.MarkDecorator:
     """Runs a test's sandboxes under dockerd's default runtime (runc), under gVisor's `runsc`,
     which dockerd must have registered (scripts/with-docker.sh does; README, "Sandbox hosts"),
-    and through the sandbox gate started with `--runtime runsc`, as Compose runs them.
+    and through the sandbox gate started with `--runtime runsc` (as Compose runs them) and
+    with `--runtime runc`.
     `runsc_fails`: why the test cannot pass under runsc; it is then expected to lose the
     sandbox there (`SandboxUnavailableError`) or to get a result that is not the one runc gives
     (its assertion fails), and reported as an error once it passes."""
@@ -42,7 +50,8 @@ def on_each_runtime(*, runsc_fails: str = "") -> pytest.MarkDecorator:
         [
             pytest.param(None, id="runc"),
             pytest.param("runsc", id="runsc", marks=marks),
-            pytest.param(GATED, id="gate-runsc", marks=marks),
+            pytest.param(f"{GATED}runsc", id="gate-runsc", marks=marks),
+            pytest.param(f"{GATED}runc", id="gate-runc"),
         ],
     )
 
@@ -93,14 +102,24 @@ def session_label(docker_client: docker.DockerClient) -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
-def gate_client(
+def gate_clients(
     docker_client: docker.DockerClient, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[docker.DockerClient]:
-    """A client of a sandbox gate in front of dockerd, started as Compose starts it."""
-    with started_gate(tmp_path_factory.mktemp("gate"), "--runtime", "runsc") as gate:
-        client = gate.client()
+) -> Iterator[Callable[[str], docker.DockerClient]]:
+    """`client(runtime)`: a client of a sandbox gate in front of dockerd started with
+    `--runtime runtime` (as Compose starts it, with runsc); one gate per runtime, started when
+    first asked for."""
+    with ExitStack() as stack:
+        clients: dict[str, docker.DockerClient] = {}
+
+        def client(runtime: str) -> docker.DockerClient:
+            if runtime not in clients:
+                folder = tmp_path_factory.mktemp(f"gate-{runtime}")
+                gate = stack.enter_context(started_gate(folder, "--runtime", runtime))
+                clients[runtime] = gate.client()
+                stack.callback(clients[runtime].close)
+            return clients[runtime]
+
         yield client
-        client.close()
 
 
 @pytest.fixture
@@ -111,10 +130,14 @@ def start_sandbox(
     runtime: str | None,
 ) -> Iterator[Callable[..., DockerSandbox]]:
     """`start_sandbox(memory_mb=128, labels={...}, env={...})`: a running sandbox with these
-    settings under `runtime`, removed when the test ends. Through the gate (`GATED`), the
+    settings under `runtime`, removed when the test ends. Through a gate (`GATED`), the
     sandbox asks for no runtime, and is checked to run under the gate's."""
-    gated = runtime == GATED
-    client = request.getfixturevalue("gate_client") if gated else docker_client
+    gated = runtime is not None and runtime.startswith(GATED)
+    client = (
+        request.getfixturevalue("gate_clients")(effective_runtime(runtime))
+        if gated
+        else docker_client
+    )
     with ExitStack() as stack:
 
         def start(
@@ -130,7 +153,7 @@ def start_sandbox(
             )
             if gated:
                 inspected = docker_client.api.inspect_container(box.id)
-                assert inspected["HostConfig"]["Runtime"] == "runsc"
+                assert inspected["HostConfig"]["Runtime"] == effective_runtime(runtime)
             return box
 
         yield start

@@ -9,7 +9,7 @@ import docker
 import pytest
 
 from sandbox import DockerSandbox
-from tests.sandbox.conftest import GATED, ON_EACH_RUNTIME
+from tests.sandbox.conftest import ON_EACH_RUNTIME, effective_runtime
 
 pytestmark = ON_EACH_RUNTIME
 
@@ -134,5 +134,5 @@ def test_the_container_is_configured_with_every_limit(
         "Init": True,
         "Privileged": False,
         "LogConfig": {"Type": "json-file", "Config": {"max-size": "2m"}},
-        "Runtime": "runsc" if runtime == GATED else runtime or "runc",
+        "Runtime": effective_runtime(runtime),
     }
