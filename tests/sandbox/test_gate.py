@@ -10,7 +10,6 @@ import os
 import socket
 import tarfile
 import time
-import uuid
 from collections.abc import Iterator
 from contextlib import closing
 from pathlib import Path
@@ -20,7 +19,7 @@ import docker
 import docker.errors
 import pytest
 
-from sandbox import DockerSandbox, SandboxConfig, ensure_image, remove_labelled
+from sandbox import DockerSandbox, SandboxConfig, remove_labelled
 from sandbox.build import BuildSettings, build_environment, environment_tag
 from sandbox.environment import EnvironmentSpec
 from sandbox.pool import WarmPool
@@ -40,28 +39,8 @@ HARDENED: dict[str, Any] = {
 
 
 @pytest.fixture(scope="module")
-def real_docker() -> Iterator[docker.DockerClient]:
-    """dockerd itself, for setting up and checking what the gate did."""
-    client = docker.from_env()
-    ensure_image(client=client)
-    yield client
-    client.close()
-
-
-@pytest.fixture(scope="module")
-def label_value(real_docker: docker.DockerClient) -> Iterator[str]:
-    """This module's `TEST_LABEL` value; at its end no container carries it."""
-    value = uuid.uuid4().hex[:12]
-    yield value
-    left = real_docker.api.containers(all=True, filters={"label": f"{TEST_LABEL}={value}"})
-    for container in left:
-        real_docker.api.remove_container(container["Id"], force=True, v=True)
-    assert [c["Names"] for c in left] == []
-
-
-@pytest.fixture(scope="module")
 def gate(
-    real_docker: docker.DockerClient, tmp_path_factory: pytest.TempPathFactory
+    docker_client: docker.DockerClient, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Gate]:
     options = ("--allow-network", "bridge", "--allow-ca-bundle", CA_BUNDLE)
     with started_gate(tmp_path_factory.mktemp("gate"), *options) as started:
@@ -77,11 +56,11 @@ def gated(gate: Gate) -> Iterator[docker.DockerClient]:
 
 
 @pytest.fixture
-def plain_container(real_docker: docker.DockerClient, label_value: str) -> Iterator[str]:
+def plain_container(docker_client: docker.DockerClient, session_label: str) -> Iterator[str]:
     """A running container that is not a sandbox, started on dockerd's own socket."""
-    container = real_docker.containers.run(
+    container = docker_client.containers.run(
         "baton-sandbox:2", ["sleep", "60"], detach=True, network_mode="none",
-        labels={TEST_LABEL: label_value}, user="1000:1000",
+        labels={TEST_LABEL: session_label}, user="1000:1000",
     )  # fmt: skip
     yield container.id
     container.remove(force=True, v=True)
@@ -106,10 +85,10 @@ def refused(error: pytest.ExceptionInfo[docker.errors.APIError], *named: str) ->
 
 
 def test_a_sandbox_runs_whole_through_the_gate(
-    gated: docker.DockerClient, real_docker: docker.DockerClient, label_value: str
+    gated: docker.DockerClient, docker_client: docker.DockerClient, session_label: str
 ) -> None:
     stdin = os.urandom(3_000_000).hex().encode()  # 6 MB in; 6 MB back, and 4 MB more
-    with DockerSandbox.start(SandboxConfig(), labels={TEST_LABEL: label_value},
+    with DockerSandbox.start(SandboxConfig(), labels={TEST_LABEL: session_label},
                              env={"SECRET": CANARY}, client=gated) as box:  # fmt: skip
         echoed = box.exec(["sh", "-c", "cat; head -c 4000000 /dev/zero | tr '\\0' x"],
                           stdin=stdin, max_output_bytes=20_000_000)  # fmt: skip
@@ -127,15 +106,15 @@ def test_a_sandbox_runs_whole_through_the_gate(
         assert box.exec(["true"]).exit_code == 0
         container_id = box.id
     with pytest.raises(docker.errors.NotFound):
-        real_docker.api.inspect_container(container_id)
+        docker_client.api.inspect_container(container_id)
 
 
 def test_a_pooled_sandbox_is_taken_and_renamed_through_the_gate(
-    gated: docker.DockerClient, real_docker: docker.DockerClient, label_value: str
+    gated: docker.DockerClient, docker_client: docker.DockerClient, session_label: str
 ) -> None:
     pool = WarmPool(size=1, client=gated)
     cfg = SandboxConfig()
-    labels = {"baton.run": f"gate{label_value}", "baton.stage": "fix", "baton.attempt": "1"}
+    labels = {"baton.run": f"gate{session_label}", "baton.stage": "fix", "baton.attempt": "1"}
     try:
         with pool.start(cfg, labels=labels, env={}) as cold:
             assert cold.exec(["true"]).exit_code == 0
@@ -144,44 +123,45 @@ def test_a_pooled_sandbox_is_taken_and_renamed_through_the_gate(
             assert time.monotonic() < deadline, "the pool did not fill within 15 s"
             time.sleep(0.05)
         with pool.start(cfg, labels=labels, env={}) as warm:
-            name = real_docker.api.inspect_container(warm.id)["Name"]
-            assert name.startswith(f"/baton-sbx-gate{label_value}.fix.1-")
+            name = docker_client.api.inspect_container(warm.id)["Name"]
+            assert name.startswith(f"/baton-sbx-gate{session_label}.fix.1-")
             assert warm.exec(["echo", "warm"]).output == "warm\n"
     finally:
         pool.close()
 
 
 def test_listing_through_the_gate_shows_only_sandboxes(
-    gated: docker.DockerClient, plain_container: str, label_value: str
+    gated: docker.DockerClient, plain_container: str, session_label: str
 ) -> None:
-    with DockerSandbox.start(SandboxConfig(), labels={TEST_LABEL: label_value},
+    with DockerSandbox.start(SandboxConfig(), labels={TEST_LABEL: session_label},
                              client=gated) as box:  # fmt: skip
         listed = {c["Id"] for c in gated.api.containers(all=True)}
         mine = {
-            c["Id"] for c in gated.api.containers(filters={"label": f"{TEST_LABEL}={label_value}"})
+            c["Id"]
+            for c in gated.api.containers(filters={"label": f"{TEST_LABEL}={session_label}"})
         }
         assert box.id in listed and plain_container not in listed
         assert mine == {box.id}
-    assert remove_labelled({TEST_LABEL: label_value}, client=gated) == []
+    assert remove_labelled({TEST_LABEL: session_label}, client=gated) == []
 
 
 def test_an_environment_builds_and_is_removed_through_the_gate(
-    gated: docker.DockerClient, real_docker: docker.DockerClient, label_value: str
+    gated: docker.DockerClient, docker_client: docker.DockerClient, session_label: str
 ) -> None:
     spec = EnvironmentSpec(setup=("echo built > /opt/marker",))
-    tag = environment_tag(f"gatetest{label_value}")
+    tag = environment_tag(f"gatetest{session_label}")
     settings = BuildSettings(ca_bundle=Path(CA_BUNDLE))
     tree = tar_of({"README": b"a repository\n"})
     built = build_environment(spec, tree, tag=tag, settings=settings,
-                              labels={TEST_LABEL: label_value}, client=gated)  # fmt: skip
+                              labels={TEST_LABEL: session_label}, client=gated)  # fmt: skip
     try:
-        with DockerSandbox.start(SandboxConfig(image=tag), labels={TEST_LABEL: label_value},
+        with DockerSandbox.start(SandboxConfig(image=tag), labels={TEST_LABEL: session_label},
                                  client=gated) as box:  # fmt: skip
             assert box.exec(["cat", "/opt/marker"]).output == "built\n"
     finally:
         gated.api.remove_image(tag, force=True)
     with pytest.raises(docker.errors.ImageNotFound):
-        real_docker.api.inspect_image(built.image_id)
+        docker_client.api.inspect_image(built.image_id)
 
 
 def test_what_baton_never_asks_for_is_refused(
@@ -223,12 +203,12 @@ def test_what_baton_never_asks_for_is_refused(
 
 
 def test_the_gate_s_runtime_is_every_sandbox_s(
-    real_docker: docker.DockerClient, tmp_path: Path, label_value: str
+    docker_client: docker.DockerClient, tmp_path: Path, session_label: str
 ) -> None:
     with started_gate(tmp_path, "--runtime", "runsc") as gate, closing(gate.client()) as client:
-        with DockerSandbox.start(SandboxConfig(runtime=None), labels={TEST_LABEL: label_value},
+        with DockerSandbox.start(SandboxConfig(runtime=None), labels={TEST_LABEL: session_label},
                                  client=client) as box:  # fmt: skip
-            assert real_docker.api.inspect_container(box.id)["HostConfig"]["Runtime"] == "runsc"
+            assert docker_client.api.inspect_container(box.id)["HostConfig"]["Runtime"] == "runsc"
             assert box.exec(["echo", "in gvisor"]).output == "in gvisor\n"
 
 
