@@ -15,7 +15,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -140,7 +140,10 @@ def worker(
             start_new_session=True,
         )  # fmt: skip
     try:
-        wait_for_log(logfile, "ready.", proc)
+        _wait_until(
+            lambda: "ready." in logfile.read_text(errors="replace"), proc, logfile, "the worker",
+            timeout_s=60.0,
+        )  # fmt: skip
         yield proc
     finally:
         stop(proc)
@@ -162,20 +165,15 @@ def serve(
             stderr=subprocess.STDOUT,
         )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
+
+    def healthy() -> bool:
+        try:
+            return httpx.get(f"{url}/api/v1/health", timeout=2.0).status_code == 200
+        except httpx.TransportError:
+            return False
+
     try:
-        deadline = time.monotonic() + 30.0
-        while True:
-            if proc.poll() is not None:
-                tail = logfile.read_text(errors="replace")[-2000:]
-                raise ConfigError(f"baton serve exited at start ({proc.returncode}):\n{tail}")
-            try:
-                if httpx.get(f"{url}/api/v1/health", timeout=2.0).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise ConfigError(f"baton serve did not answer within 30s; see {logfile}")
-            time.sleep(0.1)
+        _wait_until(healthy, proc, logfile, "baton serve", timeout_s=30.0)
         yield url
     finally:
         stop(proc)
@@ -193,30 +191,30 @@ def sandbox_gate(folder: Path, *options: str, docker_url: str | None = None) -> 
     with open(logfile, "wb") as log:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 15
-        while not listen.exists():
-            if proc.poll() is not None:
-                raise ConfigError(f"the sandbox gate exited at start:\n{logfile.read_text()}")
-            if time.monotonic() > deadline:
-                raise ConfigError(f"the sandbox gate did not listen within 15 s; see {logfile}")
-            time.sleep(0.05)
+        _wait_until(listen.exists, proc, logfile, "the sandbox gate", timeout_s=15.0)
         yield listen
     finally:
         stop(proc)
 
 
-def wait_for_log(
-    logfile: Path, marker: str, proc: subprocess.Popen[bytes], timeout_s: float = 60.0
+def _wait_until(
+    ready: Callable[[], bool],
+    proc: subprocess.Popen[bytes],
+    logfile: Path,
+    what: str,
+    *,
+    timeout_s: float,
 ) -> None:
+    """Poll `ready` until it holds; a `ConfigError` with the end of `logfile` if `proc` exits
+    first, or naming `logfile` if `timeout_s` passes."""
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    while not ready():
         if proc.poll() is not None:
             tail = logfile.read_text(errors="replace")[-2000:]
-            raise ConfigError(f"worker exited at start with code {proc.returncode}:\n{tail}")
-        if marker in logfile.read_text(errors="replace"):
-            return
-        time.sleep(0.1)
-    raise ConfigError(f"worker not ready within {timeout_s:.0f}s; see {logfile}")
+            raise ConfigError(f"{what} exited at start with code {proc.returncode}:\n{tail}")
+        if time.monotonic() > deadline:
+            raise ConfigError(f"{what} was not ready within {timeout_s:.0f} s; see {logfile}")
+        time.sleep(0.05)
 
 
 def stop(proc: subprocess.Popen[bytes] | subprocess.Popen[str]) -> None:
