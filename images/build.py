@@ -69,11 +69,11 @@ def source_tag() -> str:
     """`baton:<version>-<source>`: the tag of the image this checkout makes (no Docker
     needed)."""
     with tempfile.TemporaryDirectory(prefix="baton-image-src-") as scratch:
-        return _source_tag(_copy_sources(Path(scratch) / "src"))
+        return _source_tag(_content(_copy_sources(Path(scratch) / "src")))
 
 
-def _source_tag(source: Path) -> str:
-    return f"{image_tag()}-{_digest(source, base_id=BASE_TAG)[:12]}"
+def _source_tag(content: str) -> str:
+    return f"{image_tag()}-{content[:12]}"
 
 
 def ensure_images(
@@ -90,8 +90,9 @@ def ensure_images(
         ensure_base(docker_client, say, mirror=mirror)
         with tempfile.TemporaryDirectory(prefix="baton-image-src-") as scratch:
             source = _copy_sources(Path(scratch) / "src")
-            tag = _source_tag(source)
-            digest = _digest(source, base_id=image_id(docker_client, BASE_TAG) or "")
+            content = _content(source)
+            tag = _source_tag(content)
+            digest = _built_from(content, base_id=image_id(docker_client, BASE_TAG) or "")
             if _label(docker_client, tag) == digest and not force:
                 say(f"{tag} is up to date with the source (--force rebuilds it)")
                 _tag(docker_client, tag, image_tag())
@@ -142,15 +143,21 @@ def _copy_sources(dest: Path) -> Path:
     return dest
 
 
-def _digest(source: Path, *, base_id: str) -> str:
-    """A hash of every file of the source copy (path and bytes), the Dockerfile and the base
-    image's id."""
-    sha = hashlib.sha256(base_id.encode())
+def _content(source: Path) -> str:
+    """A hash of what the image is made of: every file of the source copy (path and bytes),
+    the Dockerfile and the base image's recipe version (`BASE_TAG`)."""
+    sha = hashlib.sha256(BASE_TAG.encode())
     sha.update(DOCKERFILE.read_bytes())
     for path in sorted(p for p in source.rglob("*") if p.is_file()):
         sha.update(str(path.relative_to(source)).encode() + b"\0")
         sha.update(path.read_bytes())
-    return sha.hexdigest()[:16]
+    return sha.hexdigest()
+
+
+def _built_from(content: str, *, base_id: str) -> str:
+    """The image's label: its content hash and the id of the base image it was built on (a
+    rebuilt base, same recipe, is a rebuild too)."""
+    return hashlib.sha256(f"{content}\0{base_id}".encode()).hexdigest()[:16]
 
 
 def _label(client: docker.DockerClient, tag: str) -> str | None:
