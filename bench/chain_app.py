@@ -1,8 +1,9 @@
 """The baseline of the overhead benchmark: a plain Celery chain whose every task makes one
 google-genai call to the same fake server, on the same Redis and with the same worker settings
-as Baton (acks late, prefetch 1, prefork) and the same garbage collector settings in its pool
-process (`orchestrator.queue.collect_less`). One client per process, reused; task starts traced
-(`bench.trace`) as in Baton's worker.
+as Baton (acks late, prefetch 1, prefork), the same garbage collector settings in its pool
+process (`orchestrator.queue.collect_less`) and google-genai's request building without its walk
+through every field (`workers.genai_paths`), as in Baton's worker. One client per process,
+reused; task starts traced (`bench.trace`) as in Baton's worker.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from bench import trace
 from bench.stack import API_KEY
 from orchestrator.queue import celery_config, collect_less
 from orchestrator.settings import DEFAULT_MODEL, QueueConfig
+from workers import genai_paths
 
 MODEL = DEFAULT_MODEL
 """The model each chain task calls, as a Baton worker would by default."""
@@ -27,6 +29,7 @@ app = Celery("bench-chain")
 app.conf.update(celery_config(os.environ["BATON_REDIS_URL"], QueueConfig()))
 trace.install()
 worker_process_init.connect(collect_less, weak=False)  # as Baton's worker does
+genai_paths.install()
 
 
 @functools.cache

@@ -1,16 +1,20 @@
-"""Orchestration overhead: what Baton costs per stage, against the strongest plain chain.
+"""Orchestration overhead: what Baton costs per stage, against the strongest plain chains.
 
-Both run five stages with one model call each against an instant fake model, 30 times,
-alternating run by run, each on its own idle worker (one prefork process, the same Celery
+Each runs five stages with one model call each against an instant fake model, 30 times,
+rotating run by run, each on its own idle worker (one prefork process, the same Celery
 settings: acks late, prefetch 1):
 
 * **Baton**: the five-stage pipeline `bench/pipelines/handoff.toml`;
-* **plain chain**: a Celery `chain` of five tasks on the same Redis, each making one
-  google-genai call to the same fake server with one client per process (`bench.chain_app`).
+* **ADK chain**: a Celery `chain` of five tasks on the same Redis, each running its model call
+  in a fresh Google ADK session, as a Baton stage does, with nothing else of Baton
+  (`bench.adk_chain_app`): what Baton's stages cannot cost less than while each is a fresh
+  ADK session;
+* **plain chain**: the same chain with one google-genai call per task instead, one client per
+  process (`bench.chain_app`).
 
-Measured per stage, from the task's start (Celery's `task_prerun`, traced the same way in both
-workers, `bench.trace`) and the fake server's record of when each request arrived and when its
-reply was ready:
+Measured per stage, from the task's start (Celery's `task_prerun`, traced the same way in all
+the workers, `bench.trace`) and the fake server's record of when each request arrived and when
+its reply was ready:
 
 1. **start → first request**: from the task's start to its model request reaching the server;
 2. **reply → next request**: from a stage's last model reply to the next stage's first model
@@ -19,7 +23,7 @@ reply was ready:
    over the measured runs, divided by the stages run; the pool process (where stages run) and
    the main process (which receives the messages) apart.
 
-Targets: (2) at most 3× the chain's at p50; Baton's pool CPU at most 15 ms per stage.
+Targets: (2) at most 3× the plain chain's at p50; Baton's pool CPU at most 15 ms per stage.
 """
 
 from __future__ import annotations
@@ -49,11 +53,16 @@ from testkit.services import worker_env
 PIPELINE = Path(__file__).parent / "pipelines" / "handoff.toml"
 BATON_STAGES = ["h1", "h2", "h3", "h4", "h5"]
 CHAIN_STAGES = ["p1", "p2", "p3", "p4", "p5"]
+ADK_STAGES = ["a1", "a2", "a3", "a4", "a5"]
 RUNS = 30
 WARMUP = 2
 """Runs of each before measuring: the first stages of a fresh worker import and connect."""
 QUEUE = "bench.chain"
-"""The baseline chain's queue (`bench.chain_app` serves it)."""
+"""The plain chain's queue (`bench.chain_app` serves it)."""
+ADK_QUEUE = "bench.adk_chain"
+"""The ADK chain's queue (`bench.adk_chain_app` serves it)."""
+CONTENDERS = {"baton": "Baton", "adk": "ADK chain", "chain": "plain chain"}
+"""Who is measured, in the order of the tables' columns."""
 MAX_HANDOFF_RATIO = 3.0
 MAX_CPU_MS = 15.0
 RUN_TIMEOUT_S = 60.0
@@ -84,19 +93,18 @@ def baton_run(settings: Settings, repo: Path, i: int) -> dict[str, str]:
     return {stage: f"{run_id}.{stage}" for stage in BATON_STAGES}
 
 
-def chain_run(app: Celery, trace_file: Path, i: int) -> dict[str, str]:
-    ids = {stage: f"chain{i}.{stage}" for stage in CHAIN_STAGES}
+def chain_run(
+    app: Celery, trace_file: Path, i: int, *, task: str, queue: str, stages: list[str]
+) -> dict[str, str]:
+    """One chain of `task`s, one per stage, each given the previous one's reply."""
+    ids = {stage: f"{queue}.{i}.{stage}" for stage in stages}
     links = [
-        app.signature(
-            "bench.stage",
-            args=(None, stage) if n == 0 else (stage,),
-            queue=QUEUE,
-            task_id=ids[stage],
-        )
-        for n, stage in enumerate(CHAIN_STAGES)
-    ]
+        app.signature(task, args=(None, stage) if n == 0 else (stage,), queue=queue,
+                      task_id=ids[stage])
+        for n, stage in enumerate(stages)
+    ]  # fmt: skip
     chain(*links).apply_async()
-    _wait(lambda: trace.seen(trace_file, ids[CHAIN_STAGES[-1]]), f"chain {i}")
+    _wait(lambda: trace.seen(trace_file, ids[stages[-1]]), f"{queue} run {i}")
     return ids
 
 
@@ -145,7 +153,7 @@ def intervals(runs: list[Run], traced: Traces, stages: list[str]) -> dict[str, l
 
 def run(progress: Any) -> dict[str, Any]:
     scenario = {"agents": {"*": [{"json": {"summary": "ok"}}]}, "latency_ms": 0}
-    task = progress.add_task("overhead: Baton and a plain chain, alternating", total=RUNS)
+    task = progress.add_task("overhead: Baton, an ADK chain and a plain chain, in turn", total=RUNS)
     with ExitStack() as stack:
         work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="baton-bench-")))
         # In a process of its own: in this one, the waiting below would delay its replies.
@@ -154,36 +162,46 @@ def run(progress: Any) -> dict[str, Any]:
         repo = empty_repo(work / "repo")
         redis_url = stack.enter_context(services.redis_server(work / "redis"))
         settings = bench_settings(redis_url, fake.url, work)
-        traces = {"baton": work / "baton.trace", "chain": work / "chain.trace"}
+        traces = {name: work / f"{name}.trace" for name in CONTENDERS}
         queues = [s.queue for s in load_pipeline(str(PIPELINE)).stages]
         baton_env = {**worker_env(settings), trace.TRACE_FILE_ENV: str(traces["baton"])}
-        chain_env = {"BATON_REDIS_URL": redis_url, "BENCH_GEMINI_URL": fake.url,
-                     trace.TRACE_FILE_ENV: str(traces["chain"])}  # fmt: skip
+
+        def chain_env(name: str) -> dict[str, str]:
+            return {"BATON_REDIS_URL": redis_url, "BENCH_GEMINI_URL": fake.url,
+                    trace.TRACE_FILE_ENV: str(traces[name])}  # fmt: skip
+
         workers = {
             "baton": stack.enter_context(services.worker(
                 baton_env, queues, app="bench.baton_app", logfile=work / "baton.log"
             )),
+            "adk": stack.enter_context(services.worker(
+                chain_env("adk"), [ADK_QUEUE], app="bench.adk_chain_app",
+                logfile=work / "adk.log", name="bench-adk-chain",
+            )),
             "chain": stack.enter_context(services.worker(
-                chain_env, [QUEUE], app="bench.chain_app", logfile=work / "chain.log",
+                chain_env("chain"), [QUEUE], app="bench.chain_app", logfile=work / "chain.log",
                 name="bench-chain",
             )),
         }  # fmt: skip
         app = Celery("bench-chain-client", set_as_current=False)
         app.conf.update(celery_config(redis_url, QueueConfig()))
         stack.callback(app.close)
-        go = {
-            "baton": lambda i: measured(fake, BATON_STAGES, lambda: baton_run(settings, repo, i)),
-            "chain": lambda i: measured(
-                fake, CHAIN_STAGES, lambda: chain_run(app, traces["chain"], i)
-            ),
-        }
-        runs: dict[str, list[Run]] = {"baton": [], "chain": []}
+        stages = {"baton": BATON_STAGES, "adk": ADK_STAGES, "chain": CHAIN_STAGES}
+        go: dict[str, Callable[[int], dict[str, str]]] = {
+            "baton": lambda i: baton_run(settings, repo, i),
+            "adk": lambda i: chain_run(app, traces["adk"], i, task="bench.adk_stage",
+                                       queue=ADK_QUEUE, stages=ADK_STAGES),
+            "chain": lambda i: chain_run(app, traces["chain"], i, task="bench.stage",
+                                         queue=QUEUE, stages=CHAIN_STAGES),
+        }  # fmt: skip
+        runs: dict[str, list[Run]] = {name: [] for name in CONTENDERS}
         before: dict[str, cpu.WorkerCpu] = {}
+        order = list(CONTENDERS)
         for i in range(WARMUP + RUNS):
             if i == WARMUP:
                 before = {name: cpu.worker_cpu(w.pid) for name, w in workers.items()}
-            for name in ("baton", "chain") if i % 2 else ("chain", "baton"):
-                done = go[name](i)
+            for name in order[i % 3 :] + order[: i % 3]:  # each goes first in turn
+                done = measured(fake, stages[name], lambda: go[name](i))  # noqa: B023
                 if i >= WARMUP:
                     runs[name].append(done)
             if i >= WARMUP:
@@ -193,10 +211,7 @@ def run(progress: Any) -> dict[str, Any]:
         }
         traced = {name: (trace.read(p), trace.read(p, "end")) for name, p in traces.items()}
     return summarize(
-        {
-            "baton": intervals(runs["baton"], traced["baton"], BATON_STAGES),
-            "chain": intervals(runs["chain"], traced["chain"], CHAIN_STAGES),
-        },
+        {name: intervals(runs[name], traced[name], stages[name]) for name in CONTENDERS},
         {name: (main, pool) for name, (main, pool) in spent.items()},
     )
 
@@ -214,24 +229,28 @@ def summarize(
     stages = RUNS * len(BATON_STAGES)
     figures: dict[str, Any] = {"runs": RUNS, "stages_per_run": len(BATON_STAGES)}
     for measure in MEASURES:
-        baton, plain = stats(timings["baton"][measure]), stats(timings["chain"][measure])
+        found = {name: stats(timings[name][measure]) for name in CONTENDERS}
+        baton, plain = found["baton"], found["chain"]
         figures[measure] = {
-            "baton": baton,
-            "chain": plain,
+            **found,
             "ratio_p50": round(baton["p50_ms"] / max(plain["p50_ms"], 0.01), 2),
             "ratio_p95": round(baton["p95_ms"] / max(plain["p95_ms"], 0.01), 2),
         }
-    figures["cpu_ms_per_stage"] = {
+    cpu_ms = {
         name: {"pool": round(1000 * pool / stages, 2), "main": round(1000 * main / stages, 2)}
         for name, (main, pool) in spent.items()
     }
+    figures["cpu_ms_per_stage"] = cpu_ms
+    figures["baton_beyond_adk_cpu_ms_per_stage"] = round(
+        cpu_ms["baton"]["pool"] - cpu_ms["adk"]["pool"], 2
+    )
     handoff = figures["reply_to_next_request"]["ratio_p50"]
-    cpu_ms = figures["cpu_ms_per_stage"]["baton"]["pool"]
+    baton_cpu = cpu_ms["baton"]["pool"]
     figures["targets"] = {
         "handoff_ratio_p50": {"target": f"<= {MAX_HANDOFF_RATIO}", "value": handoff,
                               "met": handoff <= MAX_HANDOFF_RATIO},
-        "baton_pool_cpu_ms_per_stage": {"target": f"<= {MAX_CPU_MS}", "value": cpu_ms,
-                                        "met": cpu_ms <= MAX_CPU_MS},
+        "baton_pool_cpu_ms_per_stage": {"target": f"<= {MAX_CPU_MS}", "value": baton_cpu,
+                                        "met": baton_cpu <= MAX_CPU_MS},
     }  # fmt: skip
     return figures
 
@@ -241,29 +260,34 @@ def write(figures: dict[str, Any]) -> None:
     cpu_ms = figures["cpu_ms_per_stage"]
 
     def timing_row(label: str, m: dict[str, Any]) -> list[str]:
-        b, c = m["baton"], m["chain"]
-        cells = [b["p50_ms"], b["p95_ms"], c["p50_ms"], c["p95_ms"]]
+        cells = [m[name][p] for name in CONTENDERS for p in ("p50_ms", "p95_ms")]
         return [label, *(f"{v:.1f}" for v in cells), f"{m['ratio_p50']:.2f}×",
                 f"{m['ratio_p95']:.2f}×"]  # fmt: skip
 
+    def cpu_row(label: str, process: str) -> list[str]:
+        ratio = cpu_ms["baton"][process] / cpu_ms["chain"][process]
+        cells = [f"{cpu_ms[name][process]:.1f}" for name in CONTENDERS]
+        return [label, *(cell for c in cells for cell in (c, "")), f"{ratio:.2f}×", ""]
+
     rows = [
         *(timing_row(label, figures[measure]) for measure, label in MEASURES.items()),
-        ["(3) CPU per stage, pool process (ms)", f"{cpu_ms['baton']['pool']:.1f}", "",
-         f"{cpu_ms['chain']['pool']:.1f}", "",
-         f"{cpu_ms['baton']['pool'] / cpu_ms['chain']['pool']:.2f}×", ""],
-        ["(3) CPU per stage, main process (ms)", f"{cpu_ms['baton']['main']:.1f}", "",
-         f"{cpu_ms['chain']['main']:.1f}", "",
-         f"{cpu_ms['baton']['main'] / cpu_ms['chain']['main']:.2f}×", ""],
-    ]  # fmt: skip
-    header = ["per stage", "Baton p50", "Baton p95", "chain p50", "chain p95", "ratio p50",
-              "ratio p95"]  # fmt: skip
+        cpu_row("(3) CPU per stage, pool process (ms)", "pool"),
+        cpu_row("(3) CPU per stage, main process (ms)", "main"),
+    ]
+    header = ["per stage", *(f"{title} {p}" for title in CONTENDERS.values()
+                             for p in ("p50", "p95")),
+              "ratio p50 (Baton / plain chain)", "ratio p95"]  # fmt: skip
     detail = record.table(header, rows)
+    detail += (
+        f"\n\nBaton's pool CPU beyond the ADK chain's: "
+        f"{figures['baton_beyond_adk_cpu_ms_per_stage']:.1f} ms per stage."
+    )
     detail += "\n\n" + record.targets_table(figures["targets"])
     row = [
         f"{start['baton']['p50_ms']:.1f} / {start['chain']['p50_ms']:.1f}",
         f"{handoff['baton']['p50_ms']:.1f} / {handoff['chain']['p50_ms']:.1f}",
         f"{handoff['ratio_p50']:.2f}×",
-        f"{cpu_ms['baton']['pool']:.1f} / {cpu_ms['chain']['pool']:.1f}",
+        " / ".join(f"{cpu_ms[name]['pool']:.1f}" for name in CONTENDERS),
         "yes" if all(t["met"] for t in figures["targets"].values()) else "**no**",
     ]
     record.save("overhead", figures, row, detail)

@@ -1,0 +1,97 @@
+"""The second baseline of the overhead benchmark: the plain chain of `bench.chain_app`, except
+that each task runs its model call as Baton's stages do, in a fresh Google ADK session: a new
+`LlmAgent`, `Runner` and `InMemorySessionService`, one user message, one model call through
+ADK's `Gemini` on google-genai's async client.
+
+It keeps every advantage Baton's worker has: one google-genai client and one event loop per
+process (its connection stays open from task to task), the same garbage collector settings
+(`orchestrator.queue.collect_less`), google-genai's request building without its walk through
+every field (`workers.genai_paths`), ADK's telemetry told not to capture message contents, and
+ADK's absent `a2a` import skipped. What it leaves out is what Baton adds to a stage: the run
+store, the lease and its heartbeat, the fleet's quota, budgets, audit entries and the checks
+on the output. Baton's CPU per stage minus this chain's is what those cost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import os
+
+from celery import Celery
+from celery.signals import worker_process_init
+from google import genai
+from google.adk.agents import LlmAgent
+from google.adk.agents.run_config import RunConfig
+from google.adk.models.google_llm import Gemini
+from google.adk.runners import Runner
+from google.adk.sessions import InMemorySessionService
+from google.adk.telemetry.context import ContentCapturingMode, TelemetryConfig
+from google.genai import types
+
+from bench import trace
+from bench.stack import API_KEY
+from orchestrator.queue import celery_config, collect_less
+from orchestrator.settings import DEFAULT_MODEL, QueueConfig
+from workers import agent as _baton_agent  # noqa: F401  (importing it skips ADK's absent a2a)
+from workers import genai_paths
+
+MODEL = DEFAULT_MODEL
+APP_NAME = "bench-adk-chain"
+JSON_REPLY = types.GenerateContentConfig(response_mime_type="application/json")
+TELEMETRY = TelemetryConfig(capture_message_content=ContentCapturingMode.NO_CONTENT)
+
+app = Celery("bench-adk-chain")
+app.conf.update(celery_config(os.environ["BATON_REDIS_URL"], QueueConfig()))
+trace.install()
+worker_process_init.connect(collect_less, weak=False)  # as Baton's worker does
+genai_paths.install()
+
+
+@functools.cache
+def client() -> genai.Client:
+    options = types.HttpOptions(
+        base_url=os.environ["BENCH_GEMINI_URL"],
+        api_version="v1beta",
+        retry_options=types.HttpRetryOptions(attempts=1),
+    )
+    return genai.Client(api_key=API_KEY, http_options=options)
+
+
+@functools.cache
+def loop() -> asyncio.AbstractEventLoop:
+    """The process's one event loop: the shared client's connections belong to it."""
+    return asyncio.new_event_loop()
+
+
+async def fresh_session(name: str, instruction: str) -> str:
+    """One turn of a new agent in a new session; the reply's text."""
+    agent = LlmAgent(
+        name=name,
+        model=Gemini(model=MODEL, client=client()),
+        instruction=lambda _context: instruction,  # as Baton's: no templating by ADK
+        generate_content_config=JSON_REPLY,
+    )
+    runner = Runner(agent=agent, app_name=APP_NAME, session_service=InMemorySessionService())
+    try:
+        session = await runner.session_service.create_session(app_name=APP_NAME, user_id=name)
+        message = types.Content(role="user", parts=[types.Part(text=f"Do the {name} stage now.")])
+        text = ""
+        async for event in runner.run_async(
+            user_id=name,
+            session_id=session.id,
+            new_message=message,
+            run_config=RunConfig(telemetry=TELEMETRY),
+        ):
+            if event.content and event.content.parts and event.content.parts[0].text:
+                text = event.content.parts[0].text
+        return text
+    finally:
+        await runner.close()
+
+
+@app.task(name="bench.adk_stage")
+def stage(previous: str | None, name: str) -> str:
+    """One fresh ADK session with one model call; its reply goes to the next task."""
+    instruction = f"Stage {name}." + (f" Before you: {previous}" if previous else "")
+    return loop().run_until_complete(fresh_session(name, instruction))
