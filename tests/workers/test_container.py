@@ -150,3 +150,34 @@ def test_a_symlink_inside_the_sandbox_workspace_is_followed(tmp_path: Path) -> N
     workspace.write_text("made.py", "x = 2\n")
     assert (tmp_path / "made.py").read_text() == "x = 2\n"
     assert not workspace.exists("missing.py")
+
+
+@dataclass
+class StalledBox(HostBox):
+    """A sandbox whose path lookups do not finish: killed at their time limit, or by a signal."""
+
+    timed_out: bool = True
+
+    def exec(self, argv: Sequence[str], **kwargs: Any) -> ExecResult:
+        if argv[0] != "sh" or "realpath" not in argv[2]:
+            return super().exec(argv, **kwargs)
+        return ExecResult(exit_code=None if self.timed_out else -9, output="",
+                          timed_out=self.timed_out, oom_killed=False, truncated=False,
+                          duration_s=0.0)  # fmt: skip
+
+
+@pytest.mark.parametrize("timed_out", [True, False], ids=["timed out", "killed"])
+def test_a_path_lookup_the_sandbox_did_not_answer_is_a_tool_error_not_a_missing_file(
+    tmp_path: Path, timed_out: bool
+) -> None:
+    (tmp_path / "app.py").write_text("x = 1\n")
+    box = StalledBox(tmp_path, timed_out=timed_out)
+    workspace = ContainerWorkspace(cast(DockerSandbox, box), root=str(tmp_path))
+    how = "took too long" if timed_out else "was killed"
+
+    for use in (lambda: workspace.write_text("app.py", "x = 2\n"),
+                lambda: workspace.read_text("app.py"),
+                lambda: workspace.exists("app.py")):  # fmt: skip
+        with pytest.raises(ToolError, match=f"looking up 'app.py' in the sandbox {how}"):
+            use()
+    assert (tmp_path / "app.py").read_text() == "x = 1\n"  # nothing written

@@ -67,7 +67,7 @@ class ContainerWorkspace:
 
     def write_text(self, path: str, text: str) -> None:
         full = self._real(path, must_exist=False)
-        assert full is not None  # a path that need not exist always resolves
+        assert full is not None  # raised above unless it resolved
         try:
             self.box.write_file(full, text.encode())
         except SandboxError as exc:  # a read-only file, say: the model can choose another way
@@ -150,8 +150,14 @@ class ContainerWorkspace:
         full = self._full(path)
         flag, kind = ("-e", kind) if must_exist else ("-m", "-n")
         result = self._exec(["sh", "-c", REAL_PATH.format(flag=flag, kind=kind), "sh", full])
+        if result.timed_out or result.oom_killed or result.exit_code < 0:
+            # The sandbox did not answer the question: saying the file is absent would be wrong.
+            how = "took too long" if result.timed_out else "was killed"
+            raise ToolError(f"looking up {path!r} in the sandbox {how}; try again")
         if result.exit_code != 0:
-            return None
+            if must_exist:
+                return None
+            raise ToolError(f"{path!r} cannot be resolved: {result.output.strip()[-300:]}")
         real = PurePosixPath(result.output.strip())
         if not real.is_relative_to(self._root):
             raise ToolError(f"{path!r} leads outside the repository through a symlink")
