@@ -121,6 +121,8 @@ def run(progress: Any) -> dict[str, Any]:
                 time.sleep(0.2)
             wall_s = time.monotonic() - started
             figures = check(store, remote, run_ids)
+            figures["lost_logs"] = {run_id: worker_lines(work, run_id)
+                                    for run_id, _reason in figures["lost"]}  # fmt: skip
     return {
         "runs": RUNS,
         "arrival_every_s": ARRIVAL_S,
@@ -182,6 +184,26 @@ def check(store: RunStore, remote: Path, run_ids: list[str]) -> dict[str, Any]:
     }
 
 
+LOST_LOG_CHARS = 6_000
+
+
+def worker_lines(work: Path, run_id: str) -> str:
+    """What the workers logged of a run that was not done, with the traceback of a crash: the
+    soak's folder goes when it ends, so a loss would leave no evidence otherwise."""
+    kept: list[str] = []
+    for log in sorted(work.glob("worker-*.log")):
+        following = False
+        for line in log.read_text(errors="replace").splitlines():
+            if run_id in line:
+                kept.append(f"{log.name}: {line}")
+                following = "crashed" in line or "Traceback" in line
+            elif following and not line.startswith("["):  # a traceback's lines
+                kept.append(f"{log.name}: {line}")
+            else:
+                following = False
+    return "\n".join(kept)[-LOST_LOG_CHARS:]
+
+
 def _done_entries(store: RunStore, run_id: str, stage: str) -> list[dict[str, Any]]:
     return [
         e for e in store.audit_log(run_id)
@@ -214,7 +236,8 @@ def write(figures: dict[str, Any]) -> None:
         f"{t:g}" for t in figures["kill_times_s"]
     )
     for run_id, reason in figures["lost"]:
-        detail += f"\n\nNot done: run {run_id}: {reason}"
+        detail += f"\n\nNot done: run {run_id}: {reason} (its workers' log lines: `lost_logs` in "
+        detail += "bench/results/soak.json)"
     row = [
         str(figures["runs"]),
         str(figures["kills"]),
