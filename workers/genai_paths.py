@@ -5,8 +5,8 @@ with `_common.get_value_by_path`, which asks `key in data` before anything else.
 has no `__contains__`, so Python answers by iterating the model: every field, as a (name, value)
 pair that never equals a string, before the function falls back to `getattr`. A
 `GenerateContentConfig` has 39 fields and a request reads some hundred paths, so about a
-millisecond of CPU of every model call goes to these walks: a sixth of google-genai's call with
-an instant model (measured side by side, docs/benchmarks.md, "Orchestration overhead").
+millisecond of CPU of every model call goes to these walks: a seventh of google-genai's call
+with an instant model (measured side by side, docs/benchmarks.md, "Orchestration overhead").
 
 `get_value_by_path` below gives exactly the answers google-genai's gives. For a model, `key in
 data` is always False, so its answer is the attribute when the model has one, else the default

@@ -146,7 +146,8 @@ class ContainerWorkspace:
     def _real(self, path: str, *, must_exist: bool, kind: str = "-e") -> str | None:
         """Where `path` really is, symlinks followed, in one exec: None if it must exist and
         does not (or is not of `kind`, a `test` flag); refused when it leads outside the
-        workspace (a symlink to `..` or `/etc`) or into `.git`."""
+        workspace (a symlink to `..` or `/etc`) or into `.git`, and when the sandbox did not
+        answer (the lookup timed out or was killed): that says nothing of the file."""
         full = self._full(path)
         flag, kind = ("-e", kind) if must_exist else ("-m", "-n")
         result = self._exec(["sh", "-c", REAL_PATH.format(flag=flag, kind=kind), "sh", full])
