@@ -3,24 +3,20 @@ that each task runs its model call as Baton's stages do, in a fresh Google ADK s
 `LlmAgent`, `Runner` and `InMemorySessionService`, one user message, one model call through
 ADK's `Gemini` on google-genai's async client.
 
-It keeps every advantage Baton's worker has: one google-genai client and one event loop per
-process (its connection stays open from task to task), the same garbage collector settings
-(`orchestrator.queue.collect_less`), google-genai's request building without its walk through
-every field (`workers.genai_paths`), ADK's telemetry told not to capture message contents, and
-ADK's absent `a2a` import skipped. What it leaves out is what Baton adds to a stage: the run
-store, the lease and its heartbeat, the fleet's quota, budgets, audit entries and the checks
-on the output. Baton's CPU per stage minus this chain's is what those cost.
+It keeps every advantage Baton's worker has: those of `bench.baseline` (one google-genai client
+per process, the garbage collector settings, google-genai's faster request building), one
+event loop per process (the client's connection stays open from task to task), ADK's telemetry
+told not to capture message contents, and ADK's absent `a2a` import skipped. What it leaves
+out is what Baton adds to a stage: the run store, the lease and its heartbeat, the fleet's
+quota, budgets, audit entries and the checks on the output. Baton's CPU per stage minus this
+chain's is what those cost.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
-import os
 
-from celery import Celery
-from celery.signals import worker_process_init
-from google import genai
 from google.adk.agents import LlmAgent
 from google.adk.agents.run_config import RunConfig
 from google.adk.models.google_llm import Gemini
@@ -29,33 +25,16 @@ from google.adk.sessions import InMemorySessionService
 from google.adk.telemetry.context import ContentCapturingMode, TelemetryConfig
 from google.genai import types
 
-from bench import trace
-from bench.stack import API_KEY
-from orchestrator.queue import celery_config, collect_less
-from orchestrator.settings import DEFAULT_MODEL, QueueConfig
+from bench.baseline import client, worker_app
+from orchestrator.settings import DEFAULT_MODEL
 from workers import agent as _baton_agent  # noqa: F401  (importing it skips ADK's absent a2a)
-from workers import genai_paths
 
 MODEL = DEFAULT_MODEL
 APP_NAME = "bench-adk-chain"
 JSON_REPLY = types.GenerateContentConfig(response_mime_type="application/json")
 TELEMETRY = TelemetryConfig(capture_message_content=ContentCapturingMode.NO_CONTENT)
 
-app = Celery("bench-adk-chain")
-app.conf.update(celery_config(os.environ["BATON_REDIS_URL"], QueueConfig()))
-trace.install()
-worker_process_init.connect(collect_less, weak=False)  # as Baton's worker does
-genai_paths.install()
-
-
-@functools.cache
-def client() -> genai.Client:
-    options = types.HttpOptions(
-        base_url=os.environ["BENCH_GEMINI_URL"],
-        api_version="v1beta",
-        retry_options=types.HttpRetryOptions(attempts=1),
-    )
-    return genai.Client(api_key=API_KEY, http_options=options)
+app = worker_app("bench-adk-chain")
 
 
 @functools.cache
