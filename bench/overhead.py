@@ -200,7 +200,8 @@ def run(progress: Any) -> dict[str, Any]:
         for i in range(WARMUP + RUNS):
             if i == WARMUP:
                 before = {name: cpu.worker_cpu(w.pid) for name, w in workers.items()}
-            for name in order[i % 3 :] + order[: i % 3]:  # each goes first in turn
+            turn = i % len(order)
+            for name in order[turn:] + order[:turn]:  # each goes first in turn
                 done = measured(fake, stages[name], lambda: go[name](i))  # noqa: B023
                 if i >= WARMUP:
                     runs[name].append(done)
