@@ -51,6 +51,9 @@ BUILD_LABEL = "baton.build"
 
 CA_PATH = "/run/baton-build/ca.crt"
 """Where a build container sees the extra CA bundle (bind-mounted, so never in a layer)."""
+EGRESS_PATH = "/run/baton-egress"
+"""Where a build container sees the folder of the egress proxy's socket (bind-mounted
+read-only): its only way to the package registries (sandbox/egress.py)."""
 CA_VARIABLES = (
     "SSL_CERT_FILE",
     "PIP_CERT",
