@@ -1,5 +1,5 @@
 # `make demo` and `make test` do all set-up themselves on a fresh Debian machine.
-.PHONY: setup demo unit test bench eval lint clean images
+.PHONY: setup demo unit test bench eval docs lint clean images
 
 BIN := .venv/bin
 
@@ -38,10 +38,17 @@ bench: setup
 	bash scripts/with-docker.sh $(BIN)/python -m bench
 
 # The evaluation harness on the corpus of real bugs (eval/corpus): the oracle must resolve every
-# instance, the saboteur and the stale reproduction none; writes the report docs/eval.md.
+# instance, the saboteur and the stale reproduction none; records eval/results/eval.json, then
+# draws the docs from it.
 eval: setup
 	bash scripts/with-docker.sh $(BIN)/baton eval eval/corpus --mode oracle --mode saboteur \
-		--mode stale --report docs/eval.md
+		--mode stale --results eval/results/eval.json
+	$(BIN)/python -m bench.docs
+
+# The generated sections of README.md and docs/*.md, drawn afresh from bench/results/ and
+# eval/results/ (bench/docs.py); `make bench` and `make eval` do it after they record.
+docs: setup
+	$(BIN)/python -m bench.docs
 
 lint: setup
 	$(BIN)/ruff check orchestrator workers sandbox testkit demo images tests bench evaluation

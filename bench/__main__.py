@@ -1,6 +1,8 @@
 """`python -m bench [isolation|overhead ...] [--json]`: run benchmarks, record their results.
 
-With no names, all of them run, in the order of `BENCHMARKS` (what `make bench` does).
+With no names, all of them run, in the order of `BENCHMARKS` (what `make bench` does). Each
+benchmark's figures go to bench/results/ (`bench.record`); then the docs' generated sections are
+drawn afresh from them (`bench.docs`, what `make docs` does).
 """
 
 from __future__ import annotations
@@ -16,11 +18,13 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from bench import (
+    docs,
     environment,
     governor,
     inspection,
     isolation,
     overhead,
+    record,
     sandbox,
     saturation,
     soak,
@@ -48,6 +52,7 @@ def main() -> int:
     logging.basicConfig(level=logging.ERROR)
     console = Console(stderr=True)
     results: dict[str, Any] = {}
+    written: set[str] = set()
     columns = (
         TextColumn("{task.description}"),
         BarColumn(),
@@ -60,12 +65,14 @@ def main() -> int:
             started = time.monotonic()
             results[name] = module.run(progress)
             results[name]["took_s"] = round(time.monotonic() - started)
-            module.write(results[name])
+            record.save(name, results[name])
+            written.update(str(doc.relative_to(docs.ROOT)) for doc in docs.generate())
     if args.json:
         print(json.dumps(results, indent=2))
     else:
         took = ", ".join(f"{name} {figures['took_s']} s" for name, figures in results.items())
-        console.print(f"results written to bench/results/ and docs/benchmarks.md ({took})")
+        drawn = ", ".join(sorted(written)) or "no document changed"
+        console.print(f"results written to bench/results/ ({took}); docs drawn afresh: {drawn}")
     return 0
 
 

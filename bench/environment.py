@@ -34,6 +34,7 @@ from typing import Any
 import docker
 
 from bench import record
+from bench.docs import Source, table, targets_table
 from orchestrator.store import connect
 from sandbox import IMAGE_TAG, ensure_image
 from sandbox.build import CA_PATH, BuildSettings, build_environment, environment_tag
@@ -160,28 +161,45 @@ def summarize(
     }  # fmt: skip
 
 
-def write(figures: dict[str, Any]) -> None:
-    b, h = figures["cold_build"], figures["by_hand"]
-    hit, new = figures["lookup_hit"], figures["lookup_new_commit"]
-    detail = record.table(
-        ["", "n", "p50 (s)", "p95 (s)"],
-        [
-            ["(1) Baton's cold build (build container, copy-in, setup, wipe, commit)",
-             str(b["n"]), f"{b['p50_s']:.1f}", f"{b['p95_s']:.1f}"],
-            ["(2) the same setup in one plain `docker run`", str(h["n"]), f"{h['p50_s']:.1f}",
-             f"{h['p95_s']:.1f}"],
-            ["(3) lookup, known commit", str(hit["n"]), f"{hit['p50_s']:.3f}",
-             f"{hit['p95_s']:.3f}"],
-            ["(4) lookup, new commit of the same dependencies", str(new["n"]),
-             f"{new['p50_s']:.3f}", f"{new['p95_s']:.3f}"],
-        ],
-    )  # fmt: skip
-    row = [
-        figures["project"],
+HISTORY = ["project", "cold build p50 (s)", "by hand p50 (s)", "ratio p50",
+           "lookup, known commit p50 (ms)", "lookup, new commit p50 (ms)"]  # fmt: skip
+"""The history table's columns after the date and commit (`row`)."""
+
+
+def row(source: Source) -> list[str]:
+    """One recorded run in the history table."""
+    b, h = source["cold_build"], source["by_hand"]
+    hit, new = source["lookup_hit"], source["lookup_new_commit"]
+    return [
+        source["project"],
         f"{b['p50_s']:.1f}",
         f"{h['p50_s']:.1f}",
-        f"{figures['build_ratio_p50']:.2f}×",
+        f"{source['build_ratio_p50']:.2f}×",
         f"{hit['p50_s'] * 1000:.0f}",
         f"{new['p50_s'] * 1000:.0f}",
     ]
-    record.save("environment", figures, row, detail)
+
+
+def latest(source: Source) -> str:
+    """The latest run: the builds, the lookups, the targets."""
+    b, h = source["cold_build"], source["by_hand"]
+    hit, new = source["lookup_hit"], source["lookup_new_commit"]
+    rows = [
+        ["(1) Baton's cold build (build container, copy-in, setup, wipe, commit)",
+         str(b["n"]), f"{b['p50_s']:.1f}", f"{b['p95_s']:.1f}"],
+        ["(2) the same setup in one plain `docker run`", str(h["n"]), f"{h['p50_s']:.1f}",
+         f"{h['p95_s']:.1f}"],
+        ["(3) lookup, known commit", str(hit["n"]), f"{hit['p50_s']:.3f}", f"{hit['p95_s']:.3f}"],
+        ["(4) lookup, new commit of the same dependencies", str(new["n"]),
+         f"{new['p50_s']:.3f}", f"{new['p95_s']:.3f}"],
+    ]  # fmt: skip
+    setup = "; ".join(f"`{command}`" for command in source["setup"])
+    return (
+        f"Latest run ({source.stamp}; {source['project']}, setup: {setup}):\n\n"
+        f"{table(['', 'n', 'p50 (s)', 'p95 (s)'], rows)}\n\n"
+        f"Cold build against by hand: {source['build_ratio_p50']:.2f}× at p50.\n\n"
+        + targets_table(source["targets"])
+    )
+
+
+SECTIONS = {"latest": latest}

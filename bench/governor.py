@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench import record
+from bench.docs import Source, table, targets_table
 from bench.stack import bench_settings, empty_repo, together
 from orchestrator import api
 from orchestrator.settings import DEFAULT_MODEL
@@ -232,10 +232,33 @@ def targets(figures: dict[str, Any]) -> dict[str, Any]:
     return found
 
 
-def write(figures: dict[str, Any]) -> None:
+HISTORY = ["matched: 429s", "matched: utilisation", "over: 429s",
+           "over: most 429s in a later minute", "over: utilisation", "over, sliding: 429s",
+           "off: 429s", "targets met"]  # fmt: skip
+"""The history table's columns after the date and commit (`row`)."""
+
+
+def row(source: Source) -> list[str]:
+    """One recorded run in the history table."""
+    matched, over, off = source["matched"], source["over"], source["off"]
+    sliding = source["over_sliding"]
+    return [
+        str(matched["refused_429"]),
+        _share(matched["utilisation"]),
+        f"{over['refused_429']} ({over['refused_share']:.1%})",
+        str(over["max_later_429s_per_minute"]),
+        _share(over["utilisation"]),
+        f"{sliding['refused_429']} ({sliding['refused_share']:.1%})",
+        str(off["refused_429"]),
+        "yes" if all(t["met"] for t in source["targets"].values()) else "**no**",
+    ]
+
+
+def latest(source: Source) -> str:
+    """The latest run: each set-up's calls, 429s, utilisation and minutes, then the targets."""
     rows = []
     for name, variant in VARIANTS.items():
-        f = figures[name]
+        f = source[name]
         rows.append(
             [
                 f"**{name}**: {variant.label}",
@@ -251,21 +274,14 @@ def write(figures: dict[str, Any]) -> None:
     header = ["set-up", "calls", "429s", "429s in the first 429's minute",
               "most 429s in a later minute", "utilisation", "served per minute",
               "wall (s)"]  # fmt: skip
-    detail = record.table(header, rows)
-    detail += "\n\n" + record.targets_table(figures["targets"])
-    matched, over, off = figures["matched"], figures["over"], figures["off"]
-    sliding = figures["over_sliding"]
-    row = [
-        str(matched["refused_429"]),
-        _share(matched["utilisation"]),
-        f"{over['refused_429']} ({over['refused_share']:.1%})",
-        str(over["max_later_429s_per_minute"]),
-        _share(over["utilisation"]),
-        f"{sliding['refused_429']} ({sliding['refused_share']:.1%})",
-        str(off["refused_429"]),
-        "yes" if all(t["met"] for t in figures["targets"].values()) else "**no**",
-    ]
-    record.save("governor", figures, row, detail)
+    return (
+        f"Latest run ({source.stamp}; {source['workers']} worker processes, {source['runs']} "
+        f"runs of {source['stages']} one-call stages per set-up):\n\n{table(header, rows)}"
+        f"\n\n{targets_table(source['targets'])}"
+    )
+
+
+SECTIONS = {"latest": latest}
 
 
 def _share(value: float | None) -> str:

@@ -31,6 +31,7 @@ from typing import Any
 import httpx
 
 from bench import record
+from bench.docs import Source, table, targets_table
 from orchestrator import keys
 from orchestrator.models import (
     ArtifactRef,
@@ -286,11 +287,28 @@ def measure_list(
     }
 
 
-def write(figures: dict[str, Any]) -> None:
-    page = figures["run_page"]
-    lists = figures["runs_list"]
+HISTORY = ["run page: server ms (p50)", "runs list: server ms p95", "status=failed: p95",
+           "text search over 10,000: p95", "targets met"]  # fmt: skip
+"""The history table's columns after the date and commit (`row`)."""
+
+
+def row(source: Source) -> list[str]:
+    """One recorded run in the history table."""
+    page, lists = source["run_page"], source["runs_list"]
+    return [
+        f"{page['server_ms_p50']} ms",
+        f"{lists['first page']['server_ms_p95']} ms",
+        f"{lists['status=failed']['server_ms_p95']} ms",
+        f"{lists['text matching one run']['server_ms_p95']} ms",
+        "yes" if all(t["met"] for t in source["targets"].values()) else "**no**",
+    ]
+
+
+def latest(source: Source) -> str:
+    """The latest run: the run page, the lists, the slowest requests, the targets."""
+    page, lists = source["run_page"], source["runs_list"]
     rows = [
-        [f"run page ({page['requests']} requests, {AUDIT_ENTRIES:,} audit entries)",
+        [f"run page ({page['requests']} requests, {source['audit_entries']:,} audit entries)",
          "—", f"{page['server_ms_p50']}", f"{page['server_ms_p95']}",
          f"{page['wall_ms_p50']} (p50)"],
     ] + [
@@ -299,15 +317,12 @@ def write(figures: dict[str, Any]) -> None:
         for name, f in lists.items()
     ]  # fmt: skip
     header = ["what", "runs returned", "server ms p50", "server ms p95", "client wall ms"]
-    detail = record.table(header, rows)
     slowest = ", ".join(f"`{path}` {ms} ms" for path, ms in page["slowest"].items())
-    detail += f"\n\nThe run page's slowest requests (p50): {slowest}.\n\n"
-    detail += record.targets_table(figures["targets"])
-    row = [
-        f"{page['server_ms_p50']} ms",
-        f"{lists['first page']['server_ms_p95']} ms",
-        f"{lists['status=failed']['server_ms_p95']} ms",
-        f"{lists['text matching one run']['server_ms_p95']} ms",
-        "yes" if all(t["met"] for t in figures["targets"].values()) else "**no**",
-    ]
-    record.save("inspection", figures, row, detail)
+    return (
+        f"Latest run ({source.stamp}; {source['runs']:,} runs stored):\n\n"
+        f"{table(header, rows)}\n\nThe run page's slowest requests (p50): {slowest}.\n\n"
+        + targets_table(source["targets"])
+    )
+
+
+SECTIONS = {"latest": latest}

@@ -30,7 +30,7 @@ from google.adk.sessions import InMemorySessionService
 from google.genai import types
 from pydantic import SecretStr
 
-from bench import record
+from bench.docs import Source, table
 from bench.stack import API_KEY, bench_settings
 from orchestrator import api
 from orchestrator.git import COMMITTER, git_output
@@ -246,23 +246,49 @@ NAMES = {
 }
 
 
-def write(figures: dict[str, Any]) -> None:
-    totals = figures["prompt_tokens_total"]
+HISTORY = [
+    "(a) total", "(b) total", "(c) total", "(e) total", "(d) Baton total", "(d) / (a)",
+    "(d) / (e)", "(d) last stage max req ×1 / ×4 / ×16", "(e) last stage max req ×1 / ×4 / ×16",
+    "spread (d) / (e)",
+]  # fmt: skip
+"""The history table's columns after the date and commit (`row`)."""
+
+
+def _last(source: Source, key: str) -> str:
+    volumes = source["volumes"][key]
+    return " / ".join(f"{v['last_stage_max_request_tokens']:,}" for v in volumes.values())
+
+
+def row(source: Source) -> list[str]:
+    """One recorded run in the history table."""
+    totals, spread = source["prompt_tokens_total"], source["last_stage_spread"]
+    return [
+        *(f"{totals[k]:,}" for k in ("a", "b", "c", "e", "d")),
+        f"{source['baton_over_shared_session']:.1%}",
+        f"{source['baton_over_adk_strongest']:.1%}",
+        _last(source, "d"),
+        _last(source, "e"),
+        f"{spread['d']:.1%} / {spread['e']:.1%}",
+    ]
+
+
+def latest(source: Source) -> str:
+    """The latest run: per variant and stage, then by upstream volume."""
+    totals = source["prompt_tokens_total"]
     rows = [
         [
             name,
-            *(f"{figures['variants'][key][s]['max_request_tokens']:,}" for s in STAGES),
+            *(f"{source['variants'][key][s]['max_request_tokens']:,}" for s in STAGES),
             f"{totals[key]:,}",
-            f"{totals[key] / totals['a']:.1%}",
-            f"{totals[key] / totals['e']:.1%}",
+            f"{source.derive(totals[key] / totals['a']):.1%}",
+            f"{source.derive(totals[key] / totals['e']):.1%}",
         ]
         for key, name in NAMES.items()
     ]
     header = ["variant", *(f"{s} max req" for s in STAGES), "total prompt tokens", "of (a)",
               "of (e)"]  # fmt: skip
-    detail = record.table(header, rows)
-    volumes = figures["volumes"]
-    detail += "\n\n" + record.table(
+    volumes = source["volumes"]
+    by_volume = table(
         ["upstream volume", *(f"{NAMES[k][:3]} last stage's max request" for k in SCALED),
          *(f"{NAMES[k][:3]} total prompt tokens" for k in SCALED)],
         [
@@ -271,17 +297,31 @@ def write(figures: dict[str, Any]) -> None:
             for x in volumes["d"]
         ],
     )  # fmt: skip
-    spread = figures["last_stage_spread"]
+    return (
+        f"Latest run ({source.stamp}), per stage (largest request in tokens), then by upstream "
+        f"volume:\n\n{table(header, rows)}\n\n{by_volume}"
+    )
 
-    def last(key: str) -> str:
-        return " / ".join(f"{v['last_stage_max_request_tokens']:,}" for v in volumes[key].values())
 
-    row = [
-        *(f"{totals[k]:,}" for k in ("a", "b", "c", "e", "d")),
-        f"{figures['baton_over_shared_session']:.1%}",
-        f"{figures['baton_over_adk_strongest']:.1%}",
-        last("d"),
-        last("e"),
-        f"{spread['d']:.1%} / {spread['e']:.1%}",
-    ]
-    record.save("isolation", figures, row, detail)
+def summary(source: Source) -> str:
+    """What the README says of the latest run."""
+    work, totals = source["workload"], source["prompt_tokens_total"]
+    last = {v["last_stage_max_request_tokens"] for v in source["volumes"]["d"].values()}
+    same = (
+        f"the same, {next(iter(last)):,} tokens," if len(last) == 1
+        else f"between {min(last):,} and {max(last):,} tokens"
+    )  # fmt: skip
+    volumes = [x.replace("x", "×") for x in source["volumes"]["d"]]
+    return (
+        f"Measured ({source.stamp}; `python -m bench isolation`): on {work['stages']} stages each "
+        f"reading {work['reads_per_stage']} files of {work['file_chars']:,} characters, Baton "
+        f"sent {source['baton_over_shared_session']:.1%} of the prompt tokens of an ADK "
+        f"`SequentialAgent` with default contents ({totals['d']:,} against {totals['a']:,}), and "
+        f"{source['baton_over_adk_strongest']:.1%} of ADK's strongest single-process set-up "
+        f"(`include_contents='none'` with Baton's two budget callbacks, {totals['e']:,}). The last "
+        f"stage's largest request was {same} whether the stages before it read "
+        f"{', '.join(volumes[:-1])} or {volumes[-1]} as much."
+    )
+
+
+SECTIONS = {"latest": latest, "summary": summary}

@@ -41,6 +41,7 @@ from typing import Any
 from celery import Celery, chain
 
 from bench import cpu, record, trace
+from bench.docs import Source, table, targets_table
 from bench.stack import bench_settings, empty_repo
 from orchestrator import api
 from orchestrator.pipeline import load_pipeline
@@ -256,9 +257,28 @@ def summarize(
     return figures
 
 
-def write(figures: dict[str, Any]) -> None:
-    start, handoff = figures["start_to_first_request"], figures["reply_to_next_request"]
-    cpu_ms = figures["cpu_ms_per_stage"]
+HISTORY = ["(1) p50 Baton / chain (ms)", "(2) p50 Baton / chain (ms)", "(2) ratio p50",
+           "(3) pool CPU Baton / ADK chain / plain chain (ms)", "targets met"]  # fmt: skip
+"""The history table's columns after the date and commit (`row`); a run from before the ADK
+chain was measured shows `–` for it."""
+
+
+def row(source: Source) -> list[str]:
+    """One recorded run in the history table."""
+    start, handoff = source["start_to_first_request"], source["reply_to_next_request"]
+    cpu_ms = source["cpu_ms_per_stage"]
+    return [
+        f"{start['baton']['p50_ms']:.1f} / {start['chain']['p50_ms']:.1f}",
+        f"{handoff['baton']['p50_ms']:.1f} / {handoff['chain']['p50_ms']:.1f}",
+        f"{handoff['ratio_p50']:.2f}×",
+        " / ".join(f"{cpu_ms[name]['pool']:.1f}" if name in cpu_ms else "–" for name in CONTENDERS),
+        "yes" if all(t["met"] for t in source["targets"].values()) else "**no**",
+    ]
+
+
+def latest(source: Source) -> str:
+    """The latest run: every measure per contender, the CPU, the targets."""
+    cpu_ms = source["cpu_ms_per_stage"]
 
     def timing_row(label: str, m: dict[str, Any]) -> list[str]:
         cells = [m[name][p] for name in CONTENDERS for p in ("p50_ms", "p95_ms")]
@@ -266,29 +286,25 @@ def write(figures: dict[str, Any]) -> None:
                 f"{m['ratio_p95']:.2f}×"]  # fmt: skip
 
     def cpu_row(label: str, process: str) -> list[str]:
-        ratio = cpu_ms["baton"][process] / cpu_ms["chain"][process]
+        ratio = source.derive(cpu_ms["baton"][process] / cpu_ms["chain"][process])
         cells = [f"{cpu_ms[name][process]:.1f}" for name in CONTENDERS]
         return [label, *(cell for c in cells for cell in (c, "")), f"{ratio:.2f}×", ""]
 
     rows = [
-        *(timing_row(label, figures[measure]) for measure, label in MEASURES.items()),
+        *(timing_row(label, source[measure]) for measure, label in MEASURES.items()),
         cpu_row("(3) CPU per stage, pool process (ms)", "pool"),
         cpu_row("(3) CPU per stage, main process (ms)", "main"),
     ]
     header = ["per stage", *(f"{title} {p}" for title in CONTENDERS.values()
                              for p in ("p50", "p95")),
               "ratio p50 (Baton / plain chain)", "ratio p95"]  # fmt: skip
-    detail = record.table(header, rows)
-    detail += (
-        f"\n\nBaton's pool CPU beyond the ADK chain's: "
-        f"{figures['baton_beyond_adk_cpu_ms_per_stage']:.1f} ms per stage."
+    return (
+        f"Latest run ({source.stamp}; {source['runs']} runs of {source['stages_per_run']} "
+        f"stages each):\n\n{table(header, rows)}\n\n"
+        f"Baton's pool CPU beyond the ADK chain's: "
+        f"{source['baton_beyond_adk_cpu_ms_per_stage']:.1f} ms per stage.\n\n"
+        + targets_table(source["targets"])
     )
-    detail += "\n\n" + record.targets_table(figures["targets"])
-    row = [
-        f"{start['baton']['p50_ms']:.1f} / {start['chain']['p50_ms']:.1f}",
-        f"{handoff['baton']['p50_ms']:.1f} / {handoff['chain']['p50_ms']:.1f}",
-        f"{handoff['ratio_p50']:.2f}×",
-        " / ".join(f"{cpu_ms[name]['pool']:.1f}" for name in CONTENDERS),
-        "yes" if all(t["met"] for t in figures["targets"].values()) else "**no**",
-    ]
-    record.save("overhead", figures, row, detail)
+
+
+SECTIONS = {"latest": latest}

@@ -6,7 +6,8 @@ Interleaved in one run, `RUNS` times each (the order rotates between rounds):
   (1) `with DockerSandbox.start(cfg) as box: box.exec(["true"])`: create and start a hardened
       container, run one command through the exec path (wrapper, deadline reader, inspect),
       remove the container and its workspace volume — under runc, dockerd's default;
-  (1') the same under gVisor's `runsc` (`SandboxConfig.runtime`; README, "Sandbox hosts");
+  (1') the same under gVisor's `runsc` (`SandboxConfig.runtime`; docs/sandboxes.md, "Sandbox
+      hosts");
   (1'') the same through the sandbox gate started with `--runtime runsc`: Compose's sandbox
       host, where no worker holds dockerd's socket (images/README.md);
   (2) `docker run --rm IMAGE true` through the CLI: no hardening, no volume, no exec.
@@ -36,6 +37,7 @@ from typing import Any
 import docker
 
 from bench import record
+from bench.docs import Source, table, targets_table
 from sandbox import IMAGE_TAG, DockerSandbox, SandboxConfig, ensure_image
 from sandbox.pool import WarmPool
 from testkit import services
@@ -193,11 +195,43 @@ def summarize(
     return figures
 
 
-def write(figures: dict[str, Any]) -> None:
-    d, w, runsc = figures["docker_run"], figures["warm_acquire"], figures["runtimes"]["runsc"]
-    gated = figures["runtimes"][GATED]
+HISTORY = [
+    "sandbox p50 (ms)", "sandbox p95 (ms)", "docker run p50 (ms)", "docker run p95 (ms)",
+    "ratio p50", "ratio p95", "warm pool acquire p50 (ms)", "cold start p50 (ms)",
+    "runsc sandbox p50 (ms)", "runsc sandbox p95 (ms)", "runsc cold start p50 (ms)",
+    "gate + runsc sandbox p50 (ms)", "gate + runsc sandbox p95 (ms)",
+    "gate + runsc cold start p50 (ms)",
+]  # fmt: skip
+"""The history table's columns after the date and commit (`row`); what a run did not measure
+yet (the warm pool, runsc, the gate) shows `—`."""
+
+
+def row(source: Source) -> list[str]:
+    """One recorded run in the history table."""
+    s, d, runtimes = source["sandbox"], source["docker_run"], source.get("runtimes", {})
+    warm = source.get("warm_acquire")
+
+    def host(name: str) -> list[str]:
+        if name not in runtimes:
+            return ["—"] * 3
+        fig = runtimes[name]
+        return [_ms(fig["sandbox"]["p50_ms"]), _ms(fig["sandbox"]["p95_ms"]),
+                _ms(fig["phases"]["start"]["p50_ms"])]  # fmt: skip
+
+    return [
+        _ms(s["p50_ms"]), _ms(s["p95_ms"]), _ms(d["p50_ms"]), _ms(d["p95_ms"]),
+        f"{source['ratio_p50']:.2f}×", f"{source['ratio_p95']:.2f}×",
+        _ms(warm["p50_ms"]) if warm else "—",
+        _ms(source["phases"]["start"]["p50_ms"]) if warm else "—",
+        *host("runsc"), *host(GATED),
+    ]  # fmt: skip
+
+
+def latest(source: Source) -> str:
+    """The latest run: each host's whole use and its phases, `docker run`, the warm pool."""
+    d, w = source["docker_run"], source["warm_acquire"]
     rows = []
-    for name, fig in figures["runtimes"].items():
+    for name, fig in source["runtimes"].items():
         s, phases = fig["sandbox"], fig["phases"]
         rows += [
             [f"DockerSandbox ({name}): start → exec(true) → removal", str(s["n"]),
@@ -212,25 +246,47 @@ def write(figures: dict[str, Any]) -> None:
         ["warm pool (runc): ask → holding a sandbox", str(w["n"]), _ms(w["p50_ms"]),
          _ms(w["p95_ms"])],
     ]  # fmt: skip
-    detail = record.table(["", "runs", "p50 (ms)", "p95 (ms)"], rows)
-    s = figures["sandbox"]
-    row = [
-        _ms(s["p50_ms"]),
-        _ms(s["p95_ms"]),
-        _ms(d["p50_ms"]),
-        _ms(d["p95_ms"]),
-        f"{figures['ratio_p50']:.2f}×",
-        f"{figures['ratio_p95']:.2f}×",
-        _ms(w["p50_ms"]),
-        _ms(figures["phases"]["start"]["p50_ms"]),
-        _ms(runsc["sandbox"]["p50_ms"]),
-        _ms(runsc["sandbox"]["p95_ms"]),
-        _ms(runsc["phases"]["start"]["p50_ms"]),
-        _ms(gated["sandbox"]["p50_ms"]),
-        _ms(gated["sandbox"]["p95_ms"]),
-        _ms(gated["phases"]["start"]["p50_ms"]),
-    ]
-    record.save("sandbox", figures, row, detail)
+    ratios = (
+        f"The sandbox against `docker run`: {source['ratio_p50']:.2f}× at p50, "
+        f"{source['ratio_p95']:.2f}× at p95; runsc against runc: "
+        f"{source['runsc_over_runc_p50']:.2f}× and {source['runsc_over_runc_p95']:.2f}×; the "
+        f"gate + runsc against runsc alone: {source['gate_over_runsc_p50']:.2f}× and "
+        f"{source['gate_over_runsc_p95']:.2f}×."
+    )
+    return (
+        f"Latest run ({source.stamp}):\n\n{table(['', 'runs', 'p50 (ms)', 'p95 (ms)'], rows)}"
+        f"\n\n{ratios}\n\n{targets_table(source['targets'])}"
+    )
+
+
+def hosts(source: Source) -> str:
+    """Each sandbox host's whole use, for the docs' comparison of hosts."""
+    d = source["docker_run"]
+    rows = [
+        [f"**{name}**", _ms(fig["sandbox"]["p50_ms"]), _ms(fig["sandbox"]["p95_ms"]),
+         _ms(fig["phases"]["start"]["p50_ms"])]
+        for name, fig in source["runtimes"].items()
+    ] + [["a bare `docker run --rm` (runc, no hardening)", _ms(d["p50_ms"]), _ms(d["p95_ms"]),
+          "—"]]  # fmt: skip
+    return (
+        f"Measured ({source.stamp}; `python -m bench sandbox`, {d['n']} interleaved uses of "
+        f'each): a whole use — create + start, `exec(["true"])`, removal.\n\n'
+        + table(["host", "whole use p50 (ms)", "p95 (ms)", "start p50 (ms)"], rows)
+    )
+
+
+def warm(source: Source) -> str:
+    """What taking a sandbox from the warm pool costs, against starting one."""
+    w, start = source["warm_acquire"], source["phases"]["start"]
+    return (
+        f"Measured ({source.stamp}; `python -m bench sandbox`): a sandbox from the warm pool "
+        f"was in hand in {_ms(w['p50_ms'])} ms at p50 ({_ms(w['p95_ms'])} ms at p95, "
+        f"{w['n']} takes), against "
+        f"{_ms(start['p50_ms'])} ms at p50 to create and start one."
+    )
+
+
+SECTIONS = {"latest": latest, "hosts": hosts, "warm": warm}
 
 
 def _ms(value: float) -> str:

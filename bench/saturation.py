@@ -27,7 +27,7 @@ from typing import Any
 
 import redis
 
-from bench import record
+from bench.docs import Source, table
 from bench.stack import bench_settings
 from demo import SCENARIO, SENTRY_EVENT
 from demo.runner import make_sample_repo
@@ -151,7 +151,29 @@ def summarize(levels: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def write(figures: dict[str, Any]) -> None:
+HISTORY = ["runs/min by worker processes", "knee (processes)", "runs/min at the knee",
+           "Redis commands per run", "Redis KiB per finished run"]  # fmt: skip
+"""The history table's columns after the date and commit (`row`)."""
+
+
+def _kib(source: Source, level: dict[str, Any]) -> str:
+    return f"{source.derive(level['redis_bytes_per_run'] / 1024):.0f}"
+
+
+def row(source: Source) -> list[str]:
+    """One recorded run in the history table."""
+    at = source["at_knee"]
+    return [
+        " / ".join(f"{lv['processes']}: {lv['runs_per_minute']:.1f}" for lv in source["levels"]),
+        str(source["knee_processes"]) if at else "not found",
+        f"{at['runs_per_minute']:.1f}" if at else "—",
+        f"{at['redis_commands_per_run']:,}" if at else "—",
+        _kib(source, at) if at else "—",
+    ]
+
+
+def latest(source: Source) -> str:
+    """The latest run: each level's runs per minute and what a run costs Redis."""
     rows = [
         [
             str(lv["processes"]),
@@ -160,19 +182,15 @@ def write(figures: dict[str, Any]) -> None:
             f"{lv['runs_per_minute']:.1f}",
             f"{lv['wall_s']:.0f}",
             f"{lv['redis_commands_per_run']:,}",
-            f"{lv['redis_bytes_per_run'] / 1024:.0f}",
+            _kib(source, lv),
         ]
-        for lv in figures["levels"]
+        for lv in source["levels"]
     ]
     header = ["worker processes", "runs in flight", "runs", "runs/min (steady)", "wall (s)",
               "Redis commands per run", "Redis KiB per finished run"]  # fmt: skip
-    detail = record.table(header, rows)
-    at = figures["at_knee"]
-    row = [
-        " / ".join(f"{lv['processes']}: {lv['runs_per_minute']:.1f}" for lv in figures["levels"]),
-        str(figures["knee_processes"]) if at else "not found",
-        f"{at['runs_per_minute']:.1f}" if at else "—",
-        f"{at['redis_commands_per_run']:,}" if at else "—",
-        f"{at['redis_bytes_per_run'] / 1024:.0f}" if at else "—",
-    ]
-    record.save("saturation", figures, row, detail)
+    knee = source["knee_processes"]
+    found = f"the knee is {knee} processes" if knee else "no knee was found"
+    return f"Latest run ({source.stamp}; {found}):\n\n{table(header, rows)}"
+
+
+SECTIONS = {"latest": latest}

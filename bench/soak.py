@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import sandbox
-from bench import record
+from bench.docs import Source, table
 from bench.stack import bench_settings
 from demo import SCENARIO, SENTRY_EVENT
 from demo.runner import make_sample_repo
@@ -218,32 +218,50 @@ def _git(repo: Path, *args: str) -> str:
     return done.stdout.strip()
 
 
-def write(figures: dict[str, Any]) -> None:
-    q = figures["settings"]
+HISTORY = ["runs", "kills", "stages interrupted", "losses", "duplicates", "wall (s)"]
+"""The history table's columns after the date and commit (`row`)."""
+
+
+def row(source: Source) -> list[str]:
+    """One recorded run in the history table."""
+    return [
+        str(source["runs"]),
+        str(source["kills"]),
+        str(source["stages_interrupted"]),
+        str(source["losses"]),
+        str(source["duplicates"]),
+        f"{source['wall_s']:.0f}",
+    ]
+
+
+def latest(source: Source) -> str:
+    """The latest run: its settings and arrivals, what it found, when the kills came."""
+    q = source["settings"]
     settings = (
         f"lease {q['lease_s']:g} s, reconcile every {q['reconcile_every_s']:g} s, stuck after "
         f"{q['stuck_after_s']:g} s, max interrupted {q['max_interrupted']}"
     )
-    which = "the defaults" if figures.get("settings_are_defaults") else "**not** the defaults"
-    detail = record.table(
+    which = "the defaults" if source.get("settings_are_defaults") else "**not** the defaults"
+    text = (
+        f"Latest run ({source.stamp}): {source['runs']} runs arriving every "
+        f"{source['arrival_every_s']:g} s, {source['workers']} workers of "
+        f"{source['concurrency']} pool processes, one killed every {source['kill_every_s']:g} s, "
+        f"the model answering in {source['model_latency_ms']} ms.\n\n"
+    )
+    text += table(
         ["runs", "done", "kills", "stages interrupted", "losses", "duplicates", "wall (s)",
          f"settings ({which})"],
-        [[str(figures["runs"]), str(figures["done"]), str(figures["kills"]),
-          str(figures["stages_interrupted"]), str(figures["losses"]), str(figures["duplicates"]),
-          f"{figures['wall_s']:.0f}", settings]],
+        [[str(source["runs"]), str(source["done"]), str(source["kills"]),
+          str(source["stages_interrupted"]), str(source["losses"]), str(source["duplicates"]),
+          f"{source['wall_s']:.0f}", settings]],
     )  # fmt: skip
-    detail += "\n\nKills at (s from the first arrival): " + ", ".join(
-        f"{t:g}" for t in figures["kill_times_s"]
+    text += "\n\nKills at (s from the first arrival): " + ", ".join(
+        f"{t:g}" for t in source["kill_times_s"]
     )
-    for run_id, reason in figures["lost"]:
-        detail += f"\n\nNot done: run {run_id}: {reason} (its workers' log lines: `lost_logs` in "
-        detail += "bench/results/soak.json)"
-    row = [
-        str(figures["runs"]),
-        str(figures["kills"]),
-        str(figures["stages_interrupted"]),
-        str(figures["losses"]),
-        str(figures["duplicates"]),
-        f"{figures['wall_s']:.0f}",
-    ]
-    record.save("soak", figures, row, detail)
+    for run_id, reason in source["lost"]:
+        text += f"\n\nNot done: run {run_id}: {reason} (its workers' log lines: `lost_logs` in "
+        text += f"{source.path})"
+    return text
+
+
+SECTIONS = {"latest": latest}

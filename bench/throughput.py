@@ -24,7 +24,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from bench import record
+from bench.docs import Source, table
 from bench.stack import bench_settings, empty_repo, together
 from orchestrator import api
 from orchestrator.pipeline import load_pipeline
@@ -131,14 +131,36 @@ def summarize(results: dict[str, dict[str, float]]) -> dict[str, Any]:
     }
 
 
-def write(figures: dict[str, Any]) -> None:
-    rpm, speedup = figures["runs_per_minute"], figures["speedup"]
+HISTORY = [
+    *(f"shared {n}" + (" (runs/min)" if n == SCALES[0] else "") for n in SCALES),
+    f"shared {SCALES[-1]} vs {SCALES[0]}",
+    *(f"busy {n}" for n in SCALES),
+    f"busy {SCALES[-1]} vs {SCALES[0]}",
+]
+"""The history table's columns after the date and commit (`row`)."""
+
+
+def _cells(source: Source, shape: str) -> list[str]:
+    rpm = source["runs_per_minute"][shape]
+    return [*(f"{rpm[str(s)]:.1f}" for s in SCALES), f"{source['speedup'][shape]:.2f}×"]
+
+
+def row(source: Source) -> list[str]:
+    """One recorded run in the history table."""
+    return [cell for shape in SHAPES for cell in _cells(source, shape)]
+
+
+def latest(source: Source) -> str:
+    """The latest run: runs per minute by fleet shape and size, against the target."""
     top, base = SCALES[-1], SCALES[0]
-
-    def cells(shape: str) -> list[str]:
-        return [*(f"{rpm[shape][str(s)]:.1f}" for s in SCALES), f"{speedup[shape]:.2f}×"]
-
     header = ["fleet", *(f"{s}: runs/min" for s in SCALES), f"{top} vs {base}", "target"]
-    rows = [[SHAPES[shape], *cells(shape), f"≥ {TARGET}×"] for shape in SHAPES]
-    row = [cell for shape in SHAPES for cell in cells(shape)]
-    record.save("throughput", figures, row, record.table(header, rows))
+    rows = [[SHAPES[shape], *_cells(source, shape), f"≥ {source['target']}×"] for shape in SHAPES]
+    busy = source["busy_stage"]
+    return (
+        f"Latest run ({source.stamp}; {source['runs']} runs, the model answering in "
+        f"{source['latency_ms']} ms, the busy stage {busy['name']} in {busy['latency_ms']} ms):"
+        f"\n\n{table(header, rows)}"
+    )
+
+
+SECTIONS = {"latest": latest}

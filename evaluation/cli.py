@@ -3,6 +3,7 @@ its scripted policies: the `fake` extra)."""
 
 from __future__ import annotations
 
+import json
 import platform
 import sys
 from pathlib import Path
@@ -28,8 +29,16 @@ DOWNLOADS = Path("build") / "eval-downloads"
 @click.option("--only", multiple=True, help="Just this instance id (repeatable).")
 @click.option("--concurrency", default=2, show_default=True, help="Runs at once.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
+@click.option(
+    "--results",
+    "results_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Also write the results file here (JSON: date, commit, command, each mode's "
+    "totals, every instance's result); `make eval` writes eval/results/eval.json, "
+    "which `make docs` draws docs/eval.md from.",
+)
 @click.option("--report", type=click.Path(dir_okay=False, path_type=Path),
-              help="Also write a markdown report here (docs/eval.md).")  # fmt: skip
+              help="Also write a markdown report here.")  # fmt: skip
 @click.option("--timeout", default=1200.0, show_default=True, help="Seconds one run may take.")
 def eval_command(
     corpus: Path,
@@ -37,6 +46,7 @@ def eval_command(
     only: tuple[str, ...],
     concurrency: int,
     as_json: bool,
+    results_path: Path | None,
     report: Path | None,
     timeout: float,
 ) -> None:
@@ -67,12 +77,23 @@ def eval_command(
         console = Console()
         for table in reports.tables(evaluation, width=console.width):
             console.print(table)
+    if results_path is None and report is None:
+        return
+    command = "baton eval " + " ".join(
+        [str(corpus), *(f"--mode {m}" for m in chosen), f"--concurrency {concurrency}",
+         *(f"--only {i}" for i in only)]
+    )  # fmt: skip
+    machine = f"{platform.machine()}, Python {platform.python_version()}"
+    results = reports.results_file(
+        evaluation, command=command, environment=machine, commit=reports.source_commit()
+    )
+    for path in (results_path, report):
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+    if results_path is not None:
+        results_path.write_text(json.dumps(results, indent=1, ensure_ascii=False) + "\n")
+        err.print(f"wrote {results_path}")
     if report is not None:
-        command = "baton eval " + " ".join(
-            [str(corpus), *(f"--mode {m}" for m in chosen), f"--concurrency {concurrency}",
-             *(f"--only {i}" for i in only)]
-        )  # fmt: skip
-        machine = f"{platform.machine()}, Python {platform.python_version()}"
-        report.parent.mkdir(parents=True, exist_ok=True)
-        report.write_text(reports.markdown(evaluation, command=command, environment=machine))
+        saved = str(results_path) if results_path is not None else None
+        report.write_text(reports.markdown(reports.ResultsFile(saved, results)))
         err.print(f"wrote {report}")

@@ -14,7 +14,7 @@ from rich.console import Console
 from evaluation.corpus import CorpusError, load_corpus, load_instance
 from evaluation.harness import Evaluation, Result
 from evaluation.policies import SABOTEUR_MARK, command_for, scenario
-from evaluation.report import markdown, tables
+from evaluation.report import ResultsFile, markdown, proof, results_file, tables
 from orchestrator.pipeline import load_pipeline
 from testkit.gemini.scenario import Scenario
 
@@ -147,20 +147,50 @@ def test_a_unittest_instance_runs_its_tests_by_its_own_command(tmp_path: Path) -
     )
 
 
-def test_the_report_has_a_summary_and_a_row_per_instance() -> None:
+def _two_oracle_results() -> Evaluation:
     results = [
         Result("a", "oracle", resolved=True, published=True, fail_to_pass=[1, 1],
                pass_to_pass=[9, 9], model_calls=12, prompt_tokens=3000, output_tokens=400),
         Result("b", "oracle", reason="fix: the reproducing tests still fail (after 3 iterations)",
                fail_to_pass=[0, 2], pass_to_pass=[5, 5]),
     ]  # fmt: skip
-    text = markdown(Evaluation("eval/corpus", results, {"oracle": 61.0}), command="baton eval x",
-                    environment="here")  # fmt: skip
+    return Evaluation("eval/corpus", results, {"oracle": 61.0})
 
+
+def test_the_report_has_a_summary_and_a_row_per_instance() -> None:
+    results = results_file(_two_oracle_results(), command="baton eval x", environment="here",
+                           commit="abc1234", date="2026-12-02 10:00")  # fmt: skip
+    text = markdown(ResultsFile("eval/results/eval.json", results))
+
+    assert "From `eval/results/eval.json`, commit abc1234, 2026-12-02 10:00: `baton eval x`" in text
     assert "## oracle: 1 of 2 resolved (50 %), 1 published, wall time 61 s" in text
     assert "| a | no | no | no | yes | **yes** | 1/1 | 9/9 | 12 | 3,000/400 | 0 | 0 |" in text
     assert "| b | no | no | no | no | no | 0/2 | 5/5 |" in text
     assert "- b: fix: the reproducing tests still fail (after 3 iterations)" in text
+
+
+def test_the_results_file_holds_each_modes_totals_and_reads_back_as_it_was_written() -> None:
+    evaluation = _two_oracle_results()
+    evaluation.results.append(
+        Result("a", "saboteur", reproduced=True, proven=True, published=True, fail_to_pass=[0, 1])
+    )
+    evaluation.wall_s["saboteur"] = 30.0
+    results = results_file(evaluation, command="baton eval x", environment="here",
+                           commit="abc1234", date="2026-12-02 10:00")  # fmt: skip
+
+    again = json.loads(json.dumps(results))
+    assert again["commit"] == "abc1234" and again["date"] == "2026-12-02 10:00"
+    assert again["modes"]["oracle"] == {
+        "instances": 2, "reproduced": 0, "proven": 0, "published": 1, "resolved": 1,
+        "resolved_share": 0.5, "published_unresolved": 0, "wall_s": 61.0,
+    }  # fmt: skip
+    assert again["modes"]["saboteur"]["published_unresolved"] == 1
+    assert [Result(**r) for r in again["results"]] == evaluation.results
+    line = proof(ResultsFile("eval/results/eval.json", again))
+    assert (
+        "the saboteur's wrong fixes: proven in 1 of 1, published in 1, resolved in 0 (1 false"
+        in line
+    )
 
 
 def test_the_table_fits_80_columns_with_every_instance_and_verdict_whole() -> None:
