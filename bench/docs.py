@@ -81,6 +81,8 @@ class Section:
     """One generated section of one markdown file, as it stands."""
 
     doc: Path
+    name: str
+    """The document's path from the repository's root (`docs/benchmarks.md`)."""
     kind: str
     path: str
     body: str
@@ -90,7 +92,7 @@ class Section:
 
     @property
     def label(self) -> str:
-        return f"{self.doc.relative_to(ROOT)}: {self.kind} from {self.path}"
+        return f"{self.name}: {self.kind} from {self.path}"
 
 
 def documents(root: Path = ROOT) -> list[Path]:
@@ -98,16 +100,16 @@ def documents(root: Path = ROOT) -> list[Path]:
     return [root / "README.md", *sorted((root / "docs").glob("*.md"))]
 
 
-def sections(doc: Path) -> list[Section]:
+def sections(doc: Path, root: Path = ROOT) -> list[Section]:
     """The generated sections of `doc`; raises `DocsError` on a start marker with no end."""
-    text = doc.read_text()
+    text, name = doc.read_text(), doc.relative_to(root).as_posix()
     found = [
-        Section(doc, m["kind"], m["path"], m["body"], m.start("body"), m.end("body"))
+        Section(doc, name, m["kind"], m["path"], m["body"], m.start("body"), m.end("body"))
         for m in MARKER.finditer(text)
     ]
     if text.count(START) != len(found) or text.count(END) != len(found):
         raise DocsError(
-            f"{doc}: {text.count(START)} start and {text.count(END)} end markers of generated "
+            f"{name}: {text.count(START)} start and {text.count(END)} end markers of generated "
             f"sections, {len(found)} well-formed: each is `{START} KIND from PATH; do not edit "
             f"-->` on a line, then `{END}`"
         )
@@ -147,7 +149,7 @@ def history_table(module: Any, sources: Sequence[Source]) -> str:
 def generated(doc: Path, root: Path = ROOT) -> str:
     """`doc`'s text with every generated section drawn afresh from its results file."""
     text = doc.read_text()
-    for section in reversed(sections(doc)):
+    for section in reversed(sections(doc, root)):
         body = render(section.kind, load(section.path, root))
         text = text[: section.start] + body + text[section.end :]
     return text
@@ -168,9 +170,16 @@ def generate(root: Path = ROOT) -> list[Path]:
 def stale(root: Path = ROOT) -> Iterator[str]:
     """A line for each generated section that is not what `make docs` would write now."""
     for doc in documents(root):
-        for section in sections(doc):
+        for section in sections(doc, root):
             if section.body != render(section.kind, load(section.path, root)):
                 yield f"{section.label}: not what `make docs` writes from the results file"
+
+
+def latest_run(source: Source, setup: str = "") -> str:
+    """How a benchmark's latest-run section begins: where its figures come from, how long the
+    benchmark took, and `setup` (what it ran with, from the same file)."""
+    took = f"; it took {source['took_s']} s" if "took_s" in source.data else ""
+    return f"Latest run ({source.stamp}{took}{'; ' + setup if setup else ''})"
 
 
 def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -196,15 +205,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="write nothing; exit 1 if a section is stale or a figure is not from a results file",
     )  # fmt: skip
     args = parser.parse_args(argv)
-    if args.check:
-        from bench import claims
+    try:
+        if args.check:
+            from bench import claims
 
-        problems = [*stale(), *claims.problems()]
-        for problem in problems:
-            print(problem, file=sys.stderr)
-        return 1 if problems else 0
-    for doc in generate():
-        print(f"wrote {doc.relative_to(ROOT)}")
+            problems = [*stale(), *claims.problems()]
+            for problem in problems:
+                print(problem, file=sys.stderr)
+            return 1 if problems else 0
+        for doc in generate():
+            print(f"wrote {doc.relative_to(ROOT)}")
+    except DocsError as exc:
+        print(f"python -m bench.docs: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -34,7 +34,7 @@ from typing import Any
 import docker
 
 from bench import record
-from bench.docs import Source, table, targets_table
+from bench.docs import Source, latest_run, table, targets_table
 from orchestrator.store import connect
 from sandbox import IMAGE_TAG, ensure_image
 from sandbox.build import CA_PATH, BuildSettings, build_environment, environment_tag
@@ -193,9 +193,10 @@ def latest(source: Source) -> str:
         ["(4) lookup, new commit of the same dependencies", str(new["n"]),
          f"{new['p50_s']:.3f}", f"{new['p95_s']:.3f}"],
     ]  # fmt: skip
-    setup = "; ".join(f"`{command}`" for command in source["setup"])
+    commands = "; ".join(f"`{command}`" for command in source["setup"])
+    setup = f"{source['project']}, setup: {commands}"
     return (
-        f"Latest run ({source.stamp}; {source['project']}, setup: {setup}):\n\n"
+        f"{latest_run(source, setup)}:\n\n"
         f"{table(['', 'n', 'p50 (s)', 'p95 (s)'], rows)}\n\n"
         f"Cold build against by hand: {source['build_ratio_p50']:.2f}× at p50.\n\n"
         + targets_table(source["targets"])

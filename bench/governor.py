@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.docs import Source, table, targets_table
+from bench.docs import Source, latest_run, table, targets_table
 from bench.stack import bench_settings, empty_repo, together
 from orchestrator import api
 from orchestrator.settings import DEFAULT_MODEL
@@ -271,12 +271,15 @@ def latest(source: Source) -> str:
                 f"{f['wall_s']:.0f}",
             ]
         )
+    per_setup = (
+        f"{source['workers']} worker processes, {source['runs']} runs of {source['stages']} "
+        "one-call stages per set-up"
+    )
     header = ["set-up", "calls", "429s", "429s in the first 429's minute",
               "most 429s in a later minute", "utilisation", "served per minute",
               "wall (s)"]  # fmt: skip
     return (
-        f"Latest run ({source.stamp}; {source['workers']} worker processes, {source['runs']} "
-        f"runs of {source['stages']} one-call stages per set-up):\n\n{table(header, rows)}"
+        f"{latest_run(source, per_setup)}:\n\n{table(header, rows)}"
         f"\n\n{targets_table(source['targets'])}"
     )
 

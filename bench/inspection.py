@@ -31,7 +31,7 @@ from typing import Any
 import httpx
 
 from bench import record
-from bench.docs import Source, table, targets_table
+from bench.docs import Source, latest_run, table, targets_table
 from orchestrator import keys
 from orchestrator.models import (
     ArtifactRef,
@@ -318,11 +318,25 @@ def latest(source: Source) -> str:
     ]  # fmt: skip
     header = ["what", "runs returned", "server ms p50", "server ms p95", "client wall ms"]
     slowest = ", ".join(f"`{path}` {ms} ms" for path, ms in page["slowest"].items())
+    stored = f"{source['runs']:,} runs stored"
     return (
-        f"Latest run ({source.stamp}; {source['runs']:,} runs stored):\n\n"
+        f"{latest_run(source, stored)}:\n\n"
         f"{table(header, rows)}\n\nThe run page's slowest requests (p50): {slowest}.\n\n"
         + targets_table(source["targets"])
     )
 
 
-SECTIONS = {"latest": latest}
+def summary(source: Source) -> str:
+    """What the docs of `baton serve` say of the latest run."""
+    page, first = source["run_page"], source["runs_list"]["first page"]
+    return (
+        f"Measured ({source.stamp}; `python -m bench inspection`): with {source['runs']:,} runs "
+        f"stored, the runs list answered in {first['server_ms_p50']:.0f} ms of server time at "
+        f"p50 ({first['server_ms_p95']:.0f} ms at p95), and a run page with "
+        f"{source['audit_entries']:,} audit entries, opened on the stage holding most of them, "
+        f"took {page['server_ms_p50']:.0f} ms of server time in all at p50 "
+        f"({page['server_ms_p95']:.0f} ms at p95)."
+    )
+
+
+SECTIONS = {"latest": latest, "summary": summary}

@@ -30,7 +30,7 @@ from google.adk.sessions import InMemorySessionService
 from google.genai import types
 from pydantic import SecretStr
 
-from bench.docs import Source, table
+from bench.docs import Source, latest_run, table
 from bench.stack import API_KEY, bench_settings
 from orchestrator import api
 from orchestrator.git import COMMITTER, git_output
@@ -298,7 +298,7 @@ def latest(source: Source) -> str:
         ],
     )  # fmt: skip
     return (
-        f"Latest run ({source.stamp}), per stage (largest request in tokens), then by upstream "
+        f"{latest_run(source)}, per stage (largest request in tokens), then by upstream "
         f"volume:\n\n{table(header, rows)}\n\n{by_volume}"
     )
 

@@ -41,7 +41,7 @@ from typing import Any
 from celery import Celery, chain
 
 from bench import cpu, record, trace
-from bench.docs import Source, table, targets_table
+from bench.docs import Source, latest_run, table, targets_table
 from bench.stack import bench_settings, empty_repo
 from orchestrator import api
 from orchestrator.pipeline import load_pipeline
@@ -295,12 +295,13 @@ def latest(source: Source) -> str:
         cpu_row("(3) CPU per stage, pool process (ms)", "pool"),
         cpu_row("(3) CPU per stage, main process (ms)", "main"),
     ]
+    runs = f"{source['runs']} runs of {source['stages_per_run']} stages each"
     header = ["per stage", *(f"{title} {p}" for title in CONTENDERS.values()
                              for p in ("p50", "p95")),
               "ratio p50 (Baton / plain chain)", "ratio p95"]  # fmt: skip
     return (
-        f"Latest run ({source.stamp}; {source['runs']} runs of {source['stages_per_run']} "
-        f"stages each):\n\n{table(header, rows)}\n\n"
+        f"{latest_run(source, runs)}:"
+        f"\n\n{table(header, rows)}\n\n"
         f"Baton's pool CPU beyond the ADK chain's: "
         f"{source['baton_beyond_adk_cpu_ms_per_stage']:.1f} ms per stage.\n\n"
         + targets_table(source["targets"])

@@ -37,7 +37,7 @@ from typing import Any
 import docker
 
 from bench import record
-from bench.docs import Source, table, targets_table
+from bench.docs import Source, latest_run, table, targets_table
 from sandbox import IMAGE_TAG, DockerSandbox, SandboxConfig, ensure_image
 from sandbox.pool import WarmPool
 from testkit import services
@@ -254,7 +254,7 @@ def latest(source: Source) -> str:
         f"{source['gate_over_runsc_p95']:.2f}×."
     )
     return (
-        f"Latest run ({source.stamp}):\n\n{table(['', 'runs', 'p50 (ms)', 'p95 (ms)'], rows)}"
+        f"{latest_run(source)}:\n\n{table(['', 'runs', 'p50 (ms)', 'p95 (ms)'], rows)}"
         f"\n\n{ratios}\n\n{targets_table(source['targets'])}"
     )
 

@@ -27,7 +27,7 @@ from typing import Any
 
 import redis
 
-from bench.docs import Source, table
+from bench.docs import Source, latest_run, table
 from bench.stack import bench_settings
 from demo import SCENARIO, SENTRY_EVENT
 from demo.runner import make_sample_repo
@@ -190,7 +190,7 @@ def latest(source: Source) -> str:
               "Redis commands per run", "Redis KiB per finished run"]  # fmt: skip
     knee = source["knee_processes"]
     found = f"the knee is {knee} processes" if knee else "no knee was found"
-    return f"Latest run ({source.stamp}; {found}):\n\n{table(header, rows)}"
+    return f"{latest_run(source, found)}:\n\n{table(header, rows)}"
 
 
 SECTIONS = {"latest": latest}

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import sandbox
-from bench.docs import Source, table
+from bench.docs import Source, latest_run, table
 from bench.stack import bench_settings
 from demo import SCENARIO, SENTRY_EVENT
 from demo.runner import make_sample_repo
@@ -243,7 +243,7 @@ def latest(source: Source) -> str:
     )
     which = "the defaults" if source.get("settings_are_defaults") else "**not** the defaults"
     text = (
-        f"Latest run ({source.stamp}): {source['runs']} runs arriving every "
+        f"{latest_run(source)}: {source['runs']} runs arriving every "
         f"{source['arrival_every_s']:g} s, {source['workers']} workers of "
         f"{source['concurrency']} pool processes, one killed every {source['kill_every_s']:g} s, "
         f"the model answering in {source['model_latency_ms']} ms.\n\n"

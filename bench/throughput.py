@@ -24,7 +24,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from bench.docs import Source, table
+from bench.docs import Source, latest_run, table
 from bench.stack import bench_settings, empty_repo, together
 from orchestrator import api
 from orchestrator.pipeline import load_pipeline
@@ -156,11 +156,11 @@ def latest(source: Source) -> str:
     header = ["fleet", *(f"{s}: runs/min" for s in SCALES), f"{top} vs {base}", "target"]
     rows = [[SHAPES[shape], *_cells(source, shape), f"≥ {source['target']}×"] for shape in SHAPES]
     busy = source["busy_stage"]
-    return (
-        f"Latest run ({source.stamp}; {source['runs']} runs, the model answering in "
-        f"{source['latency_ms']} ms, the busy stage {busy['name']} in {busy['latency_ms']} ms):"
-        f"\n\n{table(header, rows)}"
+    setup = (
+        f"{source['runs']} runs, the model answering in {source['latency_ms']} ms, the busy "
+        f"stage {busy['name']} in {busy['latency_ms']} ms"
     )
+    return f"{latest_run(source, setup)}:\n\n{table(header, rows)}"
 
 
 SECTIONS = {"latest": latest}

@@ -50,7 +50,7 @@ class SandboxConfig(BaseModel):
     registered in its `daemon.json` (`runsc` for gVisor); None: the daemon's default, runc.
     The limits above apply under either, but under runsc reaching the memory or pids limit
     ends the whole sandbox, and runsc is registered with `--network=none`, so `network` gives
-    no network there (README, "Sandbox hosts")."""
+    no network there (docs/sandboxes.md, "Sandbox hosts")."""
 
     @field_validator("network")
     @classmethod

@@ -336,5 +336,5 @@ def _runtime_hint(cfg: SandboxConfig) -> Iterator[None]:
             raise
         raise SandboxStartError(
             f"{exc}: register it in /etc/docker/daemon.json and send dockerd SIGHUP "
-            f'(README, "Sandbox hosts"), or unset BATON_SANDBOX__RUNTIME'
+            f'(docs/sandboxes.md, "Sandbox hosts"), or unset BATON_SANDBOX__RUNTIME'
         ) from exc

@@ -22,13 +22,13 @@ INSTANCE = "toolz-1.2.0-interpose-empty"
 
 @pytest.mark.timeout(900)
 def test_the_oracle_resolves_a_real_bug_and_the_saboteur_is_caught(tmp_path: Path) -> None:
-    report = tmp_path / "eval.md"
+    report, results_file = tmp_path / "eval.md", tmp_path / "results" / "eval.json"
     env = {k: v for k, v in os.environ.items() if k not in ("BATON_REDIS_URL", "GOOGLE_API_KEY")}
     done = subprocess.run(
         [sys.executable, "-m", "orchestrator.cli", "eval", str(ROOT / "eval" / "corpus"),
          "--only", INSTANCE, "--mode", "oracle", "--mode", "saboteur", "--mode", "stale",
          "--concurrency", "1",
-         "--json", "--report", str(report)],
+         "--json", "--report", str(report), "--results", str(results_file)],
         env=env, capture_output=True, timeout=840, cwd=ROOT,
     )  # fmt: skip
 
@@ -48,7 +48,18 @@ def test_the_oracle_resolves_a_real_bug_and_the_saboteur_is_caught(tmp_path: Pat
     assert (stale["reproduced"], stale["published"], stale["resolved"]) == (False, False, False)
     assert stale["reason"].startswith("reproduce: could not reproduce the report: ")
     assert "ran no failing test (exit code 0, 1 passed, 0 failed)" in stale["reason"]
+    recorded = json.loads(results_file.read_text())
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+                          capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    assert recorded["commit"] == head and recorded["corpus"].endswith("eval/corpus")
+    assert recorded["modes"]["saboteur"] == {
+        "instances": 1, "reproduced": 1, "proven": 1, "published": 1, "resolved": 0,
+        "resolved_share": 0.0, "published_unresolved": 1,
+        "wall_s": recorded["modes"]["saboteur"]["wall_s"],
+    }  # fmt: skip
+    assert [r["mode"] for r in recorded["results"]] == ["oracle", "saboteur", "stale"]
     text = report.read_text()
+    assert f"From `{results_file}`, commit {head}, {recorded['date']}" in text
     assert "## oracle: 1 of 1 resolved (100 %), 1 published" in text
     assert "## saboteur: 0 of 1 resolved (0 %), 1 published" in text
     progress = done.stderr.decode()
