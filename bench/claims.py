@@ -1,6 +1,7 @@
 """What counts as a figure in the docs, and where one may stand (shared/STYLE.md, "Claims").
 
-Two rules, checked over README.md and docs/*.md (`problems`, tests/test_docs.py):
+Two rules, checked over README.md and docs/*.md (`problems`; tests/bench/test_generated_docs.py,
+tests/test_docs.py):
 
 1. **A generated section shows only its results file's figures.** Every figure in it is a number
    of the results file (a value, a key, a number inside a string such as the date), or one its
