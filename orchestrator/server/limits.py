@@ -1,14 +1,14 @@
 """How many failed logins `baton serve` lets through: counted in Redis, so that every replica
-shares the count, in a sliding window (`login_window_s`, 15 minutes by default).
+shares the count, in a sliding window of `ServeSettings.login_window_s`.
 
 A login attempt is counted on the counters that apply to it:
 
 - from a browser that has logged in as that user before (`Sessions.browser`): that browser's
-  own counter, `login_failures_per_user` (10);
-- from anywhere else: its client address's (`login_failures_per_address`, 20, every user name
+  own counter, `login_failures_per_user`;
+- from anywhere else: its client address's (`login_failures_per_address`, every user name
   together; an IPv6 address by its /64, which one client usually holds whole) and the user
-  name's (`login_failures_per_user`, 10, every address together; names that exist and names
-  that do not alike, so that a 429 does not tell which exist).
+  name's (`login_failures_per_user`, every address together; names that exist and names that
+  do not alike, so that a 429 does not tell which exist).
 
 An attempt takes a place in each of its counters before the password is checked, in one
 transaction, so that replicas racing each other cannot let more through. If a counter is full
@@ -20,8 +20,8 @@ logging in must not hand an attacker a fresh allowance.
 
 Locking a user out: an attacker failing as `ana` from many addresses fills `ana`'s counter, and
 for as long as the attack goes on no new browser logs in as her. The browsers she has logged in
-from in the last 30 days are counted apart and still let her in, and an attacker has no way to
-fill their counters without their cookies (OWASP's "device cookies").
+from (within `sessions.TRUSTED_BROWSER_S`) are counted apart and still let her in, and an
+attacker has no way to fill their counters without their cookies (OWASP's "device cookies").
 """
 
 from __future__ import annotations

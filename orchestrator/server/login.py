@@ -66,6 +66,7 @@ def login_routes(
             logger.warning("failed login for %r from %s", user[:100], address)
             return RedirectResponse(f"/login?failed=1&next={quote(target)}", status_code=303)
         limiter.succeeded(attempt)
+        sessions.end(request.cookies.get(SESSION_COOKIE))  # a new login, a new session id
         secure = settings.secure_cookies or request.url.scheme == "https"
         reply = RedirectResponse(target, status_code=303)
         session = sessions.begin(who)

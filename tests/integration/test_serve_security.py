@@ -176,11 +176,13 @@ def test_an_attacked_user_still_logs_in_from_a_browser_used_before_and_no_new_on
 
 
 @pytest.mark.timeout(120)
-def test_a_cookie_copied_before_logout_is_refused_after_it(
+def test_a_cookie_copied_before_logout_or_another_login_is_refused_after_it(
     serving: Serving, passwords: dict[str, str]
 ) -> None:
     with serving() as url, http(url) as client:
-        copy = session_of(log_in(client, VIEWER, passwords[VIEWER]))
+        before = session_of(log_in(client, OPERATOR, passwords[OPERATOR]))
+        copy = session_of(log_in(client, VIEWER, passwords[VIEWER]))  # the same browser
+        assert me(url, before).status_code == 401
         with http(url) as another_browser:
             other = session_of(log_in(another_browser, VIEWER, passwords[VIEWER]))
         assert me(url, copy).json() == {"name": VIEWER, "scope": "read", "flower_url": None}
@@ -193,9 +195,9 @@ def test_a_cookie_copied_before_logout_is_refused_after_it(
 def test_a_changed_password_or_scope_ends_the_logins_sessions_on_the_new_configuration(
     serving: Serving, passwords: dict[str, str]
 ) -> None:
-    with serving() as old, http(old) as client:
-        operator = session_of(log_in(client, OPERATOR, passwords[OPERATOR]))
-        viewer = session_of(log_in(client, VIEWER, passwords[VIEWER]))
+    with serving() as old, http(old) as one, http(old) as another:
+        operator = session_of(log_in(one, OPERATOR, passwords[OPERATOR]))
+        viewer = session_of(log_in(another, VIEWER, passwords[VIEWER]))
     # Restarted with the same configuration: the sessions outlive the process.
     with serving() as same:
         assert me(same, operator).status_code == 200 and me(same, viewer).status_code == 200

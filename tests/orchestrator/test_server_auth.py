@@ -6,7 +6,10 @@ test_serve_security.py."""
 
 from __future__ import annotations
 
+import json
+import re
 from html.parser import HTMLParser
+from pathlib import Path
 
 import pytest
 from pydantic import SecretStr, ValidationError
@@ -216,3 +219,19 @@ def test_the_content_security_policy_forbids_base_and_object_and_keeps_the_rest(
         "script-src": ["'self'"], "frame-ancestors": ["'none'"], "form-action": ["'self'"],
         "base-uri": ["'none'"], "object-src": ["'none'"],
     }  # fmt: skip
+
+
+def test_the_settings_table_of_docs_serve_md_names_every_setting_with_its_default() -> None:
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "serve.md").read_text()
+    rows = [line for line in docs.splitlines() if line.startswith("| `BATON_SERVE_")]
+    documented: dict[str, str] = {}
+    for row in rows:
+        names, default = row.split(" | ")[:2]
+        for name in re.findall(r"`BATON_SERVE_(\w+)`", names):
+            documented[name.lower()] = default
+    assert set(documented) == set(ServeSettings.model_fields)
+    for field, default in documented.items():
+        literal = re.fullmatch(r"`(.*)`", default)
+        if literal:  # a value written as the variable would hold it
+            expected = ServeSettings.model_fields[field].default
+            assert literal[1] == json.dumps(expected), field
