@@ -58,8 +58,8 @@ def login_routes(
         address = request.client.host if request.client else "unknown"
         browser = sessions.browser(request.cookies.get(BROWSER_COOKIE), user)
         attempt = limiter.begin(limiter.counters(address, user, browser))
-        if attempt.retry_after_s is not None:
-            logger.warning("login for %r from %s refused: too many failures", user[:100], address)
+        if attempt.retry_after_s is not None:  # as often as a client asks: no warning each
+            logger.info("login for %r from %s refused: too many failures", user[:100], address)
             return wait_page(page, attempt.retry_after_s, target)
         who = authenticator.log_in(user, password)
         if who is None:
