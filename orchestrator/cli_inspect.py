@@ -283,7 +283,8 @@ def serve(port: int, address: str, no_auth: bool) -> None:
     Logins: BATON_SERVE_USER / BATON_SERVE_PASSWORD (control scope) and BATON_SERVE_LOGINS
     ('{"viewer": "read:<password>"}'); tokens for scripts: BATON_SERVE_TOKENS
     ('{"ci": "read:<token>"}'). Without any it refuses to start unless --no-auth is given.
-    /api/v1/health answers without a login.
+    /api/v1/health answers without a login. Behind a proxy: BATON_SERVE_FORWARDED_ALLOW_IPS
+    (docs/serve.md).
     """
     import uvicorn
 
@@ -300,4 +301,7 @@ def serve(port: int, address: str, no_auth: bool) -> None:
     with connect(Settings()) as conductor:
         app = create_app(conductor, serve_settings, auth_required=not no_auth)
         err.print(f"serving runs on http://{escape(address)}:{port}/ (API at /api/v1)")
-        uvicorn.run(app, host=address, port=port, log_level="warning", access_log=False)
+        # The app believes the proxies of BATON_SERVE_FORWARDED_ALLOW_IPS and nobody else's
+        # X-Forwarded-* headers; uvicorn's own default would believe any local process's.
+        uvicorn.run(app, host=address, port=port, log_level="warning", access_log=False,
+                    proxy_headers=False)  # fmt: skip

@@ -63,3 +63,27 @@ def quota_scale(model: str) -> str:
     """Hash: the share of its configured quota the fleet believes `model` allows, lowered after
     a 429 (`low`, at Redis time `at_ms`) and recovering from there; gone once recovered."""
     return f"{PREFIX}quota-scale:{model}"
+
+
+SERVE = f"{PREFIX}serve:"
+"""`baton serve`'s keys: its login sessions, the browsers its users logged in from, and the
+counters of failed logins. Every one names what it stands for by a SHA-256 digest, never by a
+cookie's value, so that reading Redis gives nobody a cookie to send."""
+
+
+def serve_session(digest: str) -> str:
+    """String with an expiry: one login session (JSON: user, scope, the credential's
+    fingerprint, expiry), by the digest of its cookie."""
+    return f"{SERVE}session:{digest}"
+
+
+def serve_browser(digest: str) -> str:
+    """String with an expiry: the user who logged in from a browser, by the digest of that
+    browser's cookie; its failed logins are counted apart from everybody else's."""
+    return f"{SERVE}browser:{digest}"
+
+
+def serve_failures(kind: str, digest: str) -> str:
+    """Sorted set with an expiry: the failed logins of the last window (member a unique id,
+    score the time in seconds) of one client address, user name or browser (`kind`)."""
+    return f"{SERVE}failures:{kind}:{digest}"

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any
-from urllib.parse import parse_qs, quote
+from urllib.parse import quote
 
 import redis
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request
@@ -27,6 +27,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import StreamingResponse
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from orchestrator import inspection
 from orchestrator.conductor import Conductor
@@ -47,6 +48,9 @@ from orchestrator.server.auth import (
     Principal,
     ServeSettings,
 )
+from orchestrator.server.limits import LoginLimiter
+from orchestrator.server.login import login_routes
+from orchestrator.server.sessions import Sessions
 from orchestrator.store import RunStore
 
 logger = logging.getLogger(__name__)
@@ -62,7 +66,7 @@ SECURITY_HEADERS = {
     "Referrer-Policy": "same-origin",
     "Content-Security-Policy": (
         "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; "
-        "frame-ancestors 'none'; form-action 'self'"
+        "frame-ancestors 'none'; form-action 'self'; base-uri 'none'; object-src 'none'"
     ),
 }
 
@@ -128,8 +132,8 @@ def principal(request: Request) -> Principal:
         if found is None:
             raise HTTPException(401, "the bearer token is not valid")
         return found
-    cookie = request.cookies.get(SESSION_COOKIE)
-    found = authenticator.session(cookie) if cookie else None
+    sessions: Sessions = request.app.state.sessions
+    found = sessions.principal(request.cookies.get(SESSION_COOKIE))
     if found is None:
         raise HTTPException(401, "log in, or send a bearer token")
     return found
@@ -155,8 +159,10 @@ def create_app(
     conductor: Conductor, settings: ServeSettings, *, auth_required: bool = True
 ) -> FastAPI:
     """The application on `conductor`'s store. With `auth_required` False every request may
-    do everything (`baton serve --no-auth`, for a trusted network)."""
+    do everything (`baton serve --no-auth`, for a trusted network). The client's address and
+    scheme are the connection's, or those the proxies of `settings.forwarded_allow_ips` say."""
     authenticator = Authenticator(settings)
+    sessions = Sessions(conductor.store.redis, authenticator, settings.session_hours * 3600)
     app = FastAPI(
         title="Baton",
         summary="Runs of Baton's agent pipelines: their stages, outputs, artifacts and audit.",
@@ -167,12 +173,16 @@ def create_app(
         responses=ERRORS,
     )
     app.state.authenticator = authenticator
+    app.state.sessions = sessions
     app.state.auth_required = auth_required
     app.include_router(_service(conductor.store, settings))
     app.include_router(_reads(conductor.store))
     app.include_router(_artifacts(conductor.store))
     app.include_router(_control(conductor))
-    app.include_router(_ui(authenticator, settings))
+    app.include_router(_pages())
+    limiter = LoginLimiter(conductor.store.redis, settings)
+    app.include_router(login_routes(STATIC / "login.html", authenticator, sessions, limiter,
+                                    settings))  # fmt: skip
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     _handle_errors(app)
 
@@ -190,6 +200,8 @@ def create_app(
         return response
 
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    if settings.forwarded_allow_ips:
+        app.add_middleware(ProxyHeadersMiddleware, trusted_hosts=settings.forwarded_allow_ips)
     return app
 
 
@@ -387,8 +399,8 @@ def _handle_errors(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, invalid_request)
 
 
-def _ui(authenticator: Authenticator, settings: ServeSettings) -> APIRouter:
-    """The web UI's pages (static files that read the API) and the login."""
+def _pages() -> APIRouter:
+    """The web UI's pages: static files that read the API (the login's are in `login`)."""
     app = APIRouter(include_in_schema=False)
 
     @app.get("/", include_in_schema=False)
@@ -398,35 +410,6 @@ def _ui(authenticator: Authenticator, settings: ServeSettings) -> APIRouter:
     @app.get("/runs/{run_id}", include_in_schema=False)
     def run_page(run_id: str, _: Viewer) -> Response:
         return FileResponse(STATIC / "run.html")
-
-    @app.get("/login", include_in_schema=False)
-    def login_page() -> Response:
-        return FileResponse(STATIC / "login.html")
-
-    @app.post("/login", include_in_schema=False)
-    async def log_in(request: Request) -> Response:
-        form = parse_qs((await request.body()).decode("utf-8", "replace"))
-        user, password = form.get("user", [""])[0], form.get("password", [""])[0]
-        target = form.get("next", ["/"])[0]
-        if not target.startswith("/") or target.startswith("//"):
-            target = "/"  # never a redirect off this site
-        who = authenticator.log_in(user, password)
-        if who is None:
-            logger.warning("failed login for %r", user[:100])
-            return RedirectResponse(f"/login?failed=1&next={quote(target)}", status_code=303)
-        reply = RedirectResponse(target, status_code=303)
-        reply.set_cookie(
-            SESSION_COOKIE, authenticator.session_cookie(who),
-            max_age=int(authenticator.session_s), httponly=True, samesite="strict",
-            secure=settings.secure_cookies, path="/",
-        )  # fmt: skip
-        return reply
-
-    @app.post("/logout", include_in_schema=False)
-    def log_out() -> Response:
-        reply = RedirectResponse("/login", status_code=303)
-        reply.delete_cookie(SESSION_COOKIE, path="/")
-        return reply
 
     return app
 

@@ -449,6 +449,54 @@ def test_serve_gets_no_model_key_github_token_or_docker_and_writes_only_to_tmp()
     assert context["runAsUser"] == 1000 and not context.get("privileged")
 
 
+def test_a_disruption_budget_keeps_a_serve_pod_up_and_never_blocks_a_drain_for_good() -> None:
+    deployment = serve()
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    budgets = [b for b in of_kind("PodDisruptionBudget") if selects(b["spec"]["selector"], labels)]
+    (budget,) = budgets
+    assert namespace_of(budget) == namespace_of(deployment) == NAMESPACE
+    # It selects serve's pods and no other workload's.
+    others = [doc for doc in workloads() if doc is not deployment]
+    assert not any(
+        selects(budget["spec"]["selector"], d["spec"]["template"]["metadata"]["labels"])
+        for d in others
+    )
+    spec = budget["spec"]
+    # One evicted at a time, of at least two: one always answers. maxUnavailable (never
+    # minAvailable, which a single replica could not satisfy) lets a drain finish whatever the
+    # replica count; a pod that is not ready serves nobody and may always go.
+    assert "minAvailable" not in spec
+    assert spec["maxUnavailable"] == 1 < deployment["spec"]["replicas"]
+    assert spec["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
+    # A rolling update never takes a pod down before its successor is ready.
+    assert deployment["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+
+
+def test_serve_pods_spread_over_nodes_and_zones_without_stranding_a_pod() -> None:
+    deployment = serve()
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    constraints = {
+        c["topologyKey"]: c
+        for c in deployment["spec"]["template"]["spec"]["topologySpreadConstraints"]
+    }
+    assert set(constraints) == {"kubernetes.io/hostname", "topology.kubernetes.io/zone"}
+    others = [
+        d["spec"]["template"]["metadata"]["labels"] for d in workloads() if d is not deployment
+    ]
+    for constraint in constraints.values():  # counting serve's pods and only those
+        assert constraint["maxSkew"] == 1
+        assert selects(constraint["labelSelector"], labels)
+        assert not any(selects(constraint["labelSelector"], other) for other in others)
+    nodes, zones = constraints["kubernetes.io/hostname"], constraints["topology.kubernetes.io/zone"]
+    # Two pods never share a node while another could take one; a node that takes no pod (a
+    # tainted control plane, a cordoned node being drained) is not counted, or the second pod
+    # would wait forever for it.
+    assert nodes["whenUnsatisfiable"] == "DoNotSchedule"
+    assert (nodes["nodeTaintsPolicy"], nodes["nodeAffinityPolicy"]) == ("Honor", "Honor")
+    # Zones are a preference: a cluster in one zone, or without zone labels, still schedules.
+    assert zones["whenUnsatisfiable"] == "ScheduleAnyway"
+
+
 def test_every_pod_goes_without_service_links_and_service_account_token() -> None:
     for doc in workloads():
         pod = doc["spec"]["template"]["spec"]

@@ -1,7 +1,7 @@
 """Reading a run back without Redis: audit entries made into a transcript, the time line of a
 looped stage with a rate-limit wait, tokens summed over iterations, artifacts found by name,
-session cookies that cannot be forged, kept past their expiry or outlive a login, and a
-health check that says when Redis is away."""
+credentials that name their scope, and a health check that says when Redis is away (the
+sessions of `baton serve` are tested in test_server_sessions.py)."""
 
 from __future__ import annotations
 
@@ -150,30 +150,6 @@ def test_an_artifact_is_found_by_its_full_name_or_a_name_one_stage_has() -> None
     with pytest.raises(ArtifactNotFoundError, match=r"it has: fix/workspace\.diff, fix/tests-"):
         inspection.find_artifact(run, "build.log")
     assert inspection.change(run) == ref("pr/workspace.diff")  # the newest stage's
-
-
-def test_a_session_cookie_cannot_be_forged_kept_or_outlive_its_login() -> None:
-    settings = ServeSettings(
-        user="ana", password=SecretStr("pw-ana"), secret=SecretStr("s3cret"),
-        logins={"bo": SecretStr("read:pw-bo")}, session_hours=1,
-    )  # fmt: skip
-    auth = Authenticator(settings)
-    assert auth.log_in("ana", "pw-ana") == Principal("ana", "control", "session")
-    assert auth.log_in("bo", "pw-bo") == Principal("bo", "read", "session")
-    assert auth.log_in("ana", "pw-bo") is None
-    assert auth.log_in("nobody", "pw-ana") is None
-
-    cookie = auth.session_cookie(Principal("bo", "read", "session"), now=1000.0)
-    assert auth.session(cookie, now=1000.0 + 3599) == Principal("bo", "read", "session")
-    assert auth.session(cookie, now=1000.0 + 3601) is None  # expired
-    payload, _, signature = cookie.partition(".")
-    promoted = payload.replace(payload[:4], "AAAA")
-    assert auth.session(f"{promoted}.{signature}", now=1000.0) is None  # tampered
-    other_server = Authenticator(settings.model_copy(update={"secret": SecretStr("other")}))
-    assert other_server.session(cookie, now=1000.0) is None
-    # The login's scope changed since: the cookie no longer stands.
-    widened = ServeSettings(logins={"bo": SecretStr("control:pw-bo")}, secret=SecretStr("s3cret"))
-    assert Authenticator(widened).session(cookie, now=1000.0) is None
 
 
 def test_credentials_must_name_a_scope_and_come_whole() -> None:
