@@ -29,13 +29,13 @@ unit: setup
 # the unit tier on both cores (with every property example), then the integration tier, whose
 # tests share workers, servers and dockerd, one at a time.
 test: lint
-	env -u PYTHONDONTWRITEBYTECODE bash scripts/with-docker.sh sh -c '\
+	env -u PYTHONDONTWRITEBYTECODE bash scripts/with-docker.sh --runsc sh -c '\
 		$(BIN)/pytest -q -m "not integration" -n 2 --dist worksteal \
 			-o tmp_path_retention_policy=failed --ignore=tests/integration --ignore=tests/deploy \
 		&& $(BIN)/pytest -q -m integration --durations=15'
 
 bench: setup
-	bash scripts/with-docker.sh $(BIN)/python -m bench
+	bash scripts/with-docker.sh --runsc $(BIN)/python -m bench
 
 # The evaluation harness on the corpus of real bugs (eval/corpus): the oracle must resolve every
 # instance, the saboteur and the stale reproduction none; records eval/results/eval.json, then

@@ -38,6 +38,7 @@ from bench.docs import Source, latest_run, table, targets_table
 from orchestrator.store import connect
 from sandbox import IMAGE_TAG, ensure_image
 from sandbox.build import CA_PATH, BuildSettings, build_environment, environment_tag
+from sandbox.egress import PROXY_VARIABLES
 from sandbox.environment import detect
 from testkit import services
 from testkit.projects import as_git_repo, python_sdist, tree_tar
@@ -54,11 +55,12 @@ DOWNLOADS = record.ROOT / "build" / "test-projects"
 
 def by_hand(client: docker.DockerClient, root: Path, setup: tuple[str, ...]) -> float:
     """The setup commands in one plain `docker run` of the sandbox image, as root, the tree
-    mounted; its wall time in seconds."""
+    mounted, straight on Docker's default bridge (no egress proxy); its wall time in
+    seconds."""
     settings = BuildSettings()
-    env = settings.command_env()
+    env = {k: v for k, v in settings.command_env().items() if k not in PROXY_VARIABLES}
     script = "cp -r /src/. /workspace/ && cd /workspace && " + " && ".join(setup)
-    argv = ["docker", "run", "--rm", "--user", "0:0", "--network", settings.network,
+    argv = ["docker", "run", "--rm", "--user", "0:0", "--network", "bridge",
             "-v", f"{root}:/src:ro", "-e", "PIP_NO_CACHE_DIR=1",
             "-e", "PIP_DISABLE_PIP_VERSION_CHECK=1", "-e", "HOME=/root"]  # fmt: skip
     if settings.ca_bundle is not None:

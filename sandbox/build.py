@@ -3,13 +3,18 @@
     built = build_environment(spec, tree, tag="baton-env:<key>", settings=BuildSettings())
     baseline = validate_environment(built, spec, tree)
 
-The build is the setup phase: a container from the base image, with network access to the
-package registries and no secret, gets the repository's tree at the workspace path, installs
-the spec's Debian packages and runs its setup commands as root, forgets the tree again and is
-committed as the environment image. Registry settings (`BuildSettings`: the index URL, an extra
-CA bundle, a proxy) reach only the build's commands, never the image or the agent phase. A
-setup command that fails ends the build with `EnvironmentBuildError`, naming the command and
-the tail of its output, and leaves no image.
+The build is the setup phase: a container from the base image, with no secret, gets the
+repository's tree at the workspace path, installs the spec's Debian packages and runs its setup
+commands as root, forgets the tree again and is committed as the environment image. Those
+commands are the repository's own (its `setup.py` runs at `pip install -e .`): untrusted code.
+So the build container runs under the sandboxes' runtime (gVisor's runsc where one is set), with
+the least capabilities installing needs and NO network: its only way out is the egress proxy
+(`sandbox.egress`), which this process serves for the build's length on a unix socket bound
+into the container, and which connects to the package registries only — never to a link-local
+(cloud metadata), loopback or private address. Registry settings (`BuildSettings`: the index
+URL, an extra CA bundle, an upstream proxy) reach only the build's commands and the proxy,
+never the image or the agent phase. A setup command that fails ends the build with
+`EnvironmentBuildError`, naming the command and the tail of its output, and leaves no image.
 
 Validation is the agent phase's first run: a hardened sandbox (no network, no capabilities,
 read-only root) from the new image runs the test command on the unchanged tree. Its outcomes by
@@ -20,9 +25,12 @@ start, and that fails the environment too.
 from __future__ import annotations
 
 import logging
+import shutil
+import tempfile
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,6 +42,16 @@ from sandbox import labels as label
 from sandbox.client import connected, remove, translated
 from sandbox.config import IMAGE_TAG, SandboxConfig
 from sandbox.docker import DockerSandbox
+from sandbox.egress import (
+    DEFAULT_REGISTRIES,
+    PROXY_URL,
+    PROXY_VARIABLES,
+    RELAY,
+    RELAY_PORT,
+    EgressPolicy,
+    EgressProxy,
+    with_registries,
+)
 from sandbox.environment import BASE_PATH, EnvironmentSpec
 from sandbox.errors import SandboxError
 from sandbox.models import ExecResult
@@ -100,6 +118,21 @@ FORGET = (
 place leads there: a sandbox's workspace volume starts with it."""
 BUILD_CAPABILITIES = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "SETUID", "SETGID", "KILL"]
 """What installing packages needs as root (apt drops to its `_apt` user, npm chowns)."""
+EGRESS_PREFLIGHT = """\
+import socket, sys, time
+socket.socket(socket.AF_UNIX).connect(sys.argv[1])
+for _ in range(100):
+    try:
+        socket.create_connection(("127.0.0.1", int(sys.argv[2])), timeout=1).close()
+        break
+    except OSError:
+        time.sleep(0.1)
+else:
+    sys.exit("the relay does not listen")
+"""
+"""Run before the first command: connects to the proxy's socket once, so that a runtime that
+forbids it (gVisor without `--host-uds=open`) is named at once rather than as a failed
+download, and waits until the relay listens."""
 LOG_TAIL_LINES = 40
 MAX_TEST_OUTPUT_BYTES = 64_000_000
 """Output kept of the validating test run: its per-test lines come last (pytest's summary)."""
@@ -142,9 +175,25 @@ class BuildSettings(BaseModel):
     npm_registry: str | None = None
     """npm's registry; None: registry.npmjs.org."""
     proxy: str | None = None
-    """An HTTP(S) proxy for the build's commands."""
-    network: str = "bridge"
-    """The Docker network a build container joins (it needs the registries)."""
+    """`http://host:port` of an HTTP proxy the egress proxy goes through to the registries."""
+    egress_allow: tuple[str, ...] = ()
+    """More registries a build may reach, by name (`crates.io`, `mirror.example:8443`),
+    besides PyPI, Debian, npm and the hosts of `index_url` and `npm_registry`."""
+    egress_allow_private: bool = False
+    """Let a registry's name resolve to a private address (a mirror inside your network);
+    loopback and link-local addresses stay refused."""
+    egress_dir: Path | None = None
+    """Where this process puts the egress proxy's socket for a build; None: a new temporary
+    folder per build (dockerd must then run on this machine, as on one-machine set-ups)."""
+    egress_source: str | None = None
+    """How dockerd names `egress_dir` for the build container's bind: a host path or a Docker
+    volume's name (Compose, Kubernetes); None: `egress_dir`'s own path."""
+    runtime: str | None = None
+    """The OCI runtime of build containers; the workers set it to the sandboxes' (runsc),
+    which must then be registered with `--host-uds=open` (docs/security.md)."""
+    handoff: bool = False
+    """This worker may not create build containers (it holds the sandbox gate's ordinary
+    socket): it asks the builder that shares its Docker daemon (`baton worker --builder`)."""
     base_image: str = IMAGE_TAG
     memory_mb: int = Field(4096, ge=256)
     cpus: float = Field(2.0, gt=0)
@@ -154,17 +203,24 @@ class BuildSettings(BaseModel):
     """Most time the validating test run may take."""
 
     def command_env(self) -> dict[str, str]:
-        env: dict[str, str] = {}
+        """The registry variables of a build's commands: the relay as their proxy."""
+        env = dict.fromkeys(PROXY_VARIABLES, PROXY_URL)
         if self.ca_bundle is not None:
             env.update({name: CA_PATH for name in CA_VARIABLES})
         if self.index_url:
             env["PIP_INDEX_URL"] = self.index_url
         if self.npm_registry:
             env["npm_config_registry"] = self.npm_registry
-        if self.proxy:
-            for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
-                env[name] = self.proxy
         return env
+
+    def egress_policy(self) -> EgressPolicy:
+        """Where the egress proxy lets a build connect."""
+        policy = EgressPolicy(
+            hosts=frozenset({*DEFAULT_REGISTRIES, *self.egress_allow}),
+            allow_private=self.egress_allow_private,
+            upstream=self.proxy,
+        )
+        return with_registries(policy, (self.index_url, self.npm_registry))
 
 
 @dataclass(frozen=True)
@@ -212,12 +268,13 @@ def build_environment(
     steps = _steps(spec, workspace)
     started = time.monotonic()
     log: list[str] = []
-    with connected(client) as docker_client:
+    with connected(client) as docker_client, _egress(settings) as (source, socket_name):
         box, build_labels = _start_build_container(
-            docker_client, settings, spec, workspace, labels or {}
+            docker_client, settings, spec, workspace, labels or {}, source, socket_name
         )
         try:
-            box.put_archive(workspace, tree)
+            _check_egress(box, socket_name)
+            _unpack(box, workspace, tree)
             env = {**BUILD_ENV, **spec.env, **settings.command_env()}
             for number, command in enumerate(steps, 1):
                 say(f"[{number}/{len(steps)}] {command}")
@@ -283,19 +340,63 @@ def _steps(spec: EnvironmentSpec, workspace: str) -> list[str]:
     return steps
 
 
+@contextmanager
+def _egress(settings: BuildSettings) -> Iterator[tuple[str, str]]:
+    """Serve the egress proxy for one build: how dockerd names its socket's folder, and the
+    socket's name in it."""
+    folder = settings.egress_dir
+    own = folder is None
+    if folder is None:
+        folder = Path(tempfile.mkdtemp(prefix="baton-egress-"))
+        folder.chmod(0o755)
+    name = f"{uuid.uuid4().hex[:16]}.sock"
+    try:
+        with EgressProxy(settings.egress_policy(), folder / name):
+            yield settings.egress_source or str(folder), name
+    finally:
+        if own:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _unpack(box: DockerSandbox, workspace: str, tree: bytes) -> None:
+    """The tree into the workspace by `tar` inside the container, not the archive API: gVisor
+    does not see files written into a running container's root from outside."""
+    result = box.exec(["tar", "-x", "-C", workspace], stdin=tree, timeout_s=600)
+    if result.exit_code != 0:
+        raise EnvironmentBuildError(
+            f"the repository's tree could not be unpacked into {workspace}: "
+            f"{result.output.strip()[-300:]}"
+        )
+
+
+def _check_egress(box: DockerSandbox, socket_name: str) -> None:
+    socket_path = f"{EGRESS_PATH}/{socket_name}"
+    result = box.exec(
+        ["python3", "-c", EGRESS_PREFLIGHT, socket_path, str(RELAY_PORT)], timeout_s=60
+    )
+    if result.exit_code != 0:
+        raise EnvironmentBuildError(
+            "the build container cannot reach the egress proxy's socket, its only way to the "
+            "package registries (under gVisor, register runsc with --host-uds=open: "
+            f"docs/security.md): {result.output.strip()[-300:]}"
+        )
+
+
 def _start_build_container(
     client: docker.DockerClient,
     settings: BuildSettings,
     spec: EnvironmentSpec,
     workspace: str,
     extra_labels: Mapping[str, str],
+    egress_source: str,
+    socket_name: str,
 ) -> tuple[DockerSandbox, dict[str, str]]:
     ttl_s = int(settings.command_timeout_s * (len(spec.setup) + 2))
-    binds = {}
+    binds = {egress_source: {"bind": EGRESS_PATH, "mode": "ro"}}
     if settings.ca_bundle is not None:
         binds[str(settings.ca_bundle)] = {"bind": CA_PATH, "mode": "ro"}
     host_config = client.api.create_host_config(
-        network_mode=settings.network,
+        network_mode="none",
         cap_drop=["ALL"],
         cap_add=BUILD_CAPABILITIES,
         security_opt=["no-new-privileges"],
@@ -305,6 +406,7 @@ def _start_build_container(
         nano_cpus=int(settings.cpus * 1e9),
         init=True,
         binds=binds,
+        runtime=settings.runtime,
     )
     build_labels = {
         **extra_labels,
@@ -314,10 +416,11 @@ def _start_build_container(
         label.OWNER: label.owner(),
     }
     image = settings.base_image
+    relay = ["python3", "-c", RELAY, f"{EGRESS_PATH}/{socket_name}", str(RELAY_PORT), str(ttl_s)]
     with translated(f"creating a build container from {image}", image=image):
         container_id: str = client.api.create_container(
             image,
-            command=["sleep", str(ttl_s)],
+            command=relay,
             name=f"baton-build-{uuid.uuid4().hex[:16]}",
             user="0:0",
             working_dir=workspace,

@@ -1,15 +1,30 @@
 #!/usr/bin/env bash
 # Runs a command with a Docker daemon and Baton's sandbox image available: starts dockerd when
 # none answers (and stops it afterwards), with gVisor's runsc registered as the `runsc` runtime
-# the sandbox tests also run on (README, "Sandbox hosts"); builds the image when it is missing.
+# the sandbox tests also run on (docs/sandboxes.md, "Sandbox hosts"); builds the image when it
+# is missing.
+#
+#   scripts/with-docker.sh [--runsc] COMMAND...
+#
+# --runsc: COMMAND needs the runsc runtime (the tests do; the demo does not). A dockerd already
+# running without it, as Baton registers it, stops this at once with the one-line fix, rather
+# than failing the sandbox tests on runsc much later.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
+need_runsc=""
+if [ "${1:-}" = "--runsc" ]; then
+  need_runsc=1
+  shift
+fi
+
 # What to add to daemon.json's "runtimes". --network=none: Debian's runsc (20221219) mistakes a
 # container's network namespace for the host's on Linux >= 6.x and refuses to start
-# (gvisor#10704); sandboxes have no network anyway.
+# (gvisor#10704); sandboxes have no network anyway. --host-uds=open: an environment build's
+# container, which has no network either, reaches the package registries through the egress
+# proxy's unix socket bound into it (docs/security.md); gVisor refuses host sockets otherwise.
 runsc=$(command -v runsc || echo /usr/bin/runsc)
-RUNSC_JSON="{\"runsc\": {\"path\": \"$runsc\", \"runtimeArgs\": [\"--network=none\"]}}"
+RUNSC_JSON="{\"runsc\": {\"path\": \"$runsc\", \"runtimeArgs\": [\"--network=none\", \"--host-uds=open\"]}}"
 
 # /etc/docker/daemon.json (if any) with the runsc runtime added, written to $1.
 daemon_config() {
@@ -31,9 +46,9 @@ if ! docker info >/dev/null 2>&1; then
   if command -v runsc >/dev/null; then
     conf=$(mktemp -t baton-dockerd.XXXXXX.json)
     daemon_config "$conf" && config=(--config-file "$conf")
-  else
-    echo "with-docker: runsc is not installed (scripts/setup.sh installs it); the sandbox" \
-      "tests on runsc will fail" >&2
+  elif [ -n "$need_runsc" ]; then
+    echo "with-docker: runsc is not installed: run scripts/setup.sh (it installs it)" >&2
+    exit 1
   fi
   dockerd "${config[@]}" >"$log" 2>&1 &
   started=$!
@@ -59,10 +74,12 @@ stop_dockerd() {
 }
 trap stop_dockerd EXIT
 
-if ! docker info --format '{{json .Runtimes}}' 2>/dev/null | grep -q '"runsc"'; then
-  echo "with-docker: the running dockerd has no runsc runtime, so the sandbox tests on runsc" \
-    "will fail. Register it without a restart: add to /etc/docker/daemon.json" \
+if [ -n "$need_runsc" ] && ! docker info --format '{{json .Runtimes}}' 2>/dev/null \
+    | grep -q '"runsc":{[^}]*"--host-uds=open"'; then
+  echo "with-docker: the running dockerd has no runsc runtime registered as Baton needs it" \
+    "(the sandbox tests run on it). Fix: add to /etc/docker/daemon.json" \
     "{\"runtimes\": $RUNSC_JSON}, then kill -HUP \$(pidof dockerd)" >&2
+  exit 1
 fi
 
 .venv/bin/python -m sandbox.image || exit 1

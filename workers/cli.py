@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 import click
 
@@ -35,8 +36,13 @@ def worker_argv(
 @click.option("--pipeline", default="fixer", show_default=True)
 @click.option("--concurrency", "-c", default=1, show_default=True, help="Worker processes.")
 @click.option("--loglevel", default="INFO", show_default=True)
-def worker(stages: str, pipeline: str, concurrency: int, loglevel: str) -> None:
+@click.option("--builder", is_flag=True,
+              help="Serve no stage: build the environments the code-stage workers of this "
+              "Docker daemon hand over (DOCKER_HOST: the gate's build socket).")  # fmt: skip
+def worker(stages: str, pipeline: str, concurrency: int, loglevel: str, builder: bool) -> None:
     """Run a Celery worker that serves the queues of the given stages."""
+    if builder:
+        _builder(concurrency, loglevel)
     spec = load_pipeline(pipeline)
     names = (
         [s.name for s in spec.stages] if stages == "all" else [s.strip() for s in stages.split(",")]
@@ -46,12 +52,7 @@ def worker(stages: str, pipeline: str, concurrency: int, loglevel: str) -> None:
     if settings.google_api_key is None:
         raise ConfigError(missing_key_message(settings.model_section()))
     check_time_limits(spec, settings.queue, settings.retry)
-    if concurrency > settings.queue.eta_task_limit:
-        raise ConfigError(
-            f"--concurrency {concurrency} is above BATON_QUEUE__ETA_TASK_LIMIT "
-            f"({settings.queue.eta_task_limit}), the most messages a worker may hold: raise "
-            "the limit to at least the concurrency, or run fewer processes"
-        )
+    _check_concurrency(settings, concurrency)
     label = "-".join(names) if stages != "all" else "all"
     argv = worker_argv(
         [spec.stage(name).queue for name in names],
@@ -60,3 +61,30 @@ def worker(stages: str, pipeline: str, concurrency: int, loglevel: str) -> None:
         loglevel=loglevel,
     )
     os.execv(sys.executable, argv)
+
+
+def _builder(concurrency: int, loglevel: str) -> NoReturn:
+    """Become the environment builder of the Docker daemon `DOCKER_HOST` reaches."""
+    from sandbox.client import connect
+    from workers.builder import build_queue
+
+    settings = Settings()
+    settings.require_redis_url()
+    _check_concurrency(settings, concurrency)
+    client = connect()
+    try:
+        queue = build_queue(client)
+    finally:
+        client.close()
+    argv = worker_argv([queue], concurrency=concurrency, name=f"baton-builder-{os.getpid()}",
+                       loglevel=loglevel)  # fmt: skip
+    os.execv(sys.executable, argv)
+
+
+def _check_concurrency(settings: Settings, concurrency: int) -> None:
+    if concurrency > settings.queue.eta_task_limit:
+        raise ConfigError(
+            f"--concurrency {concurrency} is above BATON_QUEUE__ETA_TASK_LIMIT "
+            f"({settings.queue.eta_task_limit}), the most messages a worker may hold: raise "
+            "the limit to at least the concurrency, or run fewer processes"
+        )

@@ -9,6 +9,10 @@ One build per key in the whole fleet: the builder holds a Redis lock while it bu
 validates; every other worker that needs the same key waits for the lock and then finds the
 image (or the builder's failure, which it raises too, rather than build the same failure
 again). The record of an environment (`baton:env:<key>`) holds what `baton env ls` shows.
+
+A worker that may not create build containers (`BuildSettings.handoff`: it holds only the
+sandbox gate's ordinary socket) hands the build to its daemon's builder (`workers.builder`) and
+waits for the record the same way.
 """
 
 from __future__ import annotations
@@ -41,6 +45,8 @@ from sandbox.build import (
 )
 from sandbox.client import connected, translated
 from sandbox.environment import EnvironmentSpec, detect, environment_key, from_table
+from sandbox.errors import SandboxUnavailableError
+from workers.builder import BuildRequest
 from workers.mirrors import RepoCache, repo_key
 from workers.outcomes import Outcome, Outcomes, parse, with_ids
 
@@ -59,9 +65,16 @@ LOCK_TTL_S = 60.0
 may take as long as it needs), so a builder that died — a SIGKILLed worker — frees it within
 this."""
 LOCK_WAIT_S = 3600
+BUILDER_START_S = 120.0
+"""How long a handed-over build may wait for a builder to take it (its build lock) before the
+worker says that no builder serves its daemon."""
+HANDOFF_POLL_S = 1.0
+UNAVAILABLE_TTL_S = 30
+"""How long a builder's record of a failing Docker daemon (retryable) stops others."""
 TAIL_LINES = 40
 
 Progress = Callable[[str], None]
+Handoff = Callable[[BuildRequest, docker.DockerClient], None]
 
 
 @dataclass(frozen=True)
@@ -139,12 +152,15 @@ class Environments:
         *,
         sandbox_config: SandboxConfig | None = None,
         docker_client: docker.DockerClient | None = None,
+        handoff: Handoff | None = None,
     ) -> None:
         self.redis: Any = client
         self.mirrors = mirrors
         self.settings = settings or BuildSettings()
         self.sandbox_config = sandbox_config or SandboxConfig()
         self.docker = docker_client
+        self.handoff = handoff
+        """Set: builds go to the builder this calls, never run here."""
 
     def prepare(
         self,
@@ -175,11 +191,16 @@ class Environments:
                     return found
             tree = self.mirrors.archive(repo, commit, uid=uid, gid=gid)
             base_id = _image_id(client, self.settings.base_image) or ""
+            given = spec
             spec, key = _spec_and_key(tree, spec, base_id)
             self.redis.set(key_of, key, ex=KEY_OF_TTL_S)
             found = self._found(client, key)
             if found is not None:
                 return found
+            if self.handoff is not None:
+                say(f"environment {key} is not built yet: handing it to the builder")
+                self.handoff(BuildRequest(repo, commit, given, key), client)
+                return self._awaited(client, key)
             say(f"environment {key} is not built yet: taking its build lock")
             with BuildLock(self.redis, key):
                 found = self._found(client, key)  # built by another worker while we waited
@@ -217,7 +238,31 @@ class Environments:
             k.removeprefix(RECORD_PREFIX) for k in self.redis.scan_iter(match=RECORD_PREFIX + "*")
         )
 
+    def record_failure(self, key: str, repo: str, error: str, *, retryable: bool) -> None:
+        """Tell the workers waiting for `key` why its builder could not build it: they raise
+        `SandboxUnavailableError` for a `retryable` failure (the builder's Docker daemon failed)
+        until `UNAVAILABLE_TTL_S` has passed, `EnvironmentBuildError` for another one."""
+        self._record_failure(key, repo, None, error, retryable=retryable)
+
     # -- helpers ------------------------------------------------------------------------------
+
+    def _awaited(self, client: docker.DockerClient, key: str) -> Environment:
+        """The environment `key` once the builder has recorded it; its failure raised."""
+        started = time.monotonic()
+        while True:
+            found = self._found(client, key)
+            if found is not None:
+                return found
+            waited = time.monotonic() - started
+            if waited > LOCK_WAIT_S:
+                raise EnvironmentBuildError(f"environment {key}: not built after {waited:.0f}s")
+            if waited > BUILDER_START_S and not self.redis.exists(LOCK_PREFIX + key):
+                raise SandboxUnavailableError(
+                    f"environment {key}: no builder took its build within {BUILDER_START_S:.0f}s;"
+                    " start `baton worker --builder` with the sandbox gate's build socket for "
+                    "this Docker daemon (docs/security.md)"
+                )
+            time.sleep(HANDOFF_POLL_S)
 
     def _found(self, client: docker.DockerClient, key: str) -> Environment | None:
         """The recorded environment `key` if its image is here; raises its recorded failure."""
@@ -225,7 +270,10 @@ class Environments:
         if not fields:
             return None
         if fields.get("status") == "failed":
-            raise EnvironmentBuildError(fields.get("error", f"environment {key} failed"))
+            error = fields.get("error", f"environment {key} failed")
+            if fields.get("retryable"):
+                raise SandboxUnavailableError(error)
+            raise EnvironmentBuildError(error)
         tag = fields["tag"]
         if _image_id(client, tag, missing_ok=True) is None:
             return None  # recorded by another host, or pruned here: build it (again)
@@ -305,13 +353,21 @@ class Environments:
         )
         return Environment(key, tag, spec, command, baseline, True, log, test_log)
 
-    def _record_failure(self, key: str, repo: str, spec: EnvironmentSpec, error: str) -> None:
+    def _record_failure(
+        self, key: str, repo: str, spec: EnvironmentSpec | None, error: str, *,
+        retryable: bool = False,
+    ) -> None:  # fmt: skip
         record = RECORD_PREFIX + key
         fields = {"status": "failed", "key": key, "repo": repo, "error": error,
-                  "spec": spec.model_dump_json(), "built_at": repr(time.time())}  # fmt: skip
+                  "built_at": repr(time.time())}  # fmt: skip
+        if spec is not None:
+            fields["spec"] = spec.model_dump_json()
+        if retryable:
+            fields["retryable"] = "1"
         with self.redis.pipeline() as pipe:
+            pipe.delete(record)
             pipe.hset(record, mapping=fields)
-            pipe.expire(record, FAILED_TTL_S)
+            pipe.expire(record, UNAVAILABLE_TTL_S if retryable else FAILED_TTL_S)
             pipe.execute()
 
 

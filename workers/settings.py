@@ -49,10 +49,14 @@ class WorkerSettings(Settings):
     starts; one directory per worker. Unset: a fresh temporary directory, removed at exit."""
 
     def build_settings(self) -> BuildSettings:
-        """The build settings, from the sandbox image that `BATON_SANDBOX_IMAGE` names."""
+        """The build settings, from the sandbox image that `BATON_SANDBOX_IMAGE` names, under
+        the sandboxes' runtime unless `BATON_BUILD__RUNTIME` names another."""
+        update: dict[str, object] = {}
         if self.sandbox_image:
-            return self.build.model_copy(update={"base_image": self.sandbox_image})
-        return self.build
+            update["base_image"] = self.sandbox_image
+        if self.build.runtime is None and self.sandbox.runtime is not None:
+            update["runtime"] = self.sandbox.runtime
+        return self.build.model_copy(update=update) if update else self.build
 
     def sandbox_config(self) -> SandboxConfig:
         """The sandbox limits, with `BATON_SANDBOX_IMAGE` as the image when it is set."""

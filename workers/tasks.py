@@ -1,4 +1,5 @@
-"""The one Celery task: decode the message, run the stage, record the result, declare retries.
+"""The Celery tasks: a stage's (decode the message, run the stage, record the result, declare
+retries), and an environment build handed to this daemon's builder.
 
 The stage itself is `workers.stage.execute_stage`, wired to the run store by
 `workers.execution.Execution`; this module only adapts it to Celery. How an execution that
@@ -21,9 +22,13 @@ from orchestrator.conductor import Completion, Conductor, StageResult, StageStar
 from orchestrator.pipeline import load_pipeline
 from orchestrator.queue import STAGE_TASK, Dispatcher
 from orchestrator.store import RunStore
+from sandbox.build import EnvironmentBuildError, EnvironmentValidationError
+from sandbox.environment import EnvironmentSpec
+from sandbox.errors import SandboxUnavailableError
 from sandbox.pool import WarmPool
 from workers import metrics
 from workers.app import app, settings
+from workers.builder import BUILD_TASK, BuildHandoff
 from workers.environments import Environments
 from workers.errors import (
     ExecutionError,
@@ -53,19 +58,16 @@ INFRASTRUCTURE_BACKOFF_S = 5.0
 def services() -> WorkerServices:
     """What this worker process lends its executions, made on first use in each pool process
     (after the fork: the event loop and the clients are the process's own)."""
-    store = RunStore.from_url(settings.require_redis_url(), ttl_s=settings.queue.run_ttl_s)
+    store = run_store()
     mirrors = RepoCache(settings.repo_cache_dir)
-    sandbox_config = settings.sandbox_config()
     return WorkerServices(
         conductor=Conductor(store, Dispatcher(app)),
         sandboxes=DockerSandboxes(
             mirrors,
-            sandbox_config,
+            settings.sandbox_config(),
             pool=warm_pool(),
         ),
-        environments=Environments(
-            store.redis, mirrors, settings.build_settings(), sandbox_config=sandbox_config
-        ),
+        environments=environments(),
         publisher=Publisher(
             mirrors, token=settings.github_token, github_api_url=settings.github_api_url
         ),
@@ -76,6 +78,23 @@ def services() -> WorkerServices:
         clients=ModelClients(),
         loop=asyncio.new_event_loop(),
         keep_model_requests=settings.keep_model_requests,
+    )
+
+
+@cache
+def run_store() -> RunStore:
+    return RunStore.from_url(settings.require_redis_url(), ttl_s=settings.queue.run_ttl_s)
+
+
+@cache
+def environments() -> Environments:
+    """This process's environments: built here, or handed to the builder (`BATON_BUILD__*`)."""
+    return Environments(
+        run_store().redis,
+        RepoCache(settings.repo_cache_dir),
+        settings.build_settings(),
+        sandbox_config=settings.sandbox_config(),
+        handoff=BuildHandoff(app) if settings.build.handoff else None,
     )
 
 
@@ -125,6 +144,23 @@ def run_stage(self: Task, run_id: str, stage: str) -> None:
             timer.settled("cancelled", StageCancelledError())
         elif completion == Completion.LOST:
             timer.settled("lost", LeaseLostError(f"another execution holds {stage} now"))
+
+
+@app.task(name=BUILD_TASK, acks_late=True, reject_on_worker_lost=True)
+def build_environment(repo: str, commit: str, spec: str | None, key: str) -> None:
+    """Build the environment `key` a worker handed over (`BATON_BUILD__HANDOFF`): this process
+    holds the gate's build socket. Whatever happens is recorded for the worker waiting on it."""
+    made = environments()
+    try:
+        given = EnvironmentSpec.model_validate_json(spec) if spec else None
+        made.prepare(repo, commit, spec=given)
+    except (EnvironmentBuildError, EnvironmentValidationError) as exc:
+        logger.info("environment %s of %s failed: %s", key, repo, exc)  # recorded by prepare
+    except SandboxUnavailableError as exc:
+        made.record_failure(key, repo, str(exc), retryable=True)
+    except Exception as exc:  # a bad spec, a commit the builder cannot find, ...
+        logger.exception("environment %s of %s could not be built", key, repo)
+        made.record_failure(key, repo, f"{type(exc).__name__}: {exc}", retryable=False)
 
 
 def _stop(execution: Execution, heartbeat: Heartbeat, interruptible: Interruptible) -> None:

@@ -20,7 +20,6 @@ import pytest
 from sandbox.build import (
     BUILD_LABEL,
     KEY_LABEL,
-    BuildSettings,
     EnvironmentBuildError,
     build_environment,
     environment_tag,
@@ -239,13 +238,3 @@ def test_a_workers_secrets_reach_no_build_no_log_no_layer_and_no_sandbox(
     assert CANARY.encode() not in saved
     assert "PASSED test_env.py::test_env" in ran.output
     assert CANARY not in ran.output
-
-
-def test_build_settings_are_build_time_only() -> None:
-    settings = BuildSettings(index_url="https://mirror.example/simple", proxy="http://proxy:3128")
-
-    env = settings.command_env()
-
-    assert env["PIP_INDEX_URL"] == "https://mirror.example/simple"
-    assert env["HTTPS_PROXY"] == "http://proxy:3128"
-    assert env["PIP_CERT"] == env["NODE_EXTRA_CA_CERTS"] == "/run/baton-build/ca.crt"
