@@ -1,10 +1,16 @@
 # `make demo` and `make test` do all set-up themselves on a fresh Debian machine.
-.PHONY: setup demo unit test bench eval docs lint clean images
+.PHONY: setup lock demo unit test bench eval docs lint clean images
 
 BIN := .venv/bin
 
 setup:
 	@bash scripts/setup.sh
+
+# requirements.lock, resolved from pyproject.toml by uv (scripts/lock.sh): every package `make
+# setup`, the images and CI install, pinned with its hashes. Keeps the pins pyproject.toml still
+# allows; `make lock UPGRADE=1` takes the newest of everything. Run `make setup` after it.
+lock:
+	@bash scripts/lock.sh
 
 # The service images for compose.yaml (baton-base, baton:<version>), built without a registry.
 images: setup

@@ -4,9 +4,9 @@ that each task runs its model call as Baton's stages do, in a fresh Google ADK s
 ADK's `Gemini` on google-genai's async client.
 
 It keeps every advantage Baton's worker has: those of `bench.baseline` (one google-genai client
-per process, the garbage collector settings, google-genai's faster request building), one
-event loop per process (the client's connection stays open from task to task), ADK's telemetry
-told not to capture message contents, and ADK's absent `a2a` import skipped. What it leaves
+per process, the garbage collector settings), one event loop per process (the client's
+connection stays open from task to task), ADK's telemetry told not to capture message contents,
+and ADK's absent `a2a` import skipped. What it leaves
 out is what Baton adds to a stage: the run store, the lease and its heartbeat, the fleet's
 quota, budgets, audit entries and the checks on the output. Baton's CPU per stage minus this
 chain's is what those cost.

@@ -1,8 +1,7 @@
 """What the overhead benchmark's two baseline workers (`bench.chain_app`, `bench.adk_chain_app`)
 set up alike, with every CPU saving Baton's worker has: a Celery app with Baton's settings on the
 same Redis, task starts traced (`bench.trace`), Baton's garbage collector settings in the pool
-process (`orchestrator.queue.collect_less`), google-genai's request building without its walk
-through every field (`workers.genai_paths`), and one google-genai client per process."""
+process (`orchestrator.queue.collect_less`), and one google-genai client per process."""
 
 from __future__ import annotations
 
@@ -18,7 +17,6 @@ from bench import trace
 from bench.stack import API_KEY
 from orchestrator.queue import celery_config, collect_less
 from orchestrator.settings import QueueConfig
-from workers import genai_paths
 
 
 def worker_app(name: str) -> Celery:
@@ -27,7 +25,6 @@ def worker_app(name: str) -> Celery:
     app.conf.update(celery_config(os.environ["BATON_REDIS_URL"], QueueConfig()))
     trace.install()
     worker_process_init.connect(collect_less, weak=False)  # as Baton's worker does
-    genai_paths.install()
     return app
 
 

@@ -3,12 +3,15 @@ changed, all without a registry.
 
     .venv/bin/python -m images.build [--force] [--mirror URL]
 
-Python packages reach the image as wheels made on the host. `build/wheels` caches a wheel of
-every dependency; the package index is asked only when a dependency is not in it yet. Baton's
-own wheel is made from a clean copy of its source (so no stale file of an old build gets in).
-The Docker build context holds just the Dockerfile and those wheels. The image is labelled with
-a hash of Baton's source, the Dockerfile and the base image, and is rebuilt only when that hash
-changes (or with `--force`); the dependency layer is rebuilt only when a dependency changes.
+Python packages reach the image as wheels fetched on the host, at the versions and with the
+hashes of requirements.lock (`images.lock`): of the lock, the image gets what Baton's service
+needs (`baton[fake]`) on the image's python, and pip in the image installs them with
+`--require-hashes`. `build/wheels` caches the wheels; the package index is asked only when one
+is not in it yet. Baton's own wheel is made from a clean copy of its source (so no stale file of
+an old build gets in), with the venv's locked setuptools. The Docker build context holds just the
+Dockerfile and those wheels. The image is labelled with a hash of Baton's source, the lock, the
+Dockerfile and the base image, and is rebuilt only when that hash changes (or with `--force`);
+the dependency layer is rebuilt only when the wheels it installs change.
 
 Tags: `baton:<version>-<source>`, where `<source>` is a hash of what the image is made of (the
 source, the Dockerfile, the base image's recipe version), so a changed source is a new tag and
@@ -32,7 +35,10 @@ from pathlib import Path
 
 import docker
 import docker.errors
+from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+from packaging.version import Version
 
+from images import lock
 from images.base import BASE_TAG, Progress, build_lock, ensure_base, image_id
 from images.errors import ImageBuildError
 from sandbox.client import connected
@@ -49,6 +55,10 @@ HOST_PYTHON = "/usr/bin/python3"
 for it (environment markers such as `python_full_version < "3.11.3"` depend on it)."""
 SOURCES = ("pyproject.toml", "README.md", "orchestrator", "workers", "sandbox", "testkit", "demo")
 """What Baton's wheel is made of (pyproject.toml names README.md as its long description)."""
+SERVICE_EXTRA = "fake"
+"""The extra of Baton's wheel the image installs: the test kit's servers, for Compose's offline
+profile. Of the lock, the image gets what Baton needs with it, and the locked pip and setuptools
+(which a venv of Python 3.11 starts with, at the interpreter's own versions)."""
 IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
 K8S = ROOT / "k8s"
 K8S_OVERLAY = ROOT / "build" / "k8s"
@@ -145,9 +155,10 @@ def _copy_sources(dest: Path) -> Path:
 
 def _content(source: Path) -> str:
     """A hash of what the image is made of: every file of the source copy (path and bytes),
-    the Dockerfile and the base image's recipe version (`BASE_TAG`)."""
+    the lock, the Dockerfile and the base image's recipe version (`BASE_TAG`)."""
     sha = hashlib.sha256(BASE_TAG.encode())
     sha.update(DOCKERFILE.read_bytes())
+    sha.update(lock.LOCK.read_bytes())
     for path in sorted(p for p in source.rglob("*") if p.is_file()):
         sha.update(str(path.relative_to(source)).encode() + b"\0")
         sha.update(path.read_bytes())
@@ -198,34 +209,69 @@ def _wheel_python(client: docker.DockerClient) -> Path:
 
 
 def _prepare_context(source: Path, python: Path, say: Progress) -> None:
-    """build/images/context: the Dockerfile, wheels/deps (every dependency, from the cache)
-    and wheels/app (Baton's wheel)."""
+    """build/images/context: the Dockerfile, wheels/app (Baton's wheel) and wheels/deps: the
+    locked wheel of everything Baton's service needs on the image's python (`python`, which
+    evaluates the lock's environment markers as the image will), and requirements.txt, which
+    names each with its hashes from the lock."""
     shutil.rmtree(CONTEXT, ignore_errors=True)
     wheels = CONTEXT / "wheels"
-    (wheels / "app").mkdir(parents=True)
+    (wheels / "deps").mkdir(parents=True)
     shutil.copy2(DOCKERFILE, CONTEXT / "Dockerfile")
-    say("making Baton's wheel; the dependencies' wheels come from build/wheels")
-    wanted = f"{source}[fake]"  # the test kit's servers, for Compose's offline profile
-    offline = [str(python), "-m", "pip", "wheel", "--no-index", "--find-links",
-               str(WHEEL_CACHE), "--wheel-dir", str(wheels / "deps"), wanted]  # fmt: skip
-    cached = any(WHEEL_CACHE.glob("*.whl"))
-    if not cached or _pip(offline, say, show=False, quiet=True) != 0:
-        say("fetching dependency wheels from the package index into build/wheels")
-        with open(source / "pyproject.toml", "rb") as file:
-            build_requires = tomllib.load(file)["build-system"]["requires"]
-        fetch = [str(python), "-m", "pip", "wheel", "--progress-bar", "off", "--wheel-dir",
-                 str(WHEEL_CACHE), wanted, *build_requires]  # fmt: skip
+    app = _baton_wheel(source, wheels / "app", say)
+    pins = lock.read()
+    constraints = CONTEXT.parent / "constraints.txt"
+    constraints.write_text("".join(f"{pin.constraint()}\n" for pin in pins.values()))
+    wanted = [f"{app}[{SERVICE_EXTRA}]", "pip", "setuptools"]
+    download = [str(python), "-m", "pip", "download", "--only-binary", ":all:", "--constraint",
+                str(constraints), "--find-links", str(WHEEL_CACHE)]  # fmt: skip
+    offline = [*download, "--no-index", "--dest", str(wheels / "deps"), *wanted]
+    if _pip(offline, say, show=False, quiet=True) != 0:
+        say("fetching the locked wheels from the package index into build/wheels")
+        fetch = [*download, "--progress-bar", "off", "--dest", str(WHEEL_CACHE), *wanted]
         if _pip(fetch, say, show=True) != 0 or _pip(offline, say, show=False) != 0:
             raise ImageBuildError(
-                "pip could not make the wheels (see above); is the package index reachable?"
+                "pip could not fetch the locked wheels (see above); is the package index "
+                "reachable, and requirements.lock up to date (`make lock`)?"
             )
-    for wheel in (wheels / "deps").glob(f"{DISTRIBUTION}-*.whl"):
-        wheel.rename(wheels / "app" / wheel.name)
-    # Baton's own wheel is new each time; it never belongs in the dependency cache.
-    for stale in WHEEL_CACHE.glob(f"{DISTRIBUTION}-*.whl"):
-        stale.unlink()
-    count = len(list((wheels / "deps").glob("*.whl")))
-    say(f"context ready: Baton's wheel and {count} dependency wheels")
+    # pip download copies the wheel it was given too; Baton's wheel never joins the cache.
+    for copied in [*(wheels / "deps").glob(app.name), *WHEEL_CACHE.glob(app.name)]:
+        copied.unlink()
+    requirements = [_locked(wheel, pins) for wheel in sorted((wheels / "deps").glob("*.whl"))]
+    (wheels / "deps" / "requirements.txt").write_text("".join(f"{r}\n" for r in requirements))
+    say(f"context ready: Baton's wheel and {len(requirements)} locked dependency wheels")
+
+
+def _baton_wheel(source: Path, dest: Path, say: Progress) -> Path:
+    """Baton's wheel, made from `source` into `dest` with this venv's setuptools (the lock's:
+    no build backend is fetched)."""
+    say("making Baton's wheel")
+    made = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+            "--wheel-dir", str(dest), str(source)]  # fmt: skip
+    if _pip(made, say, show=False) != 0:
+        raise ImageBuildError("pip could not make Baton's wheel (see above)")
+    [wheel] = dest.glob(f"{DISTRIBUTION}-*.whl")
+    return wheel
+
+
+def _locked(wheel: Path, pins: dict[str, lock.Pin]) -> str:
+    """The lock's `name==version --hash=...` of `wheel`, checked to be one of its files."""
+    try:
+        name, version, _, _ = parse_wheel_filename(wheel.name)
+    except InvalidWheelFilename as exc:
+        raise ImageBuildError(f"{wheel.name} is not a wheel's name: {exc}") from exc
+    pin = pins.get(name)
+    if pin is None or Version(pin.version) != version:
+        raise ImageBuildError(
+            f"{wheel.name} is not in requirements.lock"
+            + (f" (it pins {pin.name}=={pin.version})" if pin else "")
+            + ": run `make lock`"
+        )
+    if not pin.matches(wheel):
+        raise ImageBuildError(
+            f"{wheel.name} is not a file of {pin.name}=={pin.version} as requirements.lock "
+            "pins it (its sha256 differs): remove build/wheels and build again"
+        )
+    return pin.requirement()
 
 
 def _pip(argv: list[str], say: Progress, *, show: bool, quiet: bool = False) -> int:

@@ -25,13 +25,28 @@ if [ ${#need[@]} -gt 0 ]; then
   fi
 fi
 
-if [ ! -x .venv/bin/python ]; then
-  echo "setup: creating .venv"
-  "${PYTHON:-python3}" -m venv .venv
+# Python packages: exactly what requirements.lock lists (`make lock` writes it), each file checked
+# against its hash, then Baton itself, editable, with no dependency of its own and the locked
+# setuptools as its build backend. .venv/.installed holds the hashes of the lock and of
+# pyproject.toml it was made from: a changed lock makes .venv afresh (so nothing the lock no
+# longer lists stays behind), a changed pyproject.toml reinstalls Baton.
+lock_sum="lock $(sha256sum requirements.lock | cut -d' ' -f1)"
+project_sum="project $(sha256sum pyproject.toml | cut -d' ' -f1)"
+installed=()
+if [ -f .venv/.installed ]; then
+  mapfile -t installed < .venv/.installed
 fi
-if [ ! -f .venv/.installed ] || [ pyproject.toml -nt .venv/.installed ]; then
-  echo "setup: installing Python packages into .venv"
-  .venv/bin/pip install -q --upgrade pip >/dev/null
-  .venv/bin/pip install -q -e '.[dev]'
-  touch .venv/.installed
+if [ "${installed[0]:-}" != "$lock_sum" ]; then
+  if [ -e .venv ]; then
+    echo "setup: requirements.lock is not what .venv was made from: making .venv afresh"
+    rm -rf .venv
+  fi
+  echo "setup: creating .venv from requirements.lock"
+  "${PYTHON:-python3}" -m venv .venv
+  .venv/bin/pip install -q --require-hashes -r requirements.lock
+fi
+if [ "${installed[0]:-}" != "$lock_sum" ] || [ "${installed[1]:-}" != "$project_sum" ]; then
+  echo "setup: installing Baton into .venv"
+  .venv/bin/pip install -q --no-deps --no-build-isolation -e .
+  printf '%s\n%s\n' "$lock_sum" "$project_sum" > .venv/.installed
 fi

@@ -41,7 +41,7 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait
 
 from orchestrator.models import StageRecord
 from orchestrator.settings import ModelConfig, RetryConfig
-from workers import genai_paths, metrics
+from workers import metrics
 from workers.budget import request_tokens
 from workers.errors import (
     ExecutionError,
@@ -52,8 +52,6 @@ from workers.errors import (
 from workers.governor import JITTER_S, REASONS, Governor, Permit, WaitCallback
 
 logger = logging.getLogger(__name__)
-
-genai_paths.install()  # the same requests, a millisecond less CPU per model call
 
 _TRANSIENT_HTTP = (httpx.TimeoutException, httpx.TransportError, TimeoutError)
 RATE_LIMIT_BACKOFF_CAP_S = 120.0

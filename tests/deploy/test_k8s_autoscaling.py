@@ -29,7 +29,6 @@ from tests.deploy.manifests import (
     copy_with_example_secrets,
     env,
     kustomize_build,
-    kustomize_command,
     named,
     namespace_of,
     of_kind,
@@ -355,5 +354,4 @@ def test_every_address_and_policy_follows_the_namespaces_when_they_are_renamed(
 ) -> None:
     copied = renamed_copy(tmp_path, "ops", "ops-sandbox")
     check_renamed(build(copied), "ops", "ops-sandbox")
-    if kustomize_command() is not None:
-        check_renamed(kustomize_build(copied), "ops", "ops-sandbox")
+    check_renamed(kustomize_build(copied), "ops", "ops-sandbox")
