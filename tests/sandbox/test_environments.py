@@ -15,7 +15,9 @@ import redis
 
 import workers.environments as environments_module
 from sandbox.build import EnvironmentBuildError
+from sandbox.errors import SandboxUnavailableError
 from tests.repos import Upstream
+from workers.builder import BuildRequest
 from workers.environments import Environments
 from workers.mirrors import RepoCache
 
@@ -136,3 +138,82 @@ def test_a_failed_build_is_recorded_and_not_built_again_by_the_next_worker(
 
     assert str(second.value) == str(first.value)
     assert len(builds) == 1
+
+
+def test_a_worker_that_may_not_build_hands_the_build_over_and_finds_what_the_builder_built(
+    environments: Environments,
+    redis_client: redis.Redis,
+    docker_client: docker.DockerClient,
+    builds: list[str],
+    tmp_path: Path,
+    make_upstream: Callable[[], Upstream],
+) -> None:
+    """The builder runs in a thread here; tests/integration/test_builder.py runs the real
+    `baton worker --builder` behind the sandbox gate's build socket."""
+    upstream, commit = project(make_upstream)
+    handed: list[BuildRequest] = []
+
+    def builder(request: BuildRequest, client: docker.DockerClient) -> None:
+        handed.append(request)
+        threading.Thread(
+            target=environments.prepare, args=(request.repo, request.commit), daemon=True
+        ).start()
+
+    worker = Environments(
+        redis_client, RepoCache(tmp_path / "worker-mirrors"), docker_client=docker_client,
+        handoff=builder,
+    )  # fmt: skip
+
+    found = worker.prepare(str(upstream.bare), commit)
+
+    assert [(r.repo, r.commit, r.spec, r.key) for r in handed] == [
+        (str(upstream.bare), commit, None, found.key)
+    ]
+    assert not found.built and builds == [found.tag]  # built once, by the builder
+    assert found.baseline.passed == ["test_app.py::test_add"]
+
+
+def test_a_failure_the_builder_records_is_raised_in_the_waiting_worker(
+    redis_client: redis.Redis,
+    docker_client: docker.DockerClient,
+    tmp_path: Path,
+    make_upstream: Callable[[], Upstream],
+) -> None:
+    upstream, commit = project(make_upstream)
+    builder = Environments(redis_client, RepoCache(tmp_path / "b"), docker_client=docker_client)
+
+    def failing(request: BuildRequest, client: docker.DockerClient) -> None:
+        builder.record_failure(request.key, request.repo, "the daemon went away", retryable=True)
+
+    def refusing(request: BuildRequest, client: docker.DockerClient) -> None:
+        builder.record_failure(request.key, request.repo, "ValueError: bad spec", retryable=False)
+
+    worker = Environments(
+        redis_client, RepoCache(tmp_path / "w"), docker_client=docker_client, handoff=failing
+    )
+    with pytest.raises(SandboxUnavailableError, match="the daemon went away"):
+        worker.prepare(str(upstream.bare), commit)
+
+    redis_client.flushdb()
+    worker.handoff = refusing
+    with pytest.raises(EnvironmentBuildError, match="bad spec"):
+        worker.prepare(str(upstream.bare), commit)
+
+
+def test_a_build_no_builder_takes_fails_retryably_naming_the_builder(
+    redis_client: redis.Redis,
+    docker_client: docker.DockerClient,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    make_upstream: Callable[[], Upstream],
+) -> None:
+    upstream, commit = project(make_upstream)
+    monkeypatch.setattr(environments_module, "BUILDER_START_S", 1.0)
+    monkeypatch.setattr(environments_module, "HANDOFF_POLL_S", 0.1)
+    worker = Environments(
+        redis_client, RepoCache(tmp_path / "w"), docker_client=docker_client,
+        handoff=lambda request, client: None,
+    )  # fmt: skip
+
+    with pytest.raises(SandboxUnavailableError, match=r"baton worker --builder"):
+        worker.prepare(str(upstream.bare), commit)
