@@ -4,12 +4,15 @@ image built from it.
 A repository says it in `.baton/environment.toml`; otherwise the spec is detected from what the
 repository holds: Python (`pyproject.toml`, `setup.py`/`setup.cfg`, `requirements*.txt`, test
 extras and dependency groups, `tox.ini`), Node (`package.json`, with `npm ci` when it has a
-lockfile), or nothing to install. The key hashes the base image, the spec and the contents of
-the files the spec was read from (`EnvironmentSpec.inputs`): a change to a dependency file makes
-a new environment, a change to any other file reuses the one there is.
+lockfile), or nothing to install. The key hashes the base image, the repository, the spec and
+the contents of the files the spec was read from (`EnvironmentSpec.inputs`): a change to a
+dependency file makes a new environment, a change to any other file reuses the one there is.
+The repository is part of it because its build runs the repository's own code (`setup.py`, the
+spec's commands): another repository with the same dependency files must never be handed an
+image a hostile one built.
 
     spec = detect(Path("/srv/checkout"))
-    key = environment_key(spec, Path("/srv/checkout"), base_image_id)
+    key = environment_key(spec, Path("/srv/checkout"), base_image_id, repository="<repo id>")
 
 Pure: reads files, runs nothing.
 """
@@ -209,15 +212,18 @@ def detect(root: Path) -> EnvironmentSpec:
     )
 
 
-def environment_key(spec: EnvironmentSpec, root: Path, base_image_id: str) -> str:
-    """The environment's key: a hash of the base image, the spec and its inputs' contents.
+def environment_key(
+    spec: EnvironmentSpec, root: Path, base_image_id: str, *, repository: str
+) -> str:
+    """The environment's key: a hash of the base image, the repository (any string that names
+    it the same way every time), the spec and its inputs' contents.
 
     Raises:
         EnvironmentSpecError: an input file is larger than `MAX_INPUT_BYTES`.
     """
     digest = hashlib.sha256()
     digest.update(base_image_id.encode())
-    digest.update(b"\0")
+    digest.update(b"\0" + repository.encode() + b"\0")
     digest.update(spec.model_dump_json(exclude={"source"}).encode())
     for relative in input_files(spec, root):
         path = root / relative

@@ -52,7 +52,8 @@ def _stamped(started: float) -> Any:
 
 @click.group()
 def env() -> None:
-    """The repositories' environments: built once per dependency set, shared by the fleet."""
+    """The repositories' environments: built once per repository and dependency set, shared by
+    the fleet."""
 
 
 @env.command()

@@ -192,7 +192,7 @@ class Environments:
             tree = self.mirrors.archive(repo, commit, uid=uid, gid=gid)
             base_id = _image_id(client, self.settings.base_image) or ""
             given = spec
-            spec, key = _spec_and_key(tree, spec, base_id)
+            spec, key = _spec_and_key(tree, spec, base_id, repo_key(repo))
             self.redis.set(key_of, key, ex=KEY_OF_TTL_S)
             found = self._found(client, key)
             if found is not None:
@@ -384,7 +384,7 @@ def _key_of(repo: str, commit: str, spec: EnvironmentSpec | None) -> str:
 
 
 def _spec_and_key(
-    tree: bytes, spec: EnvironmentSpec | None, base_id: str
+    tree: bytes, spec: EnvironmentSpec | None, base_id: str, repository: str
 ) -> tuple[EnvironmentSpec, str]:
     """`spec`, or the one the tree holds or implies, and its key; read from the tree's regular
     files only (symlinks are not followed, so nothing outside the tree is read)."""
@@ -392,7 +392,7 @@ def _spec_and_key(
         root = Path(folder)
         _unpack_files(tree, root)
         spec = spec or detect(root)
-        return spec, environment_key(spec, root, base_id)
+        return spec, environment_key(spec, root, base_id, repository=repository)
 
 
 def _unpack_files(tree: bytes, dest: Path) -> None:

@@ -65,7 +65,7 @@ def build(
 ) -> tuple[EnvironmentSpec, str, str]:
     """Build and validate `root`'s environment: (spec, tag, the validating run's output)."""
     spec = spec or detect(root)
-    tag = environment_tag("test" + environment_key(spec, root, "test")[:12])
+    tag = environment_tag("test" + environment_key(spec, root, "test", repository=root.name)[:12])
     tree = tree_tar(root)
     tags.append(tag)
     build_environment(spec, tree, tag=tag, labels={TEST_LABEL: "build"}, client=client)

@@ -12,6 +12,7 @@ from sandbox.environment import VENV, EnvironmentSpec, detect, environment_key, 
 from sandbox.errors import EnvironmentSpecError
 
 BASE = "sha256:" + "b" * 64
+REPO = "0123456789abcdef"
 
 
 def tree(root: Path, files: dict[str, str]) -> Path:
@@ -209,18 +210,30 @@ def test_the_key_changes_with_a_dependency_file_and_not_with_other_files(tmp_pat
         tmp_path, {"requirements.txt": "attrs==23.1\n", "app.py": "x = 1\n", "README.md": ""}
     )
     spec = detect(root)
-    first = environment_key(spec, root, BASE)
+    first = environment_key(spec, root, BASE, repository=REPO)
 
     (root / "README.md").write_text("changed")
     (root / "app.py").write_text("x = 2\n")
-    after_other_files = environment_key(detect(root), root, BASE)
+    after_other_files = environment_key(detect(root), root, BASE, repository=REPO)
     (root / "requirements.txt").write_text("attrs==24.1\n")
-    after_requirements = environment_key(detect(root), root, BASE)
+    after_requirements = environment_key(detect(root), root, BASE, repository=REPO)
 
     assert after_other_files == first
     assert after_requirements != first
-    assert environment_key(spec, root, "sha256:" + "c" * 64) != environment_key(spec, root, BASE)
+    other_base = environment_key(spec, root, "sha256:" + "c" * 64, repository=REPO)
+    assert other_base != first
     assert len(first) == 16 and int(first, 16) >= 0
+
+
+def test_the_same_files_in_another_repository_make_another_key(tmp_path: Path) -> None:
+    """A build runs the repository's own code: a hostile repository copying a victim's
+    dependency files must not build the image the victim's runs then use."""
+    root = tree(tmp_path, {"requirements.txt": "attrs==23.1\n", "setup.py": "evil()\n"})
+    spec = detect(root)
+
+    assert environment_key(spec, root, BASE, repository="victim") != environment_key(
+        spec, root, BASE, repository="attacker"
+    )
 
 
 def test_inputs_never_follow_a_symlink_out_of_the_repository(tmp_path: Path) -> None:
@@ -230,7 +243,7 @@ def test_inputs_never_follow_a_symlink_out_of_the_repository(tmp_path: Path) -> 
     (root / "leak.txt").symlink_to(outside)
 
     spec = detect(root)
-    key = environment_key(spec, root, BASE)
+    key = environment_key(spec, root, BASE, repository=REPO)
     outside.write_text("changed")
 
-    assert environment_key(spec, root, BASE) == key
+    assert environment_key(spec, root, BASE, repository=REPO) == key

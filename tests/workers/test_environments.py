@@ -38,12 +38,12 @@ TREE = {
 def test_the_spec_and_key_come_from_the_trees_files_with_or_without_tars_data_filter(
     monkeypatch: pytest.MonkeyPatch, with_data_filter: bool
 ) -> None:
-    expected = environments._spec_and_key(tar(TREE), None, "base")
+    expected = environments._spec_and_key(tar(TREE), None, "base", "repo")
     if not with_data_filter:  # Debian bookworm's Python 3.11.2, in the service image
         monkeypatch.delattr(tarfile, "data_filter")
 
     spec, key = environments._spec_and_key(
-        tar(TREE, links={"outside": "/etc/passwd"}), None, "base"
+        tar(TREE, links={"outside": "/etc/passwd"}), None, "base", "repo"
     )
 
     assert (spec, key) == expected
@@ -57,7 +57,7 @@ def test_a_tree_with_a_path_out_of_it_is_refused_without_the_data_filter(
     monkeypatch.delattr(tarfile, "data_filter")
 
     with pytest.raises(ValueError, match=r"'\.\./escape\.txt'"):
-        environments._spec_and_key(tar({"../escape.txt": b"x"}), None, "base")
+        environments._spec_and_key(tar({"../escape.txt": b"x"}), None, "base", "repo")
 
 
 def test_a_builder_that_died_holds_the_build_lock_up_for_its_ttl_only(
