@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import os
 import socket
+import stat
 import tarfile
 import time
 from collections.abc import Iterator
@@ -393,3 +394,11 @@ def test_a_bare_ping_is_answered_as_compose_s_health_check_sends_it(
     status_line, _, _ = answer.partition(b"\r\n")
     assert status_line.split()[1] == b"200", answer[:200]
     assert answer.endswith(b"OK")
+
+
+def test_each_socket_has_its_own_mode(gate: Gate) -> None:
+    """The build socket is the builder's alone (its own user, by default): a worker that holds
+    the ordinary socket through its group cannot open it."""
+    assert gate.build_socket is not None
+    assert stat.S_IMODE(gate.socket.stat().st_mode) == 0o660
+    assert stat.S_IMODE(gate.build_socket.stat().st_mode) == 0o600
