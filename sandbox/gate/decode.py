@@ -108,8 +108,14 @@ def parse(raw: bytes) -> dict[str, Any]:
         value = json.loads(
             text, object_pairs_hook=_object, parse_float=_fraction, parse_constant=_constant
         )
+    except Refused:
+        raise
     except json.JSONDecodeError as exc:
         raise Refused(f"its body is not one JSON value: {exc.msg} (character {exc.pos})") from None
+    except ValueError:  # an integer of more digits than Python converts
+        raise Refused("its body holds an integer far out of any range") from None
+    except RecursionError:
+        raise Refused("its body nests too deeply") from None
     if not isinstance(value, dict):
         raise Refused("its body is not a JSON object")
     return value

@@ -20,6 +20,8 @@ from sandbox.config import IMAGE_TAG
 
 DEFAULT_IMAGE_PREFIXES = (f"{IMAGE_TAG.partition(':')[0]}:", f"{ENV_REPOSITORY}:")
 """Baton's sandbox image (`baton-sandbox:<n>`) and its environment images (`baton-env:<key>`)."""
+IMAGE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:-]*")
+"""An image reference by name and tag (no digest: a name is what the prefixes speak of)."""
 VOLUME_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]+")
 """What dockerd accepts as a named volume's name (the source of a bind that is not a path)."""
 SHARING_NETWORKS = ("host", "default")
@@ -116,6 +118,14 @@ def touch_refusal(
         )
     if build_only and not is_build(labels):
         return f"the container is not labelled {BUILD_LABEL}=1: only a build is committed"
+    return None
+
+
+def image_refusal(policy: GatePolicy, image: str) -> str | None:
+    """Why a container may not start from `image`; None if it may."""
+    if not IMAGE.fullmatch(image) or not image.startswith(policy.image_prefixes):
+        allowed = ", ".join(f"{prefix}…" for prefix in policy.image_prefixes)
+        return f"the image {image[:80]!r} is not one of Baton's ({allowed}; --allow-image-prefix)"
     return None
 
 

@@ -12,8 +12,9 @@ of a command's stdin) as it comes.
 
 A client must keep up (`ConnectionLimits`): a kept-alive connection with no request for
 `idle_timeout_s` is closed, and one whose request head (and JSON body) is not whole
-`request_timeout_s` after its first byte, or that stalls that long mid-archive or taking an
-answer, is dropped. An upgraded exec stream is never cut: a command may be silent for long.
+`request_timeout_s` after its first byte, whose archive stalls that long or comes slower than
+`MIN_UPLOAD_BYTES_PER_S`, or that does not take an answer, is dropped. An upgraded exec stream
+is never cut: a command may be silent for long.
 """
 
 from __future__ import annotations
@@ -42,6 +43,9 @@ MAX_JSON_BYTES = 1 << 20
 """Most a body the gate reads whole may hold (a container's settings, with its environment)."""
 MAX_LIST_BYTES = 64 << 20
 """Most a container list the gate filters may hold."""
+MIN_UPLOAD_BYTES_PER_S = 1 << 16
+"""Slowest an archive upload may come on average, once its first `request_timeout_s` passed
+(a client trickling a byte at a time would hold its connection for ever)."""
 
 
 class ConnectionLimits(BaseModel):
@@ -261,9 +265,9 @@ class _Session:
             socket_name = "build socket" if self.build_socket else "socket"
             message = f"refused by Baton's sandbox gate: {method} {path}: {answer.message}"
             logger.warning("refused %s %s on the %s: %s", method, path, socket_name, answer.message)
+        drained_by = time.monotonic() + self.limits.request_timeout_s
         while self.client.http.their_state is h11.SEND_BODY:
-            event = self.client.next_event(stall_s=self.limits.request_timeout_s)
-            if isinstance(event, h11.ConnectionClosed):
+            if isinstance(self.client.next_event(drained_by), h11.ConnectionClosed):
                 return False
         content = json.dumps({"message": message}).encode()
         headers = [("Content-Type", "application/json"), ("Content-Length", str(len(content)))]
@@ -289,7 +293,7 @@ class _Session:
         if body is not None:
             upstream.send(h11.Data(data=body), h11.EndOfMessage())
         else:
-            self._stream_body(self.client, upstream, stall_s=self.limits.request_timeout_s)
+            self._stream_upload(upstream)
         response = upstream.next_event()
         if isinstance(response, h11.InformationalResponse) and response.status_code == 101:
             self.client.send(response)
@@ -337,10 +341,27 @@ class _Session:
             h11.EndOfMessage(),
         )
 
-    @staticmethod
-    def _stream_body(source: Peer, sink: Peer, *, stall_s: float | None = None) -> None:
+    def _stream_upload(self, upstream: Peer) -> None:
+        """Stream the client's archive to dockerd: it may stall for `request_timeout_s` at
+        most, and must average `MIN_UPLOAD_BYTES_PER_S` after its first `request_timeout_s`."""
+        grace_s = self.limits.request_timeout_s
+        started, sent = time.monotonic(), 0
         while True:
-            event = source.next_event(stall_s=stall_s)
+            due = started + grace_s + sent / MIN_UPLOAD_BYTES_PER_S
+            event = self.client.next_event(due, stall_s=grace_s)
+            if isinstance(event, h11.Data):
+                sent += len(event.data)
+                upstream.send(h11.Data(data=event.data))
+            elif isinstance(event, h11.EndOfMessage):
+                upstream.send(h11.EndOfMessage())
+                return
+            else:
+                raise OSError(f"the client ended mid-archive ({type(event).__name__})")
+
+    @staticmethod
+    def _stream_body(source: Peer, sink: Peer) -> None:
+        while True:
+            event = source.next_event()
             if isinstance(event, h11.Data):
                 sink.send(h11.Data(data=event.data))
             elif isinstance(event, h11.EndOfMessage):

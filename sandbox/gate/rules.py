@@ -24,7 +24,7 @@ from sandbox import labels as label
 from sandbox.build import BUILD_CAPABILITIES, BUILD_LABEL
 from sandbox.gate.decode import decode, encode
 from sandbox.gate.errors import Refused
-from sandbox.gate.policy import GatePolicy
+from sandbox.gate.policy import GatePolicy, image_refusal
 from sandbox.gate.schema import CommitBody, CreateBody, ExecBody, ExecStartBody, HostSettings
 
 NO_NEW_PRIVILEGES = frozenset({"no-new-privileges", "no-new-privileges:true",
@@ -40,8 +40,6 @@ TMPFS_OPTION = re.compile(r"rw|ro|nosuid|nodev|noexec|exec|size=[0-9]+[kmg]?|mod
 """An option a tmpfs may have; `nosuid` and `nodev` are required."""
 PATH = re.compile(r"(/[A-Za-z0-9_.-]+)+")
 """An absolute path inside a container, written plainly (no `.`/`..` parts, see `_plain`)."""
-IMAGE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:-]*")
-"""An image reference by name and tag (no digest: a name is what the prefixes speak of)."""
 USER = re.compile(r"([0-9]+):([0-9]+)")
 """`uid:gid` in digits: the only spelling dockerd does not resolve through the image's
 /etc/passwd and /etc/group, which an environment's build (untrusted code, as root) wrote."""
@@ -127,11 +125,7 @@ def labelled(policy: GatePolicy, shape: Shape, body: CreateBody, host: HostSetti
 
 
 def image(policy: GatePolicy, shape: Shape, body: CreateBody, host: HostSettings) -> str | None:
-    name = body.Image or ""
-    if not IMAGE.fullmatch(name) or not name.startswith(policy.image_prefixes):
-        allowed = ", ".join(f"{prefix}…" for prefix in policy.image_prefixes)
-        return f"the image {name[:80]!r} is not one of Baton's ({allowed}; --allow-image-prefix)"
-    return None
+    return image_refusal(policy, body.Image or "")
 
 
 def user(policy: GatePolicy, shape: Shape, body: CreateBody, host: HostSettings) -> str | None:

@@ -91,6 +91,24 @@ def test_a_client_sending_its_request_slowly_is_dropped_at_the_bound(
     assert "dropped a connection: the client was too slow" in gate.log.read_text()
 
 
+def test_an_archive_trickled_into_a_sandbox_is_dropped_at_the_bound(
+    gate: Gate, session_label: str
+) -> None:
+    """An archive may stream for long, but not at a byte every 0.2 s."""
+    with (
+        closing(gate.client()) as client,
+        DockerSandbox.start(
+            SandboxConfig(), labels={TEST_LABEL: session_label}, client=client
+        ) as box,  # fmt: skip
+        closing(connected(gate.socket)) as raw,
+    ):
+        head = (f"PUT /v1.41/containers/{box.id}/archive?path=%2Fworkspace HTTP/1.1\r\n"
+                "Host: gate\r\nContent-Length: 10000000\r\n\r\n")  # fmt: skip
+        raw.sendall(head.encode())
+        took = closed_after(raw, trickle=b"\0" * 100)
+    assert REQUEST_TIMEOUT_S <= took < REQUEST_TIMEOUT_S + 1.5
+
+
 def test_an_idle_connection_is_closed_after_the_idle_bound(gate: Gate) -> None:
     with closing(connected(gate.socket)) as client:
         took = closed_after(client)
@@ -100,6 +118,13 @@ def test_an_idle_connection_is_closed_after_the_idle_bound(gate: Gate) -> None:
         assert answer_to(client).startswith(b"HTTP/1.1 200")  # kept alive
         took = closed_after(client)
     assert IDLE_TIMEOUT_S <= took < IDLE_TIMEOUT_S + 1.5
+
+
+def test_docker_py_reconnects_when_the_gate_closed_its_idle_connection(gate: Gate) -> None:
+    with closing(gate.client()) as client:
+        assert client.ping()
+        time.sleep(IDLE_TIMEOUT_S + 0.5)  # its pooled connection is closed meanwhile
+        assert client.ping() and client.version()["ApiVersion"]
 
 
 def test_an_exec_stream_silent_longer_than_every_bound_is_not_cut(

@@ -221,3 +221,17 @@ def test_an_exec_body_docker_py_sends_is_read_whole() -> None:
             "Env": ["A=b"], "WorkingDir": "/w"}  # fmt: skip
     read = decode(ExecBody, json.dumps(sent).encode())
     assert read.model_dump(exclude_none=True) == sent
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        (b'{"Inner": {"Size": 1' + b"0" * 5000 + b"}}", "far out of any range"),
+        (b'{"Kind": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "nests too deeply"),
+    ],
+    ids=["huge-integer", "deep-nesting"],
+)
+def test_a_body_python_cannot_read_whole_is_refused_not_crashed_on(
+    raw: bytes, expected: str
+) -> None:
+    assert expected in refusal(raw)
