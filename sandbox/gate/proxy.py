@@ -22,9 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import socket
-import threading
 import time
-from typing import Any
 from urllib.parse import urlsplit
 
 import docker.errors
@@ -33,12 +31,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from sandbox.gate.errors import Refused
 from sandbox.gate.lookup import Container, Lookup
+from sandbox.gate.peer import Dropped, Peer, splice
 from sandbox.gate.policy import GatePolicy, touch_refusal
 from sandbox.gate.routes import Refusal, Route, route, unversioned, without_builds
 
 logger = logging.getLogger(__name__)
 
-RECV_BYTES = 65536
 MAX_JSON_BYTES = 1 << 20
 """Most a body the gate reads whole may hold (a container's settings, with its environment)."""
 MAX_LIST_BYTES = 64 << 20
@@ -71,68 +69,6 @@ class _Answer(Exception):
         self.status, self.message = status, message
 
 
-class _Dropped(Exception):
-    """Raised when a client is too slow: the connection is closed without an answer."""
-
-
-class Peer:
-    """One side of a forwarded exchange: a socket and its HTTP state (h11). A client's reads
-    and writes are bounded in time (`deadline`, `send_timeout_s`); dockerd's are not."""
-
-    def __init__(
-        self,
-        sock: socket.socket,
-        role: type[h11.CLIENT] | type[h11.SERVER],
-        *,
-        send_timeout_s: float | None = None,
-    ) -> None:
-        self.sock = sock
-        self.http = h11.Connection(role)
-        self.send_timeout_s = send_timeout_s
-
-    def next_event(self, deadline: float | None = None, *, stall_s: float | None = None) -> Any:
-        """The next HTTP event; `_Dropped` if it has not come by `deadline` (monotonic), or
-        if no byte came for `stall_s`."""
-        while True:
-            event = self.http.next_event()
-            if event is not h11.NEED_DATA:
-                return event
-            self.http.receive_data(self.receive(deadline, stall_s=stall_s))
-
-    def receive(self, deadline: float | None = None, *, stall_s: float | None = None) -> bytes:
-        waits = [wait for wait in (stall_s, _left(deadline)) if wait is not None]
-        self.sock.settimeout(min(waits) if waits else None)
-        try:
-            return self.sock.recv(RECV_BYTES)
-        except TimeoutError:
-            raise _Dropped("the client was too slow") from None
-        except OSError:
-            return b""
-
-    def send(self, *events: Any) -> None:
-        self.sock.settimeout(self.send_timeout_s)
-        for event in events:
-            data = self.http.send(event)
-            if data:
-                try:
-                    self.sock.sendall(data)
-                except TimeoutError:
-                    raise _Dropped("the client did not take its answer") from None
-
-    def reusable(self) -> bool:
-        """Both sides ended their message: ready for the next request (the state says so)."""
-        if self.http.our_state is h11.DONE and self.http.their_state is h11.DONE:
-            self.http.start_next_cycle()
-            return True
-        return False
-
-
-def _left(deadline: float | None) -> float | None:
-    if deadline is None:
-        return None
-    return max(deadline - time.monotonic(), 0.001)
-
-
 class Gate:
     """What every connection shares: the policy, the daemon's address, the lookups."""
 
@@ -160,7 +96,7 @@ class Gate:
         try:
             while session.serve_one():
                 pass
-        except _Dropped as dropped:
+        except Dropped as dropped:
             logger.warning("dropped a connection: %s (--request-timeout-s)", dropped)
         except (h11.ProtocolError, OSError) as exc:
             logger.debug("connection ended: %s", exc)
@@ -183,7 +119,7 @@ class _Session:
         if not self.client.http.trailing_data[0]:
             try:
                 first = self.client.receive(stall_s=self.limits.idle_timeout_s)
-            except _Dropped:
+            except Dropped:
                 logger.debug("closed a connection idle for %.0f s", self.limits.idle_timeout_s)
                 return False
             self.client.http.receive_data(first)
@@ -297,7 +233,7 @@ class _Session:
         response = upstream.next_event()
         if isinstance(response, h11.InformationalResponse) and response.status_code == 101:
             self.client.send(response)
-            _splice(self.client, upstream)
+            splice(self.client, upstream)
             return False
         if not isinstance(response, h11.Response):
             raise OSError(f"dockerd ended the connection ({type(response).__name__})")
@@ -393,36 +329,3 @@ def _headers(request: h11.Request, decided: Route, body: bytes | None) -> list[t
     elif body:
         headers.append((b"content-length", str(len(body)).encode()))
     return headers
-
-
-def _splice(client: Peer, upstream: Peer) -> None:
-    """Pass bytes both ways on an upgraded connection until dockerd ends the stream."""
-    early_in, _ = client.http.trailing_data
-    early_out, _ = upstream.http.trailing_data
-    for peer in (client, upstream):
-        peer.sock.settimeout(None)  # a command may be silent for long: never cut
-    if early_in:
-        upstream.sock.sendall(early_in)
-    if early_out:
-        client.sock.sendall(early_out)
-    stdin = threading.Thread(target=_pump, args=(client.sock, upstream.sock), daemon=True)
-    stdin.start()
-    _pump(upstream.sock, client.sock)
-    try:  # dockerd is done: nothing more the client sends can reach the command
-        client.sock.shutdown(socket.SHUT_RD)
-    except OSError:
-        pass
-    stdin.join()
-
-
-def _pump(source: socket.socket, sink: socket.socket) -> None:
-    """Copy until `source` ends, then end `sink`'s writing side (a half-close)."""
-    try:
-        while data := source.recv(RECV_BYTES):
-            sink.sendall(data)
-    except OSError as exc:
-        logger.debug("exec stream: %s", exc)
-    try:
-        sink.shutdown(socket.SHUT_WR)
-    except OSError:
-        pass

@@ -40,7 +40,7 @@ TMPFS_OPTION = re.compile(r"rw|ro|nosuid|nodev|noexec|exec|size=[0-9]+[kmg]?|mod
 """An option a tmpfs may have; `nosuid` and `nodev` are required."""
 PATH = re.compile(r"(/[A-Za-z0-9_.-]+)+")
 """An absolute path inside a container, written plainly (no `.`/`..` parts, see `_plain`)."""
-USER = re.compile(r"([0-9]+):([0-9]+)")
+USER = re.compile(r"([0-9]{1,10}):([0-9]{1,10})")
 """`uid:gid` in digits: the only spelling dockerd does not resolve through the image's
 /etc/passwd and /etc/group, which an environment's build (untrusted code, as root) wrote."""
 MAX_ID = 2**31 - 1
@@ -91,7 +91,7 @@ def user_refusal(user: str, *, root: bool, where: str) -> str | None:
         )
     uid, gid = int(found.group(1)), int(found.group(2))
     if uid > MAX_ID or gid > MAX_ID:
-        return f"{where} {user!r} is out of range (at most {MAX_ID})"
+        return f"{where} {user!r} is out of range (ids are at most {MAX_ID})"
     if not root and (uid == 0 or gid == 0):
         return f"{where} {user!r} is root (uid or gid 0): only a build container runs as root"
     return None

@@ -369,7 +369,8 @@ SANDBOX_BREAKS = [
     ("user-alone", set_top("User", "1000"), "User '1000' is not uid:gid"),
     ("user-signed", set_top("User", "+0:1"), "User '+0:1' is not uid:gid"),
     ("user-wide-digits", set_top("User", "١٠٠٠:١٠٠٠"), "is not uid:gid"),
-    ("user-out-of-range", set_top("User", "4294967296:1"), "out of range"),
+    ("user-out-of-range", set_top("User", "2147483648:1"), "out of range"),
+    ("user-of-many-digits", set_top("User", "1" * 5000 + ":1"), "is not uid:gid"),
 ]  # fmt: skip
 
 
