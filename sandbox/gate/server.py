@@ -13,6 +13,7 @@ import os
 import socket
 import stat
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -25,6 +26,8 @@ logger = logging.getLogger(__name__)
 
 BACKLOG = 128
 """Connections the kernel holds for a socket while the gate serves `max_connections`."""
+ACCEPT_RETRY_S = 0.1
+"""How long a socket waits after failing to accept a connection before it tries again."""
 
 
 @dataclass(frozen=True)
@@ -107,9 +110,13 @@ def _accept(gate: Gate, listener: Listener, sock: socket.socket) -> None:
             slots.acquire()
         try:
             conn, _ = sock.accept()
-        except OSError:  # closed: the gate is stopping
+        except OSError as exc:
             slots.release()
-            return
+            if sock.fileno() == -1:  # closed: the gate is stopping
+                return
+            logger.warning("%s: cannot accept a connection: %s", listener.name, exc)
+            time.sleep(ACCEPT_RETRY_S)  # out of file descriptors, say: it passes
+            continue
         threading.Thread(target=_session, args=(gate, listener, conn, slots), daemon=True).start()
 
 

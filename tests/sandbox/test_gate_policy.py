@@ -22,6 +22,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import docker
 import pytest
+from click.testing import CliRunner
 
 from sandbox.build import (
     BUILD_CAPABILITIES,
@@ -35,6 +36,7 @@ from sandbox.config import SandboxConfig
 from sandbox.docker import _create
 from sandbox.environment import EnvironmentSpec
 from sandbox.gate import rules
+from sandbox.gate.cli import sandbox_gate
 from sandbox.gate.errors import Refused
 from sandbox.gate.lookup import Container
 from sandbox.gate.policy import GatePolicy, touch_refusal
@@ -843,3 +845,21 @@ def test_listing_containers_sees_only_sandboxes(query: str, labels: list[str]) -
     assert isinstance(decided, Route)
     forwarded_query = parse_qs(urlsplit(decided.target("")).query)
     assert json.loads(forwarded_query["filters"][0])["label"] == labels
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        (["--allow-network", "host"], "--allow-network 'host'"),
+        (["--allow-egress-source", "/a:/b"], "--allow-egress-source"),
+        (["--max-connections", "0"], "max_connections"),
+        (["--request-timeout-s", "0"], "request_timeout_s"),
+    ],
+)
+def test_the_command_refuses_options_that_would_open_too_much_before_listening(
+    tmp_path: Path, options: list[str], named: str
+) -> None:
+    listen = tmp_path / "docker.sock"
+    result = CliRunner().invoke(sandbox_gate, ["--listen", str(listen), *options])
+    assert result.exit_code == 2 and named in result.output
+    assert not listen.exists()
