@@ -179,19 +179,32 @@ def serve(
         stop(proc)
 
 
+BUILD_SOCKET = "build.sock"
+"""The name of the build socket `sandbox_gate(..., build_socket=True)` opens in its folder."""
+
+
 @contextmanager
-def sandbox_gate(folder: Path, *options: str, docker_url: str | None = None) -> Iterator[Path]:
+def sandbox_gate(
+    folder: Path, *options: str, docker_url: str | None = None, build_socket: bool = False
+) -> Iterator[Path]:
     """`baton sandbox-gate` with `options` in front of dockerd (`DOCKER_HOST`, else the usual
-    socket), listening on `folder`/docker.sock, which it yields once it exists; its log is
-    `folder`/gate.log."""
+    socket), listening on `folder`/docker.sock, which it yields once it exists (and, with
+    `build_socket`, on the build socket `folder`/build.sock too); its log is `folder`/gate.log."""
     listen, logfile = folder / "docker.sock", folder / "gate.log"
     upstream = docker_url or os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+    sockets = [listen, *([folder / BUILD_SOCKET] if build_socket else [])]
     argv = [sys.executable, "-m", "orchestrator.cli", "sandbox-gate", "--listen", str(listen),
             "--docker", upstream, *options]  # fmt: skip
+    if build_socket:
+        argv += ["--build-listen", str(sockets[1])]
     with open(logfile, "wb") as log:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+
+    def ready() -> bool:
+        return all(path.exists() for path in sockets)
+
     try:
-        _wait_until(listen.exists, proc, logfile, "the sandbox gate", timeout_s=15.0)
+        _wait_until(ready, proc, logfile, "the sandbox gate", timeout_s=15.0)
         yield listen
     finally:
         stop(proc)

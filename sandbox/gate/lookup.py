@@ -1,5 +1,5 @@
-"""What the gate asks dockerd before it forwards a request: a container's id and labels, and
-which container an exec runs in. Asked through docker-py, remembered by full id (a container's
+"""What the gate asks dockerd before it forwards a request: a container's id, labels and user,
+and which container an exec runs in. Asked through docker-py, remembered by full id (a container's
 labels and an exec's container never change)."""
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ REMEMBERED = 4096
 class Container:
     id: str
     labels: dict[str, str]
+    user: str
+    """Who its processes run as (`Config.User`), and an exec that names no user."""
 
 
 class Lookup:
@@ -47,7 +49,8 @@ class Lookup:
                     info = self._client().inspect_container(ref)
                 except docker.errors.NotFound:
                     return None
-                found = Container(info["Id"], dict(info["Config"].get("Labels") or {}))
+                config = info["Config"]
+                found = Container(info["Id"], dict(config.get("Labels") or {}), config["User"])
                 self._remember(self._containers, found.id, found)
             return found
 

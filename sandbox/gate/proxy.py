@@ -1,38 +1,63 @@
-"""The gate's server: HTTP/1.1 parsed with h11 on both sides, one thread per connection.
+"""One client connection of the gate: HTTP/1.1 parsed with h11 on both sides.
 
 A client connection has its own connection to dockerd, opened at its first forwarded request
-and kept alive with it. Bodies are streamed both ways, chunk by chunk, whatever their framing
-(an archive may be hundreds of MB), except the small JSON bodies a rule reads. An exec's
+and kept alive with it. What goes to dockerd is written by the gate: the target `routes.py`
+rebuilt, a few headers of its own (never the caller's, but an exec's upgrade), and a body that
+`rules.py` rebuilt, or none where a request takes none; only an archive is streamed as it
+comes (it may be hundreds of MB). Answers come back as dockerd sends them, except a container
+list through the ordinary socket, from which build containers are taken out. An exec's
 `POST /exec/{id}/start` asks to upgrade the connection; when dockerd answers `101 UPGRADED`,
 the gate passes bytes both ways until dockerd ends the stream, passing on a half-close (the end
 of a command's stdin) as it comes.
+
+A client must keep up (`ConnectionLimits`): a kept-alive connection with no request for
+`idle_timeout_s` is closed, and one whose request head (and JSON body) is not whole
+`request_timeout_s` after its first byte, whose archive stalls that long or comes slower than
+`MIN_UPLOAD_BYTES_PER_S`, or that does not take an answer, is dropped. An upgraded exec stream
+is never cut: a command may be silent for long.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 import socket
-import socketserver
-import stat
-import threading
-from pathlib import Path
-from typing import Any
+import time
 from urllib.parse import urlsplit
 
 import docker.errors
 import h11
+from pydantic import BaseModel, ConfigDict, Field
 
-from sandbox.gate.lookup import Lookup
-from sandbox.gate.policy import GatePolicy
-from sandbox.gate.routes import Refusal, Route, route, unversioned
+from sandbox.gate.errors import Refused
+from sandbox.gate.lookup import Container, Lookup
+from sandbox.gate.peer import Dropped, Peer, splice
+from sandbox.gate.policy import GatePolicy, touch_refusal
+from sandbox.gate.routes import Refusal, Route, route, unversioned, without_builds
 
 logger = logging.getLogger(__name__)
 
-RECV_BYTES = 65536
 MAX_JSON_BYTES = 1 << 20
-"""Most a body a rule reads may hold (a container's settings, with its environment)."""
+"""Most a body the gate reads whole may hold (a container's settings, with its environment)."""
+MAX_LIST_BYTES = 64 << 20
+"""Most a container list the gate filters may hold."""
+MIN_UPLOAD_BYTES_PER_S = 1 << 16
+"""Slowest an archive upload may come on average, once its first `request_timeout_s` passed
+(a client trickling a byte at a time would hold its connection for ever)."""
+
+
+class ConnectionLimits(BaseModel):
+    """How long the gate waits for a client, and how many it serves at once per socket."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    request_timeout_s: float = Field(30.0, gt=0)
+    """From a request's first byte to its whole head (and whole JSON body); also the longest a
+    streamed archive or an answer being taken may stall."""
+    idle_timeout_s: float = Field(300.0, gt=0)
+    """How long a kept-alive connection may wait for its next request."""
+    max_connections: int = Field(64, ge=1)
+    """Connections served at once on one socket; more wait to be accepted (and are logged)."""
 
 
 class _Answer(Exception):
@@ -44,44 +69,13 @@ class _Answer(Exception):
         self.status, self.message = status, message
 
 
-class Peer:
-    """One side of a forwarded exchange: a socket and its HTTP state (h11)."""
-
-    def __init__(self, sock: socket.socket, role: type[h11.CLIENT] | type[h11.SERVER]) -> None:
-        self.sock = sock
-        self.http = h11.Connection(role)
-
-    def next_event(self) -> Any:
-        while True:
-            event = self.http.next_event()
-            if event is not h11.NEED_DATA:
-                return event
-            try:
-                data = self.sock.recv(RECV_BYTES)
-            except OSError:
-                data = b""
-            self.http.receive_data(data)
-
-    def send(self, *events: Any) -> None:
-        for event in events:
-            data = self.http.send(event)
-            if data:
-                self.sock.sendall(data)
-
-    def reusable(self) -> bool:
-        """Both sides ended their message: ready for the next request (the state says so)."""
-        if self.http.our_state is h11.DONE and self.http.their_state is h11.DONE:
-            self.http.start_next_cycle()
-            return True
-        return False
-
-
 class Gate:
     """What every connection shares: the policy, the daemon's address, the lookups."""
 
-    def __init__(self, policy: GatePolicy, docker_url: str) -> None:
+    def __init__(self, policy: GatePolicy, docker_url: str, limits: ConnectionLimits) -> None:
         self.policy = policy
         self.docker_url = docker_url
+        self.limits = limits
         self.lookup = Lookup(docker_url)
 
     def connect(self) -> socket.socket:
@@ -95,12 +89,15 @@ class Gate:
             return socket.create_connection((url.hostname, url.port))
         raise ValueError(f"--docker must be unix:///path or tcp://host:port, not {self.docker_url}")
 
-    def session(self, sock: socket.socket) -> None:
-        """Serve one client connection until it closes."""
-        session = _Session(self, Peer(sock, h11.SERVER))
+    def session(self, sock: socket.socket, *, build_socket: bool) -> None:
+        """Serve one client connection until it closes (or is too slow)."""
+        client = Peer(sock, h11.SERVER, send_timeout_s=self.limits.request_timeout_s)
+        session = _Session(self, client, build_socket=build_socket)
         try:
             while session.serve_one():
                 pass
+        except Dropped as dropped:
+            logger.warning("dropped a connection: %s (--request-timeout-s)", dropped)
         except (h11.ProtocolError, OSError) as exc:
             logger.debug("connection ended: %s", exc)
         finally:
@@ -108,22 +105,34 @@ class Gate:
 
 
 class _Session:
-    def __init__(self, gate: Gate, client: Peer) -> None:
+    def __init__(self, gate: Gate, client: Peer, *, build_socket: bool) -> None:
         self.gate = gate
+        self.limits = gate.limits
         self.client = client
+        self.build_socket = build_socket
         self.upstream: Peer | None = None
+        self.deadline = 0.0
+        """When the request being read must be whole."""
 
     def serve_one(self) -> bool:
         """Serve the next request; False when the connection is over."""
-        request = self.client.next_event()
+        if not self.client.http.trailing_data[0]:
+            try:
+                first = self.client.receive(stall_s=self.limits.idle_timeout_s)
+            except Dropped:
+                logger.debug("closed a connection idle for %.0f s", self.limits.idle_timeout_s)
+                return False
+            self.client.http.receive_data(first)
+        self.deadline = time.monotonic() + self.limits.request_timeout_s
+        request = self.client.next_event(self.deadline)
         if not isinstance(request, h11.Request):
             return False
-        method, target = request.method.decode(), request.target.decode()
+        method, target = request.method.decode(), request.target.decode("latin-1")
         try:
-            forwarded, body = self._checked(method, target)
+            decided, found, body = self._checked(method, target)
         except _Answer as answer:
             return self._answer(method, target, answer)
-        return self._forward(request, forwarded, body)
+        return self._forward(request, decided, decided.target(found.id if found else ""), body)
 
     def close(self) -> None:
         for peer in (self.client, self.upstream):
@@ -132,26 +141,27 @@ class _Session:
 
     # -- checks -------------------------------------------------------------------------------
 
-    def _checked(self, method: str, target: str) -> tuple[str, bytes | None]:
-        """The target to forward and, if a rule read it, the body; `_Answer` if refused."""
-        decided = route(self.gate.policy, method, target)
+    def _checked(self, method: str, target: str) -> tuple[Route, Container | None, bytes | None]:
+        """The route, the container it acts on and the body to forward (None: streamed);
+        `_Answer` if refused."""
+        decided = route(self.gate.policy, method, target, build_socket=self.build_socket)
         if isinstance(decided, Refusal):
             raise _Answer(403, decided.reason)
-        forwarded = self._target(decided)
-        if decided.body_rule is None:
-            return forwarded, None
+        found = self._container(decided)
+        if decided.streamed:
+            return decided, found, None
         raw = self._read_body()
+        if decided.body is None:
+            if raw:
+                raise _Answer(403, "it has a body, which this request never has")
+            return decided, found, b""
         try:
-            body = json.loads(raw or b"{}")
-            reason = decided.body_rule(body) if isinstance(body, dict) else "not a JSON object"
-        except ValueError:
-            reason = "its body is not JSON"
-        if reason is not None:
-            raise _Answer(403, reason)
-        return forwarded, json.dumps(decided.rewrite(body)).encode() if decided.rewrite else raw
+            return decided, found, decided.body(raw, found)
+        except Refused as refused:
+            raise _Answer(403, refused.reason) from None
 
-    def _target(self, decided: Route) -> str:
-        """The target to forward once the container the request acts on passed its checks."""
+    def _container(self, decided: Route) -> Container | None:
+        """The container the request acts on, once its labels passed; None if it names none."""
         lookup = self.gate.lookup
         try:
             ref = decided.container
@@ -160,21 +170,22 @@ class _Session:
                 if ref is None:
                     raise _Answer(404, f"No such exec instance: {decided.exec_id}")
             if ref is None:
-                return decided.target("")
+                return None
             found = lookup.container(ref)
         except (docker.errors.DockerException, OSError) as exc:
             raise _Answer(502, f"the sandbox gate cannot reach dockerd: {exc}") from exc
         if found is None:
             raise _Answer(404, f"No such container: {ref}")
-        for rule in decided.label_rules:
-            reason = rule(found.labels)
-            if reason is not None:
-                raise _Answer(403, reason)
-        return decided.target(found.id)
+        reason = touch_refusal(
+            found.labels, build_socket=self.build_socket, build_only=decided.build_only
+        )
+        if reason is not None:
+            raise _Answer(403, reason)
+        return found
 
     def _read_body(self) -> bytes:
         body = bytearray()
-        while not isinstance(event := self.client.next_event(), h11.EndOfMessage):
+        while not isinstance(event := self.client.next_event(self.deadline), h11.EndOfMessage):
             if not isinstance(event, h11.Data):
                 raise OSError("the client closed the connection mid-request")
             body += event.data
@@ -184,13 +195,15 @@ class _Session:
 
     def _answer(self, method: str, target: str, answer: _Answer) -> bool:
         """Answer the request with Docker's error shape; the body it sent is read and dropped."""
-        path = unversioned(urlsplit(target).path)
+        path = unversioned(target)
         message = answer.message
-        if answer.status == 403 or answer.status == 413:
+        if answer.status in (403, 413):
+            socket_name = "build socket" if self.build_socket else "socket"
             message = f"refused by Baton's sandbox gate: {method} {path}: {answer.message}"
-            logger.warning("refused %s %s: %s", method, path, answer.message)
+            logger.warning("refused %s %s on the %s: %s", method, path, socket_name, answer.message)
+        drained_by = time.monotonic() + self.limits.request_timeout_s
         while self.client.http.their_state is h11.SEND_BODY:
-            if isinstance(self.client.next_event(), h11.ConnectionClosed):
+            if isinstance(self.client.next_event(drained_by), h11.ConnectionClosed):
                 return False
         content = json.dumps({"message": message}).encode()
         headers = [("Content-Type", "application/json"), ("Content-Length", str(len(content)))]
@@ -203,15 +216,12 @@ class _Session:
 
     # -- forwarding ---------------------------------------------------------------------------
 
-    def _forward(self, request: h11.Request, target: str, body: bytes | None) -> bool:
-        headers = list(request.headers)
-        if not any(k.lower() == b"host" for k, _ in headers):  # HTTP/1.0 may leave it out;
-            headers.append((b"host", b"docker"))  # HTTP/1.1 to dockerd may not
-        if body is not None:
-            framing = (b"content-length", b"transfer-encoding")
-            headers = [(k, v) for k, v in headers if k.lower() not in framing]
-            headers.append((b"content-length", str(len(body)).encode()))
-        head = h11.Request(method=request.method, target=target.encode(), headers=headers)
+    def _forward(
+        self, request: h11.Request, decided: Route, target: str, body: bytes | None
+    ) -> bool:
+        head = h11.Request(
+            method=request.method, target=target.encode(), headers=_headers(request, decided, body)
+        )
         try:
             upstream = self._send_head(head)
         except OSError as exc:
@@ -219,16 +229,19 @@ class _Session:
         if body is not None:
             upstream.send(h11.Data(data=body), h11.EndOfMessage())
         else:
-            self._stream_body(self.client, upstream)
+            self._stream_upload(upstream)
         response = upstream.next_event()
         if isinstance(response, h11.InformationalResponse) and response.status_code == 101:
             self.client.send(response)
-            _splice(self.client, upstream)
+            splice(self.client, upstream)
             return False
         if not isinstance(response, h11.Response):
             raise OSError(f"dockerd ended the connection ({type(response).__name__})")
-        self.client.send(response)
-        self._stream_body(upstream, self.client)
+        if decided.hides_builds and response.status_code == 200:
+            self._send_filtered(response, upstream)
+        else:
+            self.client.send(response)
+            self._stream_body(upstream, self.client)
         if not upstream.reusable():
             upstream.sock.close()
             self.upstream = None
@@ -247,6 +260,40 @@ class _Session:
         self.upstream.send(head)
         return self.upstream
 
+    def _send_filtered(self, response: h11.Response, upstream: Peer) -> None:
+        """Forward a container list without its build containers."""
+        listed = bytearray()
+        while not isinstance(event := upstream.next_event(), h11.EndOfMessage):
+            if not isinstance(event, h11.Data) or len(listed) > MAX_LIST_BYTES:
+                raise OSError("dockerd's container list ended early or is too large")
+            listed += event.data
+        content = without_builds(bytes(listed))
+        framing = (b"content-length", b"transfer-encoding")
+        headers = [(k, v) for k, v in response.headers if k.lower() not in framing]
+        headers.append((b"content-length", str(len(content)).encode()))
+        self.client.send(
+            h11.Response(status_code=response.status_code, headers=headers, reason=response.reason),
+            h11.Data(data=content),
+            h11.EndOfMessage(),
+        )
+
+    def _stream_upload(self, upstream: Peer) -> None:
+        """Stream the client's archive to dockerd: it may stall for `request_timeout_s` at
+        most, and must average `MIN_UPLOAD_BYTES_PER_S` after its first `request_timeout_s`."""
+        grace_s = self.limits.request_timeout_s
+        started, sent = time.monotonic(), 0
+        while True:
+            due = started + grace_s + sent / MIN_UPLOAD_BYTES_PER_S
+            event = self.client.next_event(due, stall_s=grace_s)
+            if isinstance(event, h11.Data):
+                sent += len(event.data)
+                upstream.send(h11.Data(data=event.data))
+            elif isinstance(event, h11.EndOfMessage):
+                upstream.send(h11.EndOfMessage())
+                return
+            else:
+                raise OSError(f"the client ended mid-archive ({type(event).__name__})")
+
     @staticmethod
     def _stream_body(source: Peer, sink: Peer) -> None:
         while True:
@@ -260,68 +307,25 @@ class _Session:
                 raise OSError(f"the connection ended mid-message ({type(event).__name__})")
 
 
-def _splice(client: Peer, upstream: Peer) -> None:
-    """Pass bytes both ways on an upgraded connection until dockerd ends the stream."""
-    early_in, _ = client.http.trailing_data
-    early_out, _ = upstream.http.trailing_data
-    if early_in:
-        upstream.sock.sendall(early_in)
-    if early_out:
-        client.sock.sendall(early_out)
-    stdin = threading.Thread(target=_pump, args=(client.sock, upstream.sock), daemon=True)
-    stdin.start()
-    _pump(upstream.sock, client.sock)
-    try:  # dockerd is done: nothing more the client sends can reach the command
-        client.sock.shutdown(socket.SHUT_RD)
-    except OSError:
-        pass
-    stdin.join()
+UPGRADE_HEADERS = {b"connection": b"upgrade", b"upgrade": b"tcp"}
+"""The headers (lower-cased, with their only accepted value) docker-py sends to have an exec's
+stream on the connection itself."""
 
 
-def _pump(source: socket.socket, sink: socket.socket) -> None:
-    """Copy until `source` ends, then end `sink`'s writing side (a half-close)."""
-    try:
-        while data := source.recv(RECV_BYTES):
-            sink.sendall(data)
-    except OSError as exc:
-        logger.debug("exec stream: %s", exc)
-    try:
-        sink.shutdown(socket.SHUT_WR)
-    except OSError:
-        pass
-
-
-class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
-    daemon_threads = True
-    gate: Gate
-
-
-class _Handler(socketserver.BaseRequestHandler):
-    server: _Server
-
-    def handle(self) -> None:
-        self.server.gate.session(self.request)
-
-
-def serve(
-    policy: GatePolicy,
-    *,
-    listen: Path,
-    docker_url: str = "unix:///var/run/docker.sock",
-    socket_mode: int = 0o660,
-) -> None:
-    """Serve the gate on the unix socket `listen` (replacing a stale one) until interrupted."""
-    if listen.is_socket():
-        listen.unlink()
-    listen.parent.mkdir(parents=True, exist_ok=True)
-    gate = Gate(policy, docker_url)
-    with _Server(str(listen), _Handler) as server:
-        server.gate = gate
-        os.chmod(listen, socket_mode)
-        logger.info("sandbox gate on %s, forwarding to %s", listen, docker_url)
-        try:
-            server.serve_forever()
-        finally:
-            gate.lookup.close()
-            if listen.exists() and stat.S_ISSOCK(listen.stat().st_mode):
-                listen.unlink()
+def _headers(request: h11.Request, decided: Route, body: bytes | None) -> list[tuple[bytes, bytes]]:
+    """The headers forwarded: the gate's own, an exec's upgrade, and the body's framing."""
+    headers = [(b"host", b"docker")]
+    if decided.upgrade:
+        headers += [
+            (name, value)
+            for name, value in request.headers
+            if UPGRADE_HEADERS.get(name.lower()) == value.lower()
+        ]
+    if decided.content_type is not None and body != b"":
+        headers.append((b"content-type", decided.content_type.encode()))
+    if body is None:  # streamed: the caller's framing (h11 checks it as it passes)
+        framing = (b"content-length", b"transfer-encoding")
+        headers += [(name, value) for name, value in request.headers if name.lower() in framing]
+    elif body:
+        headers.append((b"content-length", str(len(body)).encode()))
+    return headers

@@ -1,37 +1,46 @@
 """Which Docker API requests the gate forwards, and what it checks first.
 
-`route(policy, method, target)` reads only the request line: it answers a `Refusal`, or a
-`Route` saying which container or exec the request acts on (the proxy looks it up and checks
-its labels), which body rule applies, and how the forwarded target reads once the container's
-full id is known (a name or a short id is replaced by the id the gate checked, so the request
-cannot reach another container that takes the name meanwhile).
+`route(policy, method, target, build_socket=...)` reads only the request line: it answers a
+`Refusal`, or a `Route` saying which container or exec the request acts on (the proxy looks
+it up and checks its labels, `policy.touch_refusal`), how its body is rebuilt (or that it must
+have none), and the target it is forwarded to: written again from the parts the gate read, the
+query's checked parameters only (`query.py`), and a container's full id in place of the name
+or short id the caller gave (so the request cannot reach another container that takes the name
+meanwhile).
 
-Paths may start with an API version (`/v1.45/containers/create`); it is kept when forwarding.
+A path may start with an API version (`/v1.41/containers/create`), kept when forwarding; one
+below `MIN_API_VERSION` is refused, since dockerd reads old versions differently (below 1.24 a
+start's body replaces the container's whole HostConfig; below 1.40 IPC is shareable by default).
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
-from urllib.parse import parse_qs, quote, unquote, urlencode, urlsplit
+from urllib.parse import quote, unquote, urlencode, urlsplit
 
 from sandbox import labels as label
-from sandbox.gate.policy import (
-    Body,
-    GatePolicy,
-    create_refusal,
-    exec_refusal,
-    not_a_build,
-    not_a_sandbox,
-    not_an_environment,
-    with_runtime,
-)
+from sandbox.gate import rules
+from sandbox.gate.errors import Refused
+from sandbox.gate.lookup import Container
+from sandbox.gate.policy import GatePolicy, is_build, not_an_environment
+from sandbox.gate.query import Param, false_flag, flag, ignored, integer, matching, read, text
 
-VERSION = re.compile(r"^(/v\d+(?:\.\d+)*)(/.*)$")
-LabelRule = Callable[[dict[str, str]], str | None]
+VERSION = re.compile(r"v(0|[1-9][0-9]{0,3})\.(0|[1-9][0-9]{0,3})")
+"""An API version as dockerd writes it (`v1.41`); other spellings (`v01.41`) are refused."""
+VERSION_LIKE = re.compile(r"v[0-9.]+")
+"""What dockerd's router takes for a version."""
+MIN_API_VERSION = (1, 41)
+"""The oldest API version the gate forwards: dockerd 20.10's own, which docker-py negotiates."""
+JSON = "application/json"
+TAR = "application/x-tar"
+
+Rebuild = Callable[[bytes, "Container | None"], bytes]
+"""A body's check: the bytes forwarded instead of it, given the container the request acts on;
+`Refused` when it breaks a rule."""
 
 
 @dataclass(frozen=True)
@@ -52,12 +61,19 @@ class Route:
     """The container the request acts on, as the caller named it."""
     exec_id: str | None = None
     """The exec the request acts on: its container is the one checked."""
-    label_rules: tuple[LabelRule, ...] = (not_a_sandbox,)
-    """What the container's labels must pass."""
-    body_rule: Callable[[Body], str | None] | None = None
-    """Set: the JSON body is read whole and must pass it before anything is forwarded."""
-    rewrite: Callable[[Body], dict[str, Any]] | None = field(default=None)
-    """Set: what is forwarded instead of the body read."""
+    build_only: bool = False
+    """The container must be a build container (a commit)."""
+    body: Rebuild | None = None
+    """Set: the body is JSON, read whole and forwarded as this rebuilds it. Unset (and not
+    `streamed`): the request must have no body."""
+    streamed: bool = False
+    """The body is an archive, streamed as it comes."""
+    content_type: str | None = None
+    """The Content-Type forwarded with the body (the caller's is never forwarded)."""
+    upgrade: bool = False
+    """The caller may ask to upgrade the connection (an exec's stream)."""
+    hides_builds: bool = False
+    """The answer, a container list, is forwarded without build containers."""
 
 
 @dataclass(frozen=True)
@@ -67,37 +83,60 @@ class Call:
     policy: GatePolicy
     method: str
     version: str
-    """`/v1.45`, or "" when the path has none."""
+    """`/v1.41`, or "" when the path has none."""
     parts: tuple[str, ...]
     """The path's segments after the version, unquoted."""
-    query: str
-    target: str
-    """The request target as the caller sent it."""
+    query: dict[str, str]
+    """The query's checked parameters, as forwarded."""
+    build_socket: bool
+
+    def path(self, parts: tuple[str, ...] | None = None) -> str:
+        """The target for `parts` (default: the request's), with the checked query."""
+        written = "/".join(quote(part, safe=":@") for part in parts or self.parts)
+        path = f"{self.version}/{written}"
+        return f"{path}?{urlencode(self.query)}" if self.query else path
 
     def same(self, _: str = "") -> str:
-        return self.target
+        return self.path()
 
 
-def unversioned(path: str) -> str:
-    """`path` without its API version."""
-    found = VERSION.match(path)
-    return found.group(2) if found else path
+def unversioned(target: str) -> str:
+    """The path of `target` without its API version, as a refusal names it."""
+    path = urlsplit(target).path
+    head, _, rest = path[1:].partition("/")
+    return f"/{rest}" if VERSION_LIKE.fullmatch(head) else path
 
 
-def route(policy: GatePolicy, method: str, target: str) -> Refusal | Route:
-    """How the gate handles `method target`; see the module's documentation."""
-    split = urlsplit(target)
-    found = VERSION.match(split.path)
-    version, path = (found.group(1), found.group(2)) if found else ("", split.path)
-    parts = tuple(unquote(part) for part in path.strip("/").split("/"))
-    call = Call(policy, method, version, parts, split.query, target)
-    for pattern, methods, handler in ROUTES:
-        if method in methods and _matches(pattern, parts):
-            return handler(call)
+def route(policy: GatePolicy, method: str, target: str, *, build_socket: bool) -> Refusal | Route:
+    """How the gate handles `method target` on a socket; see the module's documentation."""
+    try:
+        version, parts, raw_query = _split(target)
+        for pattern, methods, params, handler in ROUTES:
+            if method in methods and _matches(pattern, parts):
+                call = Call(policy, method, version, parts, read(raw_query, params), build_socket)
+                return handler(call)
+    except Refused as refused:
+        return Refusal(refused.reason)
     return Refusal("not an API call Baton's sandboxes use")
 
 
-Handler = Callable[[Call], Refusal | Route]
+def _split(target: str) -> tuple[str, tuple[str, ...], str]:
+    """The version, the unquoted segments and the raw query of a request target."""
+    split = urlsplit(target)
+    if not target.startswith("/") or split.fragment or "#" in target:
+        raise Refused("its target is not a plain path")
+    segments = split.path[1:].split("/")
+    version = ""
+    if segments and VERSION_LIKE.fullmatch(segments[0]):
+        found = VERSION.fullmatch(segments[0])
+        if found is None or (int(found.group(1)), int(found.group(2))) < MIN_API_VERSION:
+            least = ".".join(map(str, MIN_API_VERSION))
+            raise Refused(f"API version {segments[0][:12]!r}: the gate speaks v{least} or later")
+        version, segments = f"/{segments[0]}", segments[1:]
+    parts = tuple(unquote(segment) for segment in segments)
+    if any(part in ("", ".", "..") or "/" in part for part in parts):
+        raise Refused("its path has an empty, '.', '..' or encoded '/' segment")
+    return version, parts, split.query
 
 
 def _matches(pattern: tuple[str, ...], parts: tuple[str, ...]) -> bool:
@@ -110,48 +149,62 @@ def _matches(pattern: tuple[str, ...], parts: tuple[str, ...]) -> bool:
     )
 
 
+# -- handlers ---------------------------------------------------------------------------------
+
+
 def _forward(call: Call) -> Route:
     return Route(call.same)
 
 
 def _on_container(call: Call) -> Route:
     """`/containers/{ref}/...`: forwarded to the checked container's id."""
-    rest = "".join(f"/{quote(part, safe=':')}" for part in call.parts[2:])
 
     def target(container_id: str) -> str:
-        path = f"{call.version}/containers/{container_id}{rest}"
-        return f"{path}?{call.query}" if call.query else path
+        return call.path((call.parts[0], container_id, *call.parts[2:]))
 
+    ref = call.parts[1]
     if call.parts[2:] == ("exec",):
-        return Route(target, container=call.parts[1],
-                     body_rule=lambda body: exec_refusal(call.policy, body))  # fmt: skip
-    return Route(target, container=call.parts[1])
+        return Route(target, container=ref, body=_exec_create, content_type=JSON)
+    if call.parts[2:] == ("archive",) and call.method == PUT:
+        return Route(target, container=ref, streamed=True, content_type=TAR)
+    return Route(target, container=ref)
+
+
+def _exec_create(raw: bytes, found: Container | None) -> bytes:
+    assert found is not None
+    return rules.exec_create(raw, container_user=found.user, in_build=is_build(found.labels))
 
 
 def _on_exec(call: Call) -> Route:
+    if call.parts[2] == "start":
+        return Route(call.same, exec_id=call.parts[1], body=lambda raw, _: rules.exec_start(raw),
+                     content_type=JSON, upgrade=True)  # fmt: skip
     return Route(call.same, exec_id=call.parts[1])
 
 
 def _create(call: Call) -> Route:
-    return Route(
-        call.same,
-        body_rule=lambda body: create_refusal(call.policy, body),
-        rewrite=lambda body: with_runtime(call.policy, body),
-    )
+    def rebuild(raw: bytes, _: Container | None) -> bytes:
+        return rules.create(call.policy, raw, build_socket=call.build_socket)
+
+    return Route(call.same, body=rebuild, content_type=JSON)
 
 
 def _list(call: Call) -> Refusal | Route:
-    """`GET /containers/json`: only sandboxes, whatever else the caller filters on."""
-    fields = parse_qs(call.query, keep_blank_values=True)
+    """`GET /containers/json`: only sandboxes, whatever else the caller filters on; through the
+    ordinary socket, no build container either."""
     try:
-        filters = json.loads(fields.get("filters", ["{}"])[-1] or "{}")
-        wanted = filters.get("label") or []
-        labels = [*wanted] if isinstance(wanted, list) else [k for k, on in wanted.items() if on]
-    except (ValueError, AttributeError):
-        return Refusal("its filters are not Docker's JSON")
-    fields["filters"] = [json.dumps({**filters, "label": [*labels, label.SANDBOX_FILTER]})]
-    listed = f"{call.version}/containers/json?{urlencode(fields, doseq=True)}"
-    return Route(lambda _: listed)
+        filters = json.loads(call.query.get("filters") or "{}")
+    except ValueError:
+        filters = None
+    wanted = filters.get("label") or [] if isinstance(filters, dict) else None
+    if isinstance(wanted, dict):
+        wanted = [name for name, on in wanted.items() if on is True]
+    if not isinstance(wanted, list) or not all(isinstance(name, str) for name in wanted):
+        return Refusal('its filters are not Docker\'s JSON ({"label": ["key=value", …]})')
+    filters = {**filters, "label": [*wanted, label.SANDBOX_FILTER]}
+    query = {**call.query, "filters": json.dumps(filters)}
+    listed = Call(call.policy, call.method, call.version, call.parts, query, call.build_socket)
+    return Route(listed.same, hides_builds=not call.build_socket)
 
 
 def _image(call: Call) -> Refusal | Route:
@@ -165,42 +218,77 @@ def _image(call: Call) -> Refusal | Route:
 
 
 def _commit(call: Call) -> Refusal | Route:
-    """`POST /commit?container=…&repo=…&tag=…`: a build container, into an environment image."""
-    fields = parse_qs(call.query, keep_blank_values=True)
-    container = fields.get("container", [""])[-1]
-    repository = f"{fields.get('repo', [''])[-1]}:{fields.get('tag', [''])[-1]}"
+    """`POST /commit?container=…&repo=…&tag=…`: a build container into an environment image,
+    through the build socket only."""
+    if not call.build_socket:
+        return Refusal("only the build socket (--build-listen) commits a container")
+    container = call.query.get("container", "")
+    repository = f"{call.query.get('repo', '')}:{call.query.get('tag', '')}"
     reason = not_an_environment(repository)
     if reason or not container:
         return Refusal(reason or "it names no container")
 
     def target(container_id: str) -> str:
-        query = urlencode({**fields, "container": [container_id]}, doseq=True)
-        return f"{call.version}/commit?{query}"
+        committed = {**call.query, "container": container_id}
+        return f"{call.version}/commit?{urlencode(committed)}"
 
-    return Route(target, container=container, label_rules=(not_a_sandbox, not_a_build))
+    return Route(target, container=container, build_only=True,
+                 body=lambda raw, _: rules.commit(raw), content_type=JSON)  # fmt: skip
 
+
+def without_builds(answer: bytes) -> bytes:
+    """A container list (`GET /containers/json`'s answer) without the build containers."""
+    listed: list[dict[str, Any]] = json.loads(answer)
+    kept = [item for item in listed if not is_build(item.get("Labels") or {})]
+    return json.dumps(kept).encode()
+
+
+# -- the table --------------------------------------------------------------------------------
+
+NAME = matching(r"/?[A-Za-z0-9][A-Za-z0-9_.-]*", "a container name")
+NO_PARAMS: Mapping[str, Param] = {}
+LIST = {"all": flag, "limit": integer, "size": flag, "filters": text, "trunc_cmd": ignored}
+CREATE = {"name": NAME}
+REMOVE = {"v": flag, "force": flag, "link": false_flag}
+INSPECT = {"size": flag}
+TAIL = matching(r"all|[0-9]{1,9}", "all or a number")
+LOGS = {"stdout": flag, "stderr": flag, "timestamps": flag, "follow": flag, "details": flag,
+        "tail": TAIL, "since": text, "until": text}  # fmt: skip
+ARCHIVE = {"path": text}
+PUT_ARCHIVE = {"path": text, "noOverwriteDirNonDir": flag, "copyUIDGID": flag}
+WAIT = {"condition": matching(r"not-running|next-exit|removed", "a wait condition")}
+RENAME = {"name": NAME}
+KILL = {"signal": matching(r"[A-Za-z0-9+]{1,16}", "a signal")}
+STOP = {"t": integer}
+RESIZE = {"h": integer, "w": integer}
+REMOVE_IMAGE = {"force": flag, "noprune": flag}
+COMMIT = {"container": text, "repo": text, "tag": text, "pause": flag}
 
 GET, HEAD, POST, PUT, DELETE = "GET", "HEAD", "POST", "PUT", "DELETE"
-ROUTES: tuple[tuple[tuple[str, ...], tuple[str, ...], Handler], ...] = (
-    (("_ping",), (GET, HEAD), _forward),
-    (("version",), (GET,), _forward),
-    (("info",), (GET,), _forward),
-    (("images", "**"), (GET, DELETE), _image),
-    (("commit",), (POST,), _commit),
-    (("containers", "json"), (GET,), _list),
-    (("containers", "create"), (POST,), _create),
-    (("containers", "*"), (DELETE,), _on_container),
-    (("containers", "*", "json"), (GET,), _on_container),
-    (("containers", "*", "logs"), (GET,), _on_container),
-    (("containers", "*", "archive"), (GET, HEAD, PUT), _on_container),
-    (("containers", "*", "exec"), (POST,), _on_container),
-    (("containers", "*", "start"), (POST,), _on_container),
-    (("containers", "*", "wait"), (POST,), _on_container),
-    (("containers", "*", "rename"), (POST,), _on_container),
-    (("containers", "*", "kill"), (POST,), _on_container),
-    (("containers", "*", "stop"), (POST,), _on_container),
-    (("exec", "*", "json"), (GET,), _on_exec),
-    (("exec", "*", "start"), (POST,), _on_exec),
-    (("exec", "*", "resize"), (POST,), _on_exec),
+Handler = Callable[[Call], "Refusal | Route"]
+ROUTES: tuple[tuple[tuple[str, ...], tuple[str, ...], Mapping[str, Param], Handler], ...] = (
+    (("_ping",), (GET, HEAD), NO_PARAMS, _forward),
+    (("version",), (GET,), NO_PARAMS, _forward),
+    (("info",), (GET,), NO_PARAMS, _forward),
+    (("images", "**"), (GET,), NO_PARAMS, _image),
+    (("images", "**"), (DELETE,), REMOVE_IMAGE, _image),
+    (("commit",), (POST,), COMMIT, _commit),
+    (("containers", "json"), (GET,), LIST, _list),
+    (("containers", "create"), (POST,), CREATE, _create),
+    (("containers", "*"), (DELETE,), REMOVE, _on_container),
+    (("containers", "*", "json"), (GET,), INSPECT, _on_container),
+    (("containers", "*", "logs"), (GET,), LOGS, _on_container),
+    (("containers", "*", "archive"), (GET, HEAD), ARCHIVE, _on_container),
+    (("containers", "*", "archive"), (PUT,), PUT_ARCHIVE, _on_container),
+    (("containers", "*", "exec"), (POST,), NO_PARAMS, _on_container),
+    (("containers", "*", "start"), (POST,), NO_PARAMS, _on_container),
+    (("containers", "*", "wait"), (POST,), WAIT, _on_container),
+    (("containers", "*", "rename"), (POST,), RENAME, _on_container),
+    (("containers", "*", "kill"), (POST,), KILL, _on_container),
+    (("containers", "*", "stop"), (POST,), STOP, _on_container),
+    (("exec", "*", "json"), (GET,), NO_PARAMS, _on_exec),
+    (("exec", "*", "start"), (POST,), NO_PARAMS, _on_exec),
+    (("exec", "*", "resize"), (POST,), RESIZE, _on_exec),
 )
-"""Every request the gate forwards, by path segments after the version; the rest is refused."""
+"""Every request the gate forwards, by path segments after the version, with the query
+parameters each may carry; the rest is refused."""

@@ -35,7 +35,7 @@ from orchestrator.pipeline import load_pipeline
 from orchestrator.settings import FAKE_API_KEY, Settings
 from sandbox import IMAGE_TAG as SANDBOX_IMAGE
 from sandbox.build import ENV_REPOSITORY
-from sandbox.gate.policy import GatePolicy, foreign_image
+from sandbox.gate.policy import GatePolicy, image_refusal
 from sandbox.image import ensure_image as ensure_sandbox_image
 from tests.containers import sandboxes
 from tests.repos import Git
@@ -245,8 +245,8 @@ def test_secrets_and_the_docker_socket_reach_only_the_services_that_use_them(
     )
     allowed = GatePolicy(image_prefixes=prefixes)
     for image in (SANDBOX_IMAGE, f"{ENV_REPOSITORY}:0123456789abcdef"):
-        assert foreign_image(allowed, {"Image": image}) is None, image
-    assert foreign_image(allowed, {"Image": "alpine:3"}) is not None
+        assert image_refusal(allowed, image) is None, image
+    assert image_refusal(allowed, "alpine:3") is not None
     assert "GOOGLE_API_KEY" not in gate.get("environment", {})
     assert gate["cap_drop"] == ["ALL"] and gate["read_only"] is True
     assert gate["user"].split(":")[0] not in ("", "0", "root")

@@ -29,7 +29,7 @@ from orchestrator.server.app import API
 from orchestrator.server.auth import Authenticator, ServeSettings
 from orchestrator.settings import DEFAULT_MODEL
 from sandbox.build import ENV_REPOSITORY
-from sandbox.gate.policy import GatePolicy, foreign_image
+from sandbox.gate.policy import GatePolicy, image_refusal
 from tests.deploy.manifests import (
     CODE_STAGES,
     FIXER_STAGES,
@@ -169,8 +169,8 @@ def test_code_stages_have_a_docker_sidecar_and_tool_less_stages_have_none(stage:
         p.replace("$(BATON_SANDBOX_IMAGE)", config_data()["BATON_SANDBOX_IMAGE"]) for p in prefixes
     ))  # fmt: skip
     for image in (config_data()["BATON_SANDBOX_IMAGE"], environment_tag_example()):
-        assert foreign_image(allowed, {"Image": image}) is None, image
-    assert foreign_image(allowed, {"Image": "alpine:3"}) is not None
+        assert image_refusal(allowed, image) is None, image
+    assert image_refusal(allowed, "alpine:3") is not None
     assert env(worker)["DOCKER_HOST"]["value"] == "unix:///var/run/gate/docker.sock"
     mounts = {
         c["name"]: {m["mountPath"]: m for m in c["volumeMounts"]} for c in (dind, gate, worker)

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import http.client
+import json
+import os
+import socket
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
@@ -60,17 +64,59 @@ def on_each_runtime(*, runsc_fails: str = "") -> pytest.MarkDecorator:
 class Gate:
     socket: Path
     log: Path
+    build_socket: Path | None = None
+    """The build socket (`--build-listen`), when the gate was started with one."""
 
     def client(self) -> docker.DockerClient:
+        """A client of the ordinary socket, as a worker holds it."""
         return docker.DockerClient(base_url=f"unix://{self.socket}", timeout=60)
+
+    def builder(self) -> docker.DockerClient:
+        """A client of the build socket, as the environment builder holds it."""
+        assert self.build_socket is not None, "the gate was started without a build socket"
+        return docker.DockerClient(base_url=f"unix://{self.build_socket}", timeout=60)
 
 
 @contextmanager
-def started_gate(folder: Path, *options: str) -> Iterator[Gate]:
-    """`baton sandbox-gate` with `options` on a socket in `folder`, stopped at the end."""
-    with services.sandbox_gate(folder, *options) as listen:
-        yield Gate(listen, folder / "gate.log")
+def started_gate(folder: Path, *options: str, build_socket: bool = False) -> Iterator[Gate]:
+    """`baton sandbox-gate` with `options` on a socket in `folder` (and a build socket there
+    too, if asked), stopped at the end."""
+    with services.sandbox_gate(folder, *options, build_socket=build_socket) as listen:
+        build = folder / services.BUILD_SOCKET if build_socket else None
+        yield Gate(listen, folder / "gate.log", build)
 
+
+class _UnixConnection(http.client.HTTPConnection):
+    """http.client over a unix socket (its documented extension point, `connect`)."""
+
+    def __init__(self, path: Path, timeout_s: float) -> None:
+        super().__init__("docker", timeout=timeout_s)
+        self.socket_path = path
+
+    def connect(self) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(self.timeout)
+        self.sock.connect(str(self.socket_path))
+
+
+def docker_request(
+    path: Path, method: str, target: str, body: bytes | None = None, *, timeout_s: float = 60
+) -> tuple[int, Any]:
+    """Send one request, bytes exactly as given, to the Docker API on the unix socket `path`
+    (dockerd's or a gate's): its status and its JSON answer (None when it has none)."""
+    connection = _UnixConnection(path, timeout_s)
+    try:
+        headers = {"Content-Type": "application/json"} if body is not None else {}
+        connection.request(method, target, body=body, headers=headers)
+        response = connection.getresponse()
+        data = response.read()
+    finally:
+        connection.close()
+    return response.status, json.loads(data) if data.strip() else None
+
+
+DOCKERD = Path(os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock").removeprefix("unix://"))
+"""dockerd's own socket, for the controls that ask it directly."""
 
 ON_EACH_RUNTIME = on_each_runtime()
 
