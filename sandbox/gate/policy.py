@@ -51,7 +51,8 @@ class GatePolicy(BaseModel):
     None: containers run under dockerd's default, and a caller may not name another."""
     build_runtime: str | None = None
     """The runtime of build containers; None: `runtime`. (gVisor reaches a host unix socket,
-    the egress proxy's, only when registered with `--host-uds=open`: `runsc-uds` here.)"""
+    the egress proxy's, only when registered with `--host-uds=open`, as Baton registers
+    `runsc`.)"""
     max_memory_mb: int = Field(8192, ge=16)
     """Most memory (and memory + swap) a container may have."""
     max_cpus: float = Field(4.0, gt=0)

@@ -204,10 +204,11 @@ def test_an_environment_builds_and_is_removed_through_the_gate(
     builder: docker.DockerClient,
     docker_client: docker.DockerClient,
     session_label: str,
+    egress_folder: Path,
 ) -> None:
     spec = EnvironmentSpec(setup=("echo built > /opt/marker",))
     tag = environment_tag(f"gatetest{session_label}")
-    settings = BuildSettings(ca_bundle=Path(CA_BUNDLE), network="none")
+    settings = BuildSettings(ca_bundle=Path(CA_BUNDLE), egress_dir=egress_folder)
     tree = tar_of({"README": b"a repository\n"})
     built = build_environment(spec, tree, tag=tag, settings=settings,
                               labels={TEST_LABEL: session_label}, client=builder)  # fmt: skip

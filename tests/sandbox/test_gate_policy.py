@@ -214,12 +214,16 @@ def test_the_build_container_of_sandbox_build_passes_without_a_network(
     recorded: Recorded,
 ) -> None:
     client, requests = recorded
-    settings = BuildSettings(ca_bundle=Path(CA_BUNDLE), network="none")
-    _start_build_container(client, settings, EnvironmentSpec(), "/workspace", {})
+    settings = BuildSettings(ca_bundle=Path(CA_BUNDLE))
+    _start_build_container(
+        client, settings, EnvironmentSpec(), "/workspace", {}, EGRESS, "proxy.sock"
+    )
     (body,) = created_bodies(requests)
-    assert forwarded(body, build_socket=True)["HostConfig"]["Binds"] == [
-        f"{CA_BUNDLE}:{CA_PATH}:ro"
-    ]
+    sent = forwarded(body, build_socket=True)["HostConfig"]
+    assert sorted(sent["Binds"]) == sorted(
+        [f"{CA_BUNDLE}:{CA_PATH}:ro", f"{EGRESS}:{EGRESS_PATH}:ro"]
+    )
+    assert sent["NetworkMode"] == "none" and sent["Runtime"] == "runsc"
 
 
 def test_the_commit_baton_sends_goes_to_a_build_container_through_the_build_socket(
