@@ -12,6 +12,7 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from rich.console import Console
@@ -29,6 +30,7 @@ from bench import (
     saturation,
     soak,
     throughput,
+    upstream,
 )
 
 BENCHMARKS = {
@@ -41,14 +43,15 @@ BENCHMARKS = {
     "saturation": saturation,
     "soak": soak,
     "inspection": inspection,
+    "upstream": upstream,
 }
 
 
-def main() -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument("names", nargs="*", choices=[*BENCHMARKS, []], help="default: all")
     parser.add_argument("--json", action="store_true", help="print the figures as one JSON object")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     logging.basicConfig(level=logging.ERROR)
     console = Console(stderr=True)
     results: dict[str, Any] = {}

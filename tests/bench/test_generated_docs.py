@@ -46,6 +46,7 @@ def test_the_docs_have_the_sections_the_task_asks_for() -> None:
     assert ("README.md", "isolation.summary", "bench/results/isolation.json") in found
     assert (SANDBOXES, "sandbox.warm", "bench/results/sandbox.json") in found
     assert ("docs/eval.md", "eval.report", "eval/results/eval.json") in found
+    assert ("docs/upstream.md", "upstream.walks", "bench/results/upstream.json") in found
     for name in ("isolation", "overhead", "sandbox", "environment", "governor", "throughput",
                  "saturation", "soak", "inspection"):  # fmt: skip
         assert ("docs/benchmarks.md", f"{name}.latest", f"bench/results/{name}.json") in found
@@ -133,7 +134,8 @@ def test_ids_words_and_enumerators_are_not_figures() -> None:
 
 
 @pytest.mark.parametrize("name", ["isolation", "overhead", "sandbox", "environment", "governor",
-                                  "throughput", "saturation", "soak", "inspection"])  # fmt: skip
+                                  "throughput", "saturation", "soak", "inspection",
+                                  "upstream"])  # fmt: skip
 def test_each_history_ends_with_its_latest_results_file(name: str) -> None:
     results = docs.ROOT / "bench" / "results"
     lines = (results / "history" / f"{name}.jsonl").read_text().splitlines()
