@@ -179,6 +179,27 @@ def serve(
         stop(proc)
 
 
+@contextmanager
+def builder(env: Mapping[str, str], *, logfile: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """`baton worker --builder` as an operator runs it (its queue from the daemon `DOCKER_HOST`
+    in `env` reaches); stopped with a warm shutdown."""
+    argv = [sys.executable, "-m", "orchestrator.cli", "worker", "--builder"]
+    logfile.parent.mkdir(parents=True, exist_ok=True)
+    with open(logfile, "ab") as log:
+        proc = subprocess.Popen(
+            argv, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+    try:
+        _wait_until(
+            lambda: "ready." in logfile.read_text(errors="replace"), proc, logfile,
+            "the builder", timeout_s=60.0,
+        )  # fmt: skip
+        yield proc
+    finally:
+        stop(proc)
+
+
 BUILD_SOCKET = "build.sock"
 """The name of the build socket `sandbox_gate(..., build_socket=True)` opens in its folder."""
 

@@ -35,6 +35,7 @@ from orchestrator.queue import Dispatcher, celery_app, collect_less
 from orchestrator.reconciler import Reconciler
 from orchestrator.store import RunStore
 from workers import metrics
+from workers.builder import BUILD_QUEUE_PREFIX
 from workers.gemini import missing_key_message
 from workers.settings import WorkerSettings
 
@@ -83,9 +84,12 @@ def _process_exited(pid: int, **_: Any) -> None:
 
 
 @worker_ready.connect
-def _say_what_is_missing(**_: Any) -> None:
-    """Said once, when the worker starts, rather than in the reason of every run it fails."""
-    if settings.google_api_key is None:
+def _say_what_is_missing(sender: Any = None, **_: Any) -> None:
+    """Said once, when the worker starts, rather than in the reason of every run it fails (an
+    environment builder calls no model)."""
+    queues = set(getattr(sender.app.amqp.queues, "consume_from", None) or ()) if sender else set()
+    builder = bool(queues) and all(q.startswith(BUILD_QUEUE_PREFIX) for q in queues)
+    if settings.google_api_key is None and not builder:
         logger.error(
             "%s; every stage will fail until it is set",
             missing_key_message(settings.model_section()),
