@@ -127,7 +127,7 @@ def run_demo(
         run = follow(
             run_id, settings, interval_s=0.3, timeout_s=timeout_s, console=console, transient=True
         )
-        store = RunStore.from_url(settings.require_redis_url())
+        store = RunStore.from_url(settings.redis_section())
         try:
             outputs = store.outputs(run_id, ["fix", "pr"])
             extra = _outcome(run, store, outputs)

@@ -122,7 +122,7 @@ def evaluate(
             say(f"[{number}/{len(instances)}] {instance.id}: {instance.source.pypi} "
                 f"{instance.source.version} with the bug put back")  # fmt: skip
             checkouts[instance.id] = materialize(instance, work / "repos", downloads)
-        store = RunStore.from_url(settings.require_redis_url())
+        store = RunStore.from_url(settings.redis_section())
         stack.callback(store.redis.close)
         measure = _Measurer(store, work / "measure")
         for mode in modes:

@@ -53,7 +53,7 @@ INFRASTRUCTURE_BACKOFF_S = 5.0
 def services() -> WorkerServices:
     """What this worker process lends its executions, made on first use in each pool process
     (after the fork: the event loop and the clients are the process's own)."""
-    store = RunStore.from_url(settings.require_redis_url(), ttl_s=settings.queue.run_ttl_s)
+    store = RunStore.from_url(settings.redis_section(), ttl_s=settings.queue.run_ttl_s)
     mirrors = RepoCache(settings.repo_cache_dir)
     sandbox_config = settings.sandbox_config()
     return WorkerServices(

@@ -26,11 +26,11 @@ import time
 from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import SecretStr, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import SettingsConfigDict
 
 from orchestrator.errors import ConfigError
-from orchestrator.settings import refuse_placeholders
+from orchestrator.settings import BatonSettings, refuse_placeholders
 
 Scope = Literal["read", "control"]
 SCOPES: tuple[Scope, ...] = ("read", "control")
@@ -39,7 +39,7 @@ SESSION_COOKIE = "baton_session"
 CSRF_HEADER = "X-Baton-Request"
 
 
-class ServeSettings(BaseSettings):
+class ServeSettings(BatonSettings):
     """`baton serve`'s configuration, from `BATON_SERVE_*` variables."""
 
     model_config = SettingsConfigDict(env_prefix="BATON_SERVE_", extra="ignore", frozen=True)
@@ -47,9 +47,9 @@ class ServeSettings(BaseSettings):
     user: str | None = None
     """`BATON_SERVE_USER`: one login with the control scope (with `BATON_SERVE_PASSWORD`)."""
     password: SecretStr | None = None
-    logins: dict[str, SecretStr] = {}
+    logins: dict[str, SecretStr] = Field(default_factory=dict)
     """`BATON_SERVE_LOGINS`: user → `scope:password`, as a JSON object."""
-    tokens: dict[str, SecretStr] = {}
+    tokens: dict[str, SecretStr] = Field(default_factory=dict)
     """`BATON_SERVE_TOKENS`: name → `scope:token`, as a JSON object."""
     secret: SecretStr | None = None
     """Signs session cookies; every replica behind one address needs the same. Without it each
