@@ -29,6 +29,7 @@ from urllib.parse import unquote, urlsplit
 from pydantic import BaseModel, ConfigDict, Field
 
 from orchestrator.errors import ConfigError
+from orchestrator.secret_settings import PLACEHOLDERS
 
 MIN_PASSWORD_CHARS = 16
 """The shortest Redis password Baton accepts, on the client and (k8s/baton/redis-users.sh) on
@@ -36,8 +37,6 @@ the server. Redis answers AUTH as fast as a network allows and never locks a use
 password must hold out against online guessing at full speed: 16 characters of
 `openssl rand -hex` are 64 random bits, some 5·10^5 years at a million guesses a second."""
 SCHEMES = ("redis", "rediss")
-PLACEHOLDERS = ("change-me", "replace-with")
-"""How the passwords of the example files (.env.example, k8s/*/*.env.example) begin."""
 
 
 class RedisConfig(BaseModel):
@@ -93,8 +92,8 @@ def check_url(url: str, *, variable: str = "BATON_REDIS_URL") -> None:
     """Raises `ConfigError` unless `url` keeps the rules of this module's docstring."""
     try:
         parts = urlsplit(url)
-        host, password, user = parts.hostname, parts.password, parts.username
-        parts.port  # noqa: B018 (a port that is not a number raises here)
+        # `.port` raises for a port that is not a number.
+        host, password, user, _ = parts.hostname, parts.password, parts.username, parts.port
     except ValueError as exc:
         raise ConfigError(f"{variable} is not a valid URL: {exc}") from None
     if parts.scheme.lower() not in SCHEMES:

@@ -13,14 +13,8 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from orchestrator.connection import RedisConfig, checked_config
 from orchestrator.errors import ConfigError
-from orchestrator.secret_settings import (
-    PLACEHOLDERS,
-    FromFile,
-    SecretFilesSource,
-    refuse_placeholders,
-)
-
-__all__ = ["PLACEHOLDERS", "BatonSettings", "Settings", "refuse_placeholders"]
+from orchestrator.secret_settings import FromFile, SecretFilesSource
+from orchestrator.secret_settings import refuse_placeholders as refuse_placeholders
 
 FAKE_API_KEY = "fake-gemini-key"
 """The key Baton hands the real client when it talks to the bundled fake server."""
