@@ -100,7 +100,7 @@ def run(progress: Any) -> dict[str, Any]:
         fleet = Fleet(stack, settings, work)
         for _ in range(WORKERS):
             fleet.start()
-        store = RunStore.from_url(settings.require_redis_url())
+        store = RunStore.from_url(settings.redis_section())
         stack.callback(store.redis.close)
         with _removing_sandboxes() as run_ids:
             started = time.monotonic()

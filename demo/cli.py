@@ -80,7 +80,7 @@ def replay(run_id: str, stage: str | None, attempt: int | None, as_json: bool) -
     from workers.settings import WorkerSettings
 
     settings = WorkerSettings()
-    store = RunStore.from_url(settings.require_redis_url())
+    store = RunStore.from_url(settings.redis_section())
     run = store.get(run_id)
     chosen = stage or _stage_to_replay(run)
     result = play_again(store, run_id, chosen, attempt=attempt, settings=settings)

@@ -87,10 +87,13 @@ def run_demo(
     playing the demo's scenario, or with `real_model` the one `settings` name.
 
     Raises:
-        ConfigError: `real_model` without a `GOOGLE_API_KEY`.
+        ConfigError: `real_model` without a `GOOGLE_API_KEY`, or a `BATON_REDIS_URL` that
+            `orchestrator.connection` refuses.
     """
     if real_model and settings.google_api_key is None:
         raise ConfigError("--real-model needs GOOGLE_API_KEY (a Gemini API key)")
+    if settings.redis_url:
+        settings.redis_section()  # a URL Baton refuses stops the demo before anything starts
     with ExitStack() as stack:
         if keep:
             work = Path(tempfile.mkdtemp(prefix="baton-demo-"))
@@ -127,7 +130,7 @@ def run_demo(
         run = follow(
             run_id, settings, interval_s=0.3, timeout_s=timeout_s, console=console, transient=True
         )
-        store = RunStore.from_url(settings.require_redis_url())
+        store = RunStore.from_url(settings.redis_section())
         try:
             outputs = store.outputs(run_id, ["fix", "pr"])
             extra = _outcome(run, store, outputs)

@@ -122,7 +122,7 @@ def evaluate(
             say(f"[{number}/{len(instances)}] {instance.id}: {instance.source.pypi} "
                 f"{instance.source.version} with the bug put back")  # fmt: skip
             checkouts[instance.id] = materialize(instance, work / "repos", downloads)
-        store = RunStore.from_url(settings.require_redis_url())
+        store = RunStore.from_url(settings.redis_section())
         stack.callback(store.redis.close)
         measure = _Measurer(store, work / "measure")
         for mode in modes:
@@ -146,7 +146,9 @@ def _services(
     say: Say,
 ) -> tuple[Settings, FakeGemini | None]:
     overrides: dict[str, object] = {"repo_cache_dir": work / "repo-cache"}
-    if not settings.redis_url:
+    if settings.redis_url:
+        settings.redis_section()  # a URL Baton refuses stops it before anything starts
+    else:
         say("starting a private redis-server")
         overrides["redis_url"] = stack.enter_context(services.redis_server(work / "redis"))
     fake = None

@@ -32,9 +32,9 @@ an environment spec given at enqueue (the orchestrator cannot import the sandbox
 @contextmanager
 def connect(settings: Settings) -> Iterator[Conductor]:
     """A conductor on the configured Redis, closed afterwards."""
-    url = settings.require_redis_url()
-    store = RunStore.from_url(url, ttl_s=settings.queue.run_ttl_s)
-    dispatcher = Dispatcher.connect(url, settings.queue)
+    redis = settings.redis_section()
+    store = RunStore.from_url(redis, ttl_s=settings.queue.run_ttl_s)
+    dispatcher = Dispatcher.connect(redis, settings.queue)
     try:
         yield Conductor(store, dispatcher)
     finally:

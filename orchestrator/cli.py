@@ -253,14 +253,9 @@ def flower(port: int, address: str, no_auth: bool) -> None:
     """
     from orchestrator.flower import FlowerCredentials, flower_argv, flower_config, flower_env
 
-    config = flower_config(
-        Settings().require_redis_url(),
-        FlowerCredentials(),
-        port=port,
-        address=address,
-        auth=not no_auth,
-    )
-    os.execve(sys.executable, flower_argv(config), {**os.environ, **flower_env(config)})
+    Settings().redis_section()  # refused here, with a one-line message, rather than in Flower
+    config = flower_config(FlowerCredentials(), port=port, address=address, auth=not no_auth)
+    os.execve(sys.executable, flower_argv(config), flower_env(config, os.environ))
 
 
 for _command in (cli_inspect.show, cli_inspect.diff, cli_inspect.artifacts,

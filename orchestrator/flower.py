@@ -1,26 +1,29 @@
 """`baton flower`: Flower watching Baton's broker, set up so a person can follow a run.
 
-Every Flower option Baton sets lives here. Flower is started with the broker URL alone (the
-equivalent of `celery --broker=URL flower`, never `-A workers.app`), so it does not import
-Baton's workers and their dependencies (shared/notes/celery-flower.md §4). It builds its view
-from Celery events: Baton's workers send them (`-E`) and so does the sending side
-(`task_send_sent_event`), but a task sent before Flower started stays invisible.
+Every Flower option Baton sets lives here. Flower loads `orchestrator.flower_app`, a Celery app
+with Baton's broker settings (TLS included) and nothing else, never `-A workers.app`, so it
+does not import Baton's workers and their dependencies (shared/notes/celery-flower.md §4). It
+builds its view from Celery events: Baton's workers send them (`-E`) and so does the sending
+side (`task_send_sent_event`), but a task sent before Flower started stays invisible.
 
 Secrets stay off the command line, where `ps` would show them: the broker URL (it may hold a
-Redis password) and the basic-auth credentials reach Flower through its environment
-(`CELERY_BROKER_URL`, which is all `celery --broker=` does, and `FLOWER_BASIC_AUTH`).
+Redis password) reaches Flower's app as `BATON_REDIS_URL` (or `_FILE`), read by Baton's
+settings there, and the basic-auth login as `FLOWER_BASIC_AUTH`, in its environment.
 """
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 
 from pydantic import BaseModel, ConfigDict, SecretStr
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
 
 from orchestrator.errors import ConfigError
-from orchestrator.settings import refuse_placeholders
+from orchestrator.settings import BatonSettings, refuse_placeholders
 
+APP = "orchestrator.flower_app"
+"""The Celery app Flower loads: Baton's broker settings, no tasks."""
 MAX_TASKS = 10_000
 """Tasks Flower keeps in memory (its own default, 100,000, grows without need: five per run)."""
 PURGE_OFFLINE_WORKERS_S = 300
@@ -35,7 +38,7 @@ a 429). Times stay absolute, without `natural_time`: "a minute ago" for all five
 run would hide their order."""
 
 
-class FlowerCredentials(BaseSettings):
+class FlowerCredentials(BatonSettings):
     """`BATON_FLOWER_USER` and `BATON_FLOWER_PASSWORD`: the one login of Flower's basic auth."""
 
     model_config = SettingsConfigDict(env_prefix="BATON_FLOWER_", extra="ignore", frozen=True)
@@ -51,8 +54,6 @@ class FlowerConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    redis_url: str
-    """Baton's broker, `BATON_REDIS_URL`."""
     port: int
     address: str
     credentials: FlowerCredentials | None
@@ -60,7 +61,7 @@ class FlowerConfig(BaseModel):
 
 
 def flower_config(
-    redis_url: str, credentials: FlowerCredentials, *, port: int, address: str, auth: bool
+    credentials: FlowerCredentials, *, port: int, address: str, auth: bool
 ) -> FlowerConfig:
     """Checks the login before anything starts.
 
@@ -68,7 +69,7 @@ def flower_config(
         ConfigError: when auth is on and the user or password is missing, or unusable.
     """
     if not auth:
-        return FlowerConfig(redis_url=redis_url, port=port, address=address, credentials=None)
+        return FlowerConfig(port=port, address=address, credentials=None)
     password = credentials.password.get_secret_value() if credentials.password else ""
     if not credentials.user or not password:
         raise ConfigError(
@@ -82,13 +83,13 @@ def flower_config(
             "BATON_FLOWER_USER must not contain ':' or ',' and BATON_FLOWER_PASSWORD must "
             "not contain ','; choose others"
         )
-    return FlowerConfig(redis_url=redis_url, port=port, address=address, credentials=credentials)
+    return FlowerConfig(port=port, address=address, credentials=credentials)
 
 
 def flower_argv(config: FlowerConfig) -> list[str]:
     """The command line: no secret in it (see `flower_env`)."""
     return [
-        sys.executable, "-m", "celery", "flower",
+        sys.executable, "-m", "celery", "-A", APP, "flower",
         f"--port={config.port}",
         f"--address={config.address}",
         f"--max_tasks={MAX_TASKS}",
@@ -100,9 +101,10 @@ def flower_argv(config: FlowerConfig) -> list[str]:
     ]  # fmt: skip
 
 
-def flower_env(config: FlowerConfig) -> dict[str, str]:
-    """Variables to add to Flower's environment: the broker and the login."""
-    env = {"CELERY_BROKER_URL": config.redis_url}
+def flower_env(config: FlowerConfig, environ: Mapping[str, str]) -> dict[str, str]:
+    """Flower's environment: `environ` (where its app finds `BATON_REDIS_*`) with the login
+    added, and without `CELERY_BROKER_URL`, which Celery would prefer to Baton's checked URL."""
+    env = {name: value for name, value in environ.items() if name != "CELERY_BROKER_URL"}
     if config.credentials is not None:
         assert config.credentials.user and config.credentials.password  # flower_config checked
         login = f"{config.credentials.user}:{config.credentials.password.get_secret_value()}"

@@ -17,6 +17,7 @@ from celery import Celery
 from celery.app.amqp import AMQP
 from kombu.transport import redis as kombu_redis
 
+from orchestrator.connection import RedisConfig
 from orchestrator.errors import ConfigError
 from orchestrator.pipeline import Pipeline, StageSpec
 from orchestrator.settings import QueueConfig, RetryConfig
@@ -76,11 +77,22 @@ def collect_less(**_: Any) -> None:
     gc.set_threshold(YOUNG_COLLECTION_EVERY, *gc.get_threshold()[1:])
 
 
-def celery_config(redis_url: str | None, queue: QueueConfig) -> dict[str, Any]:
-    """Settings that keep stages from being lost or run twice (shared/notes/celery-flower.md)."""
-    transport = {"visibility_timeout": queue.visibility_timeout_s}
+def celery_config(
+    redis: RedisConfig | str | None, queue: QueueConfig, *, acks: bool = True
+) -> dict[str, Any]:
+    """Settings that keep stages from being lost or run twice (shared/notes/celery-flower.md),
+    on the broker `redis` (a URL alone: no CA file). With `acks` False, what this app consumes
+    (a monitor's events, the replies to its broadcasts) is not acknowledged through Redis: a
+    consumer that acknowledges also puts back every message a dead worker held, which takes
+    write access to the stage queues that only workers have (k8s/baton/redis-users.acl)."""
+    if isinstance(redis, str):
+        redis = RedisConfig(url=redis)
+    transport: dict[str, Any] = {"visibility_timeout": queue.visibility_timeout_s}
+    if not acks:
+        transport["ack_emulation"] = False
     return {
-        "broker_url": redis_url,
+        "broker_url": redis.url if redis else None,
+        "broker_use_ssl": redis.broker_ssl() if redis else None,
         "broker_transport": TRANSPORT,
         "broker_transport_options": transport,
         "broker_connection_retry_on_startup": True,
@@ -142,11 +154,18 @@ class ShadowNamedAMQP(AMQP):
         return message
 
 
-def celery_app(name: str, redis_url: str | None, queue: QueueConfig, **kwargs: Any) -> Celery:
-    """A Celery app configured for Baton, on the sending side or a worker's (no broker yet
-    without `redis_url`)."""
+def celery_app(
+    name: str,
+    redis: RedisConfig | str | None,
+    queue: QueueConfig,
+    *,
+    acks: bool = True,
+    **kwargs: Any,
+) -> Celery:
+    """A Celery app configured for Baton, a worker's (`acks`) or a sender's or monitor's (no
+    broker yet without `redis`)."""
     app = Celery(name, amqp=ShadowNamedAMQP, **kwargs)
-    app.conf.update(celery_config(redis_url, queue))
+    app.conf.update(celery_config(redis, queue, acks=acks))
     return app
 
 
@@ -175,11 +194,11 @@ class Dispatcher:
         self._owned = owned
 
     @classmethod
-    def connect(cls, redis_url: str, queue: QueueConfig) -> Dispatcher:
-        """A dispatcher with an app of its own (closed by `close`)."""
-        return cls(
-            celery_app("baton-orchestrator", redis_url, queue, set_as_current=False), owned=True
-        )
+    def connect(cls, redis: RedisConfig | str, queue: QueueConfig) -> Dispatcher:
+        """A dispatcher with an app of its own (closed by `close`), which sends and inspects
+        but never consumes stages."""
+        app = celery_app("baton-orchestrator", redis, queue, acks=False, set_as_current=False)
+        return cls(app, owned=True)
 
     def send_stage(self, run_id: str, stage: StageSpec, iteration: int = 1) -> str:
         task_id = stage_task_id(run_id, stage.name, iteration)

@@ -6,19 +6,20 @@ Library code never reads `os.environ`; it takes the section it needs as an argum
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, PositiveInt, SecretStr
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from orchestrator.connection import RedisConfig, checked_config
 from orchestrator.errors import ConfigError
+from orchestrator.secret_settings import FromFile, SecretFilesSource
+from orchestrator.secret_settings import refuse_placeholders as refuse_placeholders
 
 FAKE_API_KEY = "fake-gemini-key"
 """The key Baton hands the real client when it talks to the bundled fake server."""
 GEMINI_API_URL = "https://generativelanguage.googleapis.com"
 """Where google-genai sends requests when no base URL is set: Google's Gemini API."""
-PLACEHOLDERS = ("change-me", "replace-with")
-"""How the passwords and secrets of the example files (.env.example, k8s/*/*.env.example) begin:
-a value that still does is refused, never used as a login."""
 DEFAULT_MODEL = "gemini-3.8-flash"
 """The model stages use unless `BATON_MODEL` names another: the newest generally available
 Gemini 3 Flash model (Google's agentic workhorse), which requires thought signatures back on
@@ -100,15 +101,40 @@ class QueueConfig(_Section):
     sees (the queue's length no longer counts them)."""
 
 
-class Settings(BaseSettings):
+class BatonSettings(BaseSettings):
+    """What every settings class of Baton shares: each secret setting `X` may come from the
+    file `X_FILE` names (`orchestrator.secret_settings`), and a value that fails validation is
+    never echoed in the error (it may be a secret)."""
+
+    model_config = SettingsConfigDict(hide_input_in_errors=True)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        files = SecretFilesSource(settings_cls)
+        return init_settings, env_settings, files, dotenv_settings, file_secret_settings
+
+
+class Settings(BatonSettings):
     """Everything Baton reads from the environment (prefix `BATON_`)."""
 
     model_config = SettingsConfigDict(
         env_prefix="BATON_", env_nested_delimiter="__", extra="ignore", frozen=True
     )
 
-    redis_url: str | None = None
-    """`BATON_REDIS_URL`; unset means the demo starts a private redis-server."""
+    redis_url: Annotated[str | None, FromFile()] = Field(None, repr=False)
+    """`BATON_REDIS_URL` (or `BATON_REDIS_URL_FILE`); unset means the demo starts a private
+    redis-server. Checked before use (`orchestrator.connection`): a password of at least 16
+    characters, and a user and a password for any Redis not on this host."""
+    redis_ca_file: Path | None = None
+    """`BATON_REDIS_CA_FILE`: the CA bundle a `rediss://` Redis's certificate must chain to
+    (the system's CAs are trusted too); the certificate and its host name are always checked."""
     google_api_key: SecretStr | None = Field(
         None, validation_alias=AliasChoices("GOOGLE_API_KEY", "BATON_GOOGLE_API_KEY")
     )
@@ -143,22 +169,19 @@ class Settings(BaseSettings):
             streaming=self.streaming,
         )
 
-    def require_redis_url(self) -> str:
+    def redis_section(self) -> RedisConfig:
+        """How to reach Redis, checked.
+
+        Raises:
+            ConfigError: `BATON_REDIS_URL` is unset, or breaks a rule of
+                `orchestrator.connection` (the message says which, never the password).
+        """
         if not self.redis_url:
             raise ConfigError(
                 "BATON_REDIS_URL is not set; point it at your Redis, e.g. redis://localhost:6379/0"
             )
-        return self.redis_url
+        return checked_config(self.redis_url, self.redis_ca_file)
 
-
-def refuse_placeholders(secrets: dict[str, str | None]) -> None:
-    """Raises `ConfigError` naming each variable (`{name: value}`) still holding an example
-    file's placeholder."""
-    left = sorted(
-        name for name, value in secrets.items() if value and value.startswith(PLACEHOLDERS)
-    )
-    if left:
-        raise ConfigError(
-            f"{', '.join(left)} still hold the example's placeholder; set secrets of your own "
-            "(openssl rand -hex 24)"
-        )
+    def require_redis_url(self) -> str:
+        """`BATON_REDIS_URL`, checked as `redis_section` does."""
+        return self.redis_section().url

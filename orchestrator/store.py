@@ -20,6 +20,7 @@ from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
 from orchestrator import keys
+from orchestrator.connection import RedisConfig
 from orchestrator.errors import RunNotFoundError
 from orchestrator.models import ArtifactRef, Issue, RunRecord, RunStatus, StageRecord
 
@@ -68,10 +69,11 @@ class RunStore:
         self._write_if_unchanged = client.register_script(_WRITE_IF_UNCHANGED)
 
     @classmethod
-    def from_url(cls, url: str, *, ttl_s: int = 7 * 24 * 3600) -> RunStore:
-        """A store on `url` that rides out a Redis restart: commands are retried with backoff
-        for about 20 s before a connection error reaches the caller."""
-        return cls(connect(url), ttl_s=ttl_s)
+    def from_url(cls, redis: RedisConfig | str, *, ttl_s: int = 7 * 24 * 3600) -> RunStore:
+        """A store on `redis` (a URL alone: no CA file) that rides out a Redis restart: commands
+        are retried with backoff for about 20 s before a connection error reaches the
+        caller."""
+        return cls(connect(redis), ttl_s=ttl_s)
 
     # -- runs --------------------------------------------------------------------------------
 
@@ -287,10 +289,14 @@ class RunStore:
         ]
 
 
-def connect(url: str) -> redis.Redis:
-    """A client that retries a command for about 20 s while Redis is away (a restart)."""
+def connect(config: RedisConfig | str) -> redis.Redis:
+    """A client of `config` (over TLS as it says) that retries a command for about 20 s while
+    Redis is away (a restart)."""
+    if isinstance(config, str):
+        config = RedisConfig(url=config)
     return redis.Redis.from_url(
-        url,
+        config.url,
+        **config.client_options(),
         decode_responses=True,
         retry=Retry(ExponentialBackoff(cap=2.0, base=0.1), retries=12),
         retry_on_error=[redis.ConnectionError, redis.TimeoutError],

@@ -9,6 +9,7 @@ itself never does (in production, Redis and the workers are the operator's).
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -17,13 +18,16 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import redis
 
 from orchestrator.errors import ConfigError
 from orchestrator.settings import Settings
+from testkit.tls import TlsFiles
 from workers.cli import APP, worker_argv
 
 STOP_TIMEOUT_S = 20.0
@@ -35,9 +39,86 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+@dataclass(frozen=True)
+class RedisUsers:
+    """The users a redis-server starts with: Baton's ACL (`acl_file`), turned into
+    configuration by the script that does it in Compose and Kubernetes (`script`), with a
+    password per user (`default` is Redis's admin)."""
+
+    acl_file: Path
+    script: Path
+    passwords: Mapping[str, str]
+
+    @classmethod
+    def generated(cls, acl_file: Path, script: Path, users: Sequence[str]) -> RedisUsers:
+        """`users` and the admin, each with a new random password."""
+        names = dict.fromkeys(["default", *users])
+        return cls(acl_file, script, {user: secrets.token_hex(16) for user in names})
+
+    def environment(self) -> dict[str, str]:
+        """The script's variables: `BATON_REDIS_<USER>_PASSWORD`, the admin's
+        `BATON_REDIS_PASSWORD`."""
+        return {
+            "BATON_REDIS_PASSWORD" if user == "default" else f"BATON_REDIS_{user.upper()}_PASSWORD":
+            password
+            for user, password in self.passwords.items()
+        }  # fmt: skip
+
+    def configuration(self) -> str:
+        """The `user` lines of redis.conf, as the script prints them."""
+        done = subprocess.run(
+            ["sh", str(self.script), str(self.acl_file)], env={"PATH": os.defpath,
+            **self.environment()}, capture_output=True, text=True, timeout=30, check=False,
+        )  # fmt: skip
+        if done.returncode != 0:
+            raise ConfigError(f"{self.script.name} refused the users: {done.stderr.strip()}")
+        return done.stdout
+
+
+@dataclass(frozen=True)
+class RedisServer:
+    """A redis-server this module started: where it listens, and how to log in."""
+
+    host: str
+    port: int
+    tls: TlsFiles | None = None
+    users: RedisUsers | None = None
+
+    def url(self, user: str | None = None, *, db: int = 0) -> str:
+        """The URL of database `db`, as `user` (with its password) if given."""
+        scheme = "rediss" if self.tls else "redis"
+        login = ""
+        if user is not None:
+            assert self.users is not None, "this server has no users"
+            login = f"{user}:{self.users.passwords[user]}@"
+        return f"{scheme}://{login}{self.host}:{self.port}/{db}"
+
+    def client(self, user: str | None = "default", **options: Any) -> redis.Redis:
+        """A redis-py client of database 0 as `user` (the admin unless told otherwise), trusting
+        the server's CA."""
+        if self.tls:
+            options["ssl_ca_certs"] = str(self.tls.ca_file)
+        return redis.Redis.from_url(self.url(user if self.users else None), **options)
+
+
 @contextmanager
 def redis_server(workdir: Path, *, port: int | None = None) -> Iterator[str]:
     """A private redis-server with AOF on and `noeviction`; yields its URL."""
+    with redis_service(workdir, port=port) as server:
+        yield server.url()
+
+
+@contextmanager
+def redis_service(
+    workdir: Path,
+    *,
+    port: int | None = None,
+    users: RedisUsers | None = None,
+    tls: TlsFiles | None = None,
+) -> Iterator[RedisServer]:
+    """A private redis-server with AOF on and `noeviction`, and with `users` only these users
+    (their configuration on stdin, as in Compose and Kubernetes); with `tls`, it speaks TLS
+    only, on a port of localhost. Yields where it is."""
     binary = shutil.which("redis-server")
     if binary is None:
         raise ConfigError(
@@ -47,8 +128,9 @@ def redis_server(workdir: Path, *, port: int | None = None) -> Iterator[str]:
     port = port or free_port()
     argv = [
         binary,
+        "-",
         "--port",
-        str(port),
+        "0" if tls else str(port),
         "--bind",
         "127.0.0.1",
         "--dir",
@@ -66,18 +148,28 @@ def redis_server(workdir: Path, *, port: int | None = None) -> Iterator[str]:
         "--protected-mode",
         "yes",
     ]
+    if tls:
+        argv += ["--tls-port", str(port), "--tls-cert-file", str(tls.cert_file),
+                 "--tls-key-file", str(tls.key_file), "--tls-ca-cert-file", str(tls.ca_file),
+                 "--tls-auth-clients", "no"]  # fmt: skip
+    configuration = users.configuration() if users else ""
     with open(workdir / "redis.log", "ab") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
-    url = f"redis://127.0.0.1:{port}/0"
+        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT)
+    assert proc.stdin is not None
+    proc.stdin.write(configuration.encode())
+    proc.stdin.close()
+    server = RedisServer("localhost" if tls else "127.0.0.1", port, tls, users)
     try:
-        _wait_for_redis(url, proc)
-        yield url
+        _wait_for_redis(server, proc)
+        yield server
     finally:
         stop(proc)
 
 
-def _wait_for_redis(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 15.0) -> None:
-    client = redis.Redis.from_url(url)
+def _wait_for_redis(
+    server: RedisServer, proc: subprocess.Popen[bytes], timeout_s: float = 15.0
+) -> None:
+    client = server.client()
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -89,7 +181,7 @@ def _wait_for_redis(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 
             time.sleep(0.05)
         finally:
             client.close()
-    raise ConfigError(f"redis-server did not answer on {url} within {timeout_s:.0f}s")
+    raise ConfigError(f"redis-server did not answer on port {server.port} within {timeout_s:.0f}s")
 
 
 @contextmanager
@@ -127,11 +219,13 @@ def worker(
     name: str = "baton-worker",
     app: str = APP,
     options: Sequence[str] = (),
+    mingle: bool = False,
 ) -> Iterator[subprocess.Popen[bytes]]:
     """A Celery worker subprocess serving `queues`, with more worker `options` if given;
-    stopped with a warm shutdown."""
+    stopped with a warm shutdown. Without `mingle` it starts faster: no mingle and no gossip,
+    which `baton worker` has (a worker asks the others for their state, and watches them)."""
     argv = worker_argv(queues, concurrency=concurrency, name=f"{name}-{free_port()}", app=app)
-    argv += ["--without-gossip", "--without-mingle", *options]
+    argv += [*([] if mingle else ["--without-gossip", "--without-mingle"]), *options]
     logfile.parent.mkdir(parents=True, exist_ok=True)
     with open(logfile, "ab") as log:
         # Its own session: a test can kill the worker and its pool processes as one group.
@@ -271,6 +365,8 @@ def worker_env(settings: Settings) -> dict[str, str]:
         "BATON_MODEL": settings.model,
         "BATON_STREAMING": str(settings.streaming).lower(),
     }
+    if settings.redis_ca_file is not None:
+        env["BATON_REDIS_CA_FILE"] = str(settings.redis_ca_file)
     if settings.gemini_base_url:
         env["BATON_GEMINI_BASE_URL"] = settings.gemini_base_url
     if settings.google_api_key is not None:

@@ -47,9 +47,13 @@ _reap_failed = False
 
 
 def create_app(settings: WorkerSettings) -> Celery:
-    """The worker's Celery app. It can be made (and this module imported) without
-    `BATON_REDIS_URL`; a worker refuses to start without it (`_require_redis`)."""
-    return celery_app("baton", settings.redis_url, settings.queue, include=["workers.tasks"])
+    """The worker's Celery app. It can be made (and this module imported) without a usable
+    `BATON_REDIS_URL`; a worker refuses to start without one, saying why (`_require_redis`)."""
+    try:
+        redis = settings.redis_section()
+    except ConfigError:
+        redis = None
+    return celery_app("baton", redis, settings.queue, include=["workers.tasks"])
 
 
 @celeryd_init.connect
@@ -121,7 +125,7 @@ def _stop(**_: Any) -> None:
 
 def _housekeeping() -> None:
     """Reconcile stuck runs at once and every `reconcile_every_s`; reap sandboxes too."""
-    store = RunStore.from_url(settings.require_redis_url(), ttl_s=settings.queue.run_ttl_s)
+    store = RunStore.from_url(settings.redis_section(), ttl_s=settings.queue.run_ttl_s)
     reconciler = Reconciler(Conductor(store, Dispatcher(app)), settings.queue)
     holder = f"{socket.gethostname()}:{os.getpid()}"
     while True:

@@ -34,7 +34,7 @@ out, err = Console(), Console(stderr=True)
 
 
 def _environments(settings: WorkerSettings) -> Environments:
-    client = connect(settings.require_redis_url())
+    client = connect(settings.redis_section())
     return Environments(
         client,
         RepoCache(settings.repo_cache_dir),

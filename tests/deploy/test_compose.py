@@ -30,6 +30,7 @@ from demo.runner import make_sample_repo
 from images.base import BASE_TAG
 from images.build import ROOT, ensure_images, image_tag
 from orchestrator import api
+from orchestrator.connection import checked_config
 from orchestrator.models import RunRecord, RunStatus, StageStatus
 from orchestrator.pipeline import load_pipeline
 from orchestrator.settings import FAKE_API_KEY, Settings
@@ -67,13 +68,31 @@ def baton_image() -> str:
     return ensure_images(progress=say)
 
 
+REDIS_USERS = ("worker", "serve", "flower", "cli")
+"""Redis's users besides its admin: compose.yaml's services' and the operator's (`cli`)."""
+
+
+def redis_passwords() -> dict[str, str]:
+    """A new password for Redis's admin (`default`) and each of its users."""
+    return {user: secrets.token_hex(16) for user in ("default", *REDIS_USERS)}
+
+
+def redis_variables(passwords: dict[str, str]) -> dict[str, str]:
+    """The variables of .env that hold them (BATON_REDIS_PASSWORD is the admin's)."""
+    return {
+        "BATON_REDIS_PASSWORD" if user == "default" else f"BATON_REDIS_{user.upper()}_PASSWORD":
+        password
+        for user, password in passwords.items()
+    }  # fmt: skip
+
+
 @dataclass
 class Stack:
     """One docker-compose project of compose.yaml plus the test's override file."""
 
     project: str
     env_file: Path
-    redis_password: str
+    redis_passwords: dict[str, str]
     flower_login: tuple[str, str]
     serve_login: tuple[str, str]
 
@@ -98,9 +117,10 @@ class Stack:
         address = self.compose("port", service, str(port)).strip()
         return int(address.rsplit(":", 1)[1])
 
-    def redis_url(self, *, password: bool = True) -> str:
+    def redis_url(self, user: str | None = "cli") -> str:
+        """Redis's published port, as `user` (`default`: the admin) or without a login."""
         port = self.host_port("redis", 6379)
-        login = f":{self.redis_password}@" if password else ""
+        login = f"{user}:{self.redis_passwords[user]}@" if user else ""
         return f"redis://{login}127.0.0.1:{port}/0"
 
     def down(self) -> None:
@@ -113,13 +133,13 @@ def stack(baton_image: str, tmp_path: Path) -> Iterator[Stack]:
     down with its volumes at the end whatever happened."""
     repos = tmp_path / "repos"
     repos.mkdir()
-    password = secrets.token_hex(16)
+    passwords = redis_passwords()
     login = ("baton", secrets.token_hex(8))
     serve_login = ("operator", secrets.token_hex(8))
     env = {
         "BATON_IMAGE": baton_image,
         "BATON_REDIS_IMAGE": BASE_TAG,
-        "BATON_REDIS_PASSWORD": password,
+        **redis_variables(passwords),
         "BATON_DOCKER_GID": str(os.stat("/var/run/docker.sock").st_gid),
         "BATON_FLOWER_USER": login[0],
         "BATON_FLOWER_PASSWORD": login[1],
@@ -134,18 +154,22 @@ def stack(baton_image: str, tmp_path: Path) -> Iterator[Stack]:
     }
     env_file = tmp_path / "compose.env"
     env_file.write_text("".join(f"{key}={value}\n" for key, value in env.items()))
-    made = Stack(f"batontest{secrets.token_hex(4)}", env_file, password, login, serve_login)
+    made = Stack(f"batontest{secrets.token_hex(4)}", env_file, passwords, login, serve_login)
     try:
         yield made
     finally:
         made.down()
 
 
+CONFIG_PASSWORDS = {user: f"{user}-password-0123456789" for user in ("default", *REDIS_USERS)}
+"""The Redis passwords `docker-compose config` renders with (no Redis runs)."""
+
+
 def _config(tmp_path: Path, **settings: str) -> dict[str, Any]:
     """`docker-compose config`: compose.yaml with the test's file, resolved against an env
     file of just the required settings and these."""
     required = {
-        "BATON_REDIS_PASSWORD": "x",
+        **redis_variables(CONFIG_PASSWORDS),
         "BATON_DOCKER_GID": "0",
         "BATON_FLOWER_USER": "u",
         "BATON_FLOWER_PASSWORD": "p",
@@ -157,7 +181,7 @@ def _config(tmp_path: Path, **settings: str) -> dict[str, Any]:
     tmp_path.mkdir(parents=True, exist_ok=True)
     env_file = tmp_path / "compose.env"
     env_file.write_text("".join(f"{k}={v}\n" for k, v in {**required, **settings}.items()))
-    stack = Stack("batonconfig", env_file, "x", ("u", "p"), ("s", "q"))
+    stack = Stack("batonconfig", env_file, CONFIG_PASSWORDS, ("u", "p"), ("s", "q"))
     config: dict[str, Any] = yaml.safe_load(stack.compose("config"))
     return config
 
@@ -194,7 +218,9 @@ def test_compose_serves_the_api_on_loopback_with_a_health_check_and_nothing_but_
     environment = serve["environment"]
     assert not set(WORKER_SECRETS) & set(environment)  # and each secret's own test below
     assert "DOCKER_HOST" not in environment
-    assert environment["BATON_REDIS_URL"] == "redis://:x@redis:6379/0"
+    assert (
+        environment["BATON_REDIS_URL"] == f"redis://serve:{CONFIG_PASSWORDS['serve']}@redis:6379/0"
+    )
     login = {key: environment[f"BATON_SERVE_{key}"] for key in ("USER", "PASSWORD", "SECRET")}
     assert login == {"USER": "s", "PASSWORD": "q", "SECRET": "k"}
     # No socket, no volume at all, no extra group; the least privilege Flower has, and more.
@@ -294,34 +320,96 @@ def _example_values(path: Path) -> dict[str, str]:
     return values
 
 
-def test_example_passwords_are_placeholders_and_redis_refuses_its_own(tmp_path: Path) -> None:
-    """Every password and secret in .env.example says `change-me`; Redis started with the
-    example's password exits before it serves (and the whole stack waits on Redis)."""
-    examples = _example_values(ROOT / ".env.example")
-    secret = [k for k in examples if re.search(r"PASSWORD|SECRET", k)]
-    assert {"BATON_REDIS_PASSWORD", "BATON_FLOWER_PASSWORD", "BATON_SERVE_SECRET"} <= set(secret)
-    for key in secret:
-        assert examples[key].startswith(PLACEHOLDER), key
-    # The script as Compose runs it, with a stand-in redis-server that shows what it was given.
+def _redis_users_mounted(config: dict[str, Any]) -> dict[str, Path]:
+    """Where the redis service finds each file it mounts, by its path in the container."""
+    found = {}
+    for volume in config["services"]["redis"]["volumes"]:
+        source, target, read_only = _mount(volume)
+        if source.startswith("/"):
+            assert read_only, target
+            found[target] = Path(source)
+    return found
+
+
+def _start_redis_script(
+    tmp_path: Path, variables: dict[str, str]
+) -> subprocess.CompletedProcess[str]:
+    """Redis's script as Compose runs it, its mounted files where they are in this repository,
+    with a stand-in redis-server that shows what it was given."""
     stand_in = tmp_path / "bin"
-    stand_in.mkdir()
+    stand_in.mkdir(exist_ok=True)
     (stand_in / "redis-server").write_text('#!/bin/sh\necho "args: $*"\ncat\n')
     (stand_in / "redis-server").chmod(0o755)
-    script = _redis_script(_config(tmp_path / "config"))
+    config = _config(tmp_path / "config")
+    script = _redis_script(config)
+    for target, source in _redis_users_mounted(config).items():
+        script = script.replace(target, str(source))
+    env = {"PATH": f"{stand_in}:/usr/bin:/bin", **variables}
+    return subprocess.run(["sh", "-c", script], env=env, capture_output=True, text=True, timeout=10)
 
-    def start(password: str) -> subprocess.CompletedProcess[str]:
-        env = {"PATH": f"{stand_in}:/usr/bin:/bin", "BATON_REDIS_PASSWORD": password}
-        return subprocess.run(
-            ["sh", "-c", script], env=env, capture_output=True, text=True, timeout=10
-        )
 
-    refused = start(examples["BATON_REDIS_PASSWORD"])
-    assert refused.returncode == 1 and refused.stdout == ""
-    assert "BATON_REDIS_PASSWORD is still the placeholder" in refused.stderr
-    started = start("0123abcd")
+def test_redis_makes_its_users_from_the_acl_kubernetes_uses_with_passwords_off_argv(
+    tmp_path: Path,
+) -> None:
+    mounted = _redis_users_mounted(_config(tmp_path / "config"))
+    assert {path.relative_to(ROOT) for path in mounted.values()} == {
+        Path("k8s/baton/redis-users.acl"),
+        Path("k8s/baton/redis-users.sh"),
+    }
+    passwords = redis_passwords()
+    started = _start_redis_script(tmp_path, redis_variables(passwords))
     assert started.returncode == 0, started.stderr
-    assert 'requirepass "0123abcd"' in started.stdout
-    assert "0123abcd" not in started.stdout.splitlines()[0]  # not on the command line
+    args, *config = started.stdout.splitlines()
+    assert not any(password in args for password in passwords.values())  # not on argv
+    made = {line.split()[1]: line.split()[4] for line in config}
+    assert made == {user: f">{password}" for user, password in passwords.items()}
+    # The operator's `cli` is made only when its password is set.
+    without_cli = {k: v for k, v in redis_variables(passwords).items() if "_CLI_" not in k}
+    assert "user cli " not in _start_redis_script(tmp_path, without_cli).stdout
+
+
+def test_each_service_logs_in_to_redis_as_its_own_user(tmp_path: Path) -> None:
+    config = _config(tmp_path)
+    services = config["services"]
+    users = {name: "worker" for name in STAGES} | {"serve": "serve", "flower": "flower"}
+    for name, user in users.items():
+        url = services[name]["environment"]["BATON_REDIS_URL"]
+        assert url == f"redis://{user}:{CONFIG_PASSWORDS[user]}@redis:6379/0", name
+        assert checked_config(url).url == url  # what Baton's settings accept
+    holders = {
+        name
+        for name, service in services.items()
+        if "BATON_REDIS_URL" in service.get("environment", {})
+    }
+    assert holders == set(users)
+    # Redis's admin password goes to Redis alone.
+    admin = CONFIG_PASSWORDS["default"]
+    for name, service in services.items():
+        exposed = admin in str(service.get("environment", {}))
+        assert exposed == (name == "redis"), name
+
+
+def test_example_passwords_are_placeholders_and_redis_refuses_its_own(tmp_path: Path) -> None:
+    """Every password and secret in .env.example says `change-me`; Redis started with an
+    example's password, or a short one, exits before it serves (and the whole stack waits on
+    Redis)."""
+    examples = _example_values(ROOT / ".env.example")
+    secret = [k for k in examples if re.search(r"PASSWORD|SECRET", k)]
+    assert {"BATON_FLOWER_PASSWORD", "BATON_SERVE_SECRET", *redis_variables(CONFIG_PASSWORDS)} <= (
+        set(secret)
+    )
+    for key in secret:
+        assert examples[key].startswith(PLACEHOLDER), key
+    good = redis_variables(redis_passwords())
+    for variable in good:
+        for wrong, said in (
+            (examples[variable], "still holds the example placeholder"),
+            ("0123abcd", "is shorter than 16 characters"),
+        ):
+            refused = _start_redis_script(tmp_path, {**good, variable: wrong})
+            assert refused.returncode == 1 and refused.stdout == "", variable
+            assert f"redis-users: {variable} {said}" in refused.stderr
+            assert wrong not in refused.stderr
 
 
 def _zombies_after_an_orphan_exits(
@@ -457,20 +545,27 @@ def _services(stack: Stack, client: docker.DockerClient, image: str) -> list[str
 
 
 def _check_redis(stack: Stack) -> None:
-    """Durable, never evicting, and closed without the password."""
-    client = redis.Redis.from_url(stack.redis_url(), decode_responses=True)
+    """Durable, never evicting, and closed without a password; its configuration is the
+    admin's to read, not the operator's user's."""
+    client = redis.Redis.from_url(stack.redis_url("default"), decode_responses=True)
     try:
         assert client.config_get("appendonly") == {"appendonly": "yes"}
         assert client.config_get("appendfsync") == {"appendfsync": "everysec"}
         assert client.config_get("maxmemory-policy") == {"maxmemory-policy": "noeviction"}
+        assert set(client.acl_users()) == {"default", *REDIS_USERS}
     finally:
         client.close()
-    anonymous = redis.Redis.from_url(stack.redis_url(password=False))
+    anonymous = redis.Redis.from_url(stack.redis_url(None))
+    operator = redis.Redis.from_url(stack.redis_url("cli"))
     try:
         with pytest.raises(redis.AuthenticationError):
             anonymous.ping()
+        assert operator.ping() is True
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            operator.config_get("requirepass")
     finally:
         anonymous.close()
+        operator.close()
 
 
 def _sample_repo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:

@@ -23,6 +23,7 @@ import yaml
 
 from images import build as images_build
 from images.build import image_tag, source_tag, write_overlay
+from orchestrator.connection import checked_config
 from orchestrator.pipeline import load_pipeline
 from orchestrator.queue import check_time_limits
 from orchestrator.server.app import API
@@ -65,8 +66,14 @@ from workers.settings import WorkerSettings
 KUBERNETES_VERSION = "1.30"
 """The oldest Kubernetes the manifests are for (native sidecars need 1.29 or later)."""
 KEDA_API = "keda.sh/v1alpha1"
-REDIS_URL = "redis://:$(BATON_REDIS_PASSWORD)@baton-redis.baton.svc:6379/0"
+REDIS_ADDRESS = "baton-redis.baton.svc:6379/0"
 """Redis by its namespace-qualified name: the code stages reach it from their own namespace."""
+REDIS_USERS = {
+    "worker": "baton-secrets",
+    "serve": "baton-serve-auth",
+    "flower": "baton-flower-auth",
+}
+"""Each Redis client's role (its container's name), and the Secret with its user's password."""
 METRICS_PORT = 9808
 """`BATON_METRICS_PORT` by convention (workers.settings)."""
 SERVE_PORT = 8080
@@ -283,21 +290,30 @@ def redis_clients() -> list[Doc]:
     return [c for doc in workloads() for _, c in containers(doc) if "BATON_REDIS_URL" in env(c)]
 
 
-def test_every_redis_client_builds_the_same_url_from_the_secret_password() -> None:
+def test_every_redis_client_logs_in_as_its_own_user_with_its_own_password() -> None:
     clients = redis_clients()
     assert len(clients) == len(FIXER_STAGES) + 2  # the workers, Flower and serve
+    redis_env = env(container(named("StatefulSet", "baton-redis"), "redis"))
     for client in clients:
+        user = client["name"]
+        variable = f"BATON_REDIS_{user.upper()}_PASSWORD"
         names = [var["name"] for var in client["env"]]
-        assert env(client)["BATON_REDIS_URL"]["value"] == REDIS_URL
+        assert env(client)["BATON_REDIS_URL"]["value"] == (
+            f"redis://{user}:$({variable})@{REDIS_ADDRESS}"
+        )
         # $(VAR) expands only variables defined before it.
-        assert names.index("BATON_REDIS_PASSWORD") < names.index("BATON_REDIS_URL")
-        assert env(client)["BATON_REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"] == {
-            "name": "baton-secrets",
-            "key": "BATON_REDIS_PASSWORD",
-        }
+        assert names.index(variable) < names.index("BATON_REDIS_URL")
+        assert "BATON_REDIS_PASSWORD" not in names  # Redis's admin password: Redis's own
+        mine = env(client)[variable]["valueFrom"]["secretKeyRef"]
+        assert mine == {"name": REDIS_USERS[user], "key": variable}
+        # Redis makes the user with the very same password (redis-users.sh reads `variable`).
+        assert redis_env[variable]["valueFrom"]["secretKeyRef"] == mine
+        # What Baton's settings accept: a user and a long enough password, for a remote host.
+        url = env(client)["BATON_REDIS_URL"]["value"].replace(f"$({variable})", "0" * 32)
+        assert checked_config(url).url == url
     # The Service by its namespace-qualified name, in the namespace where it really is.
     service = named("Service", "baton-redis")
-    host, port = REDIS_URL.split("@")[1].split("/")[0].split(":")
+    host, port = REDIS_ADDRESS.split("/")[0].split(":")
     assert host == f"baton-redis.{namespace_of(service)}.svc"
     assert service["spec"]["ports"][0]["port"] == int(port)
 
@@ -329,9 +345,23 @@ def test_redis_persists_every_second_never_evicts_and_keeps_its_password_off_arg
     # Room under the container's limit for the fork of an AOF rewrite.
     limit_mb = mebibytes(server["resources"]["limits"]["memory"])
     assert mebibytes(flags["--maxmemory"].removesuffix("b").upper()) <= 0.6 * limit_mb
-    assert 'requirepass "$REDISCLI_AUTH"' in script.splitlines()
-    secret = env(server)["REDISCLI_AUTH"]["valueFrom"]["secretKeyRef"]
-    assert secret == {"name": "baton-secrets", "key": "BATON_REDIS_PASSWORD"}
+    # The users, made from the ACL and the script in the ConfigMap mounted where it runs them.
+    assert script.splitlines()[0] == (
+        "users=$(sh /etc/baton-redis/redis-users.sh /etc/baton-redis/redis-users.acl) || exit 1"
+    )
+    assert {"name": "users", "mountPath": "/etc/baton-redis", "readOnly": True} in server[
+        "volumeMounts"
+    ]
+    volumes = {v["name"]: v for v in redis["spec"]["template"]["spec"]["volumes"]}
+    users = named("ConfigMap", volumes["users"]["configMap"]["name"], NAMESPACE)["data"]
+    for name in ("redis-users.acl", "redis-users.sh"):
+        assert users[name] == (K8S / "baton" / name).read_text()
+    # The admin password, for the probes too, from a Secret of Redis's namespace alone.
+    admin = {"name": "baton-redis-auth", "key": "BATON_REDIS_PASSWORD"}
+    for variable in ("REDISCLI_AUTH", "BATON_REDIS_PASSWORD"):
+        assert env(server)[variable]["valueFrom"]["secretKeyRef"] == admin
+    assert not [s for s in of_kind("Secret") if s["metadata"]["name"] == "baton-redis-auth"
+                and namespace_of(s) != NAMESPACE]  # fmt: skip
     (claim,) = redis["spec"]["volumeClaimTemplates"]
     mount = {"name": claim["metadata"]["name"], "mountPath": flags["--dir"]}
     assert mount in server["volumeMounts"]
@@ -354,7 +384,7 @@ def test_flower_runs_once_on_its_port_with_probes_on_healthcheck() -> None:
         {"name": "http", "port": 5555, "targetPort": "http"}
     ]
     secrets = {v["valueFrom"]["secretKeyRef"]["key"] for v in app["env"] if "valueFrom" in v}
-    assert secrets == {"BATON_FLOWER_USER", "BATON_FLOWER_PASSWORD", "BATON_REDIS_PASSWORD"}
+    assert secrets == {"BATON_FLOWER_USER", "BATON_FLOWER_PASSWORD", "BATON_REDIS_FLOWER_PASSWORD"}
 
 
 def serve() -> Doc:
@@ -390,7 +420,7 @@ def test_serve_takes_its_login_and_cookie_key_from_its_own_secret() -> None:
         "BATON_SERVE_SECRET": {**own, "key": "BATON_SERVE_SECRET"},
         "BATON_SERVE_LOGINS": {**own, "key": "BATON_SERVE_LOGINS", "optional": True},
         "BATON_SERVE_TOKENS": {**own, "key": "BATON_SERVE_TOKENS", "optional": True},
-        "BATON_REDIS_PASSWORD": {"name": "baton-secrets", "key": "BATON_REDIS_PASSWORD"},
+        "BATON_REDIS_SERVE_PASSWORD": {**own, "key": "BATON_REDIS_SERVE_PASSWORD"},
     }
     assert "envFrom" not in app
     literal = {var["name"] for var in app["env"] if "value" in var}
@@ -422,7 +452,7 @@ def test_serve_settings_read_from_its_environment_make_a_control_login(
             monkeypatch.setenv(var["name"], values[ref["key"]])
         elif var["name"].startswith("BATON_SERVE_"):
             monkeypatch.setenv(var["name"], var["value"])
-    for key in values:
+    for key in [key for key in values if key.startswith("BATON_SERVE_")]:
         field = key.removeprefix("BATON_SERVE_").lower()
         assert field in ServeSettings.model_fields, f"baton serve has no setting {key}"
     settings = ServeSettings()
@@ -616,7 +646,9 @@ def test_every_secret_and_config_map_reference_names_a_key_the_kustomization_def
         ("Secret", NAMESPACE, "baton-secrets"),
         ("Secret", NAMESPACE, "baton-flower-auth"),
         ("Secret", NAMESPACE, "baton-serve-auth"),
+        ("Secret", NAMESPACE, "baton-redis-auth"),
         ("ConfigMap", NAMESPACE, "baton-config"),
+        ("ConfigMap", NAMESPACE, "baton-redis-users"),
         ("Secret", SANDBOX_NAMESPACE, "baton-secrets"),
         ("Secret", SANDBOX_NAMESPACE, "baton-github"),
         ("ConfigMap", SANDBOX_NAMESPACE, "baton-config"),
@@ -680,8 +712,11 @@ def test_each_kustomization_lists_every_manifest_beside_it_and_only_existing_fil
         env_files = [name for gen in spec.get("secretGenerator", []) for name in gen["envs"]]
         examples = {p.name.removesuffix(".example") for p in directory.glob("*.example")}
         assert sorted(examples) == sorted(env_files), directory
+        files = [name for gen in spec.get("configMapGenerator", []) for name in gen["files"]]
+        assert all((directory / name).is_file() for name in files), directory
         # Nothing else: the env files themselves are the operator's, git-ignored.
-        others = {"kustomization.yaml", "README.md", ".gitignore", "namespaces.yaml", *env_files}
+        others = {"kustomization.yaml", "README.md", ".gitignore", "namespaces.yaml", *env_files,
+                  *files}  # fmt: skip
         subdirectories = {d.name for d in kustomization_directories() if d.parent == directory}
         allowed = manifests | examples | {f"{n}.example" for n in env_files} | others
         assert {p.name for p in directory.iterdir()} <= allowed | subdirectories, directory
@@ -691,6 +726,7 @@ def test_each_kustomization_lists_every_manifest_beside_it_and_only_existing_fil
         "flower.env",
         "serve.env",
         "github.env",
+        "redis.env",
     }
     assert all(path.name in ignored for paths in generated_env_files().values() for path in paths)
 

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import shutil
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import kubernetes_validate
 import pytest
@@ -32,7 +34,6 @@ from tests.deploy.manifests import (
     container,
     containers,
     env,
-    env_file,
     kustomization,
     kustomization_directories,
     mebibytes,
@@ -307,56 +308,119 @@ def test_every_example_secret_is_a_recognisable_placeholder() -> None:
         assert PLACEHOLDER in value, where
 
 
-def secret_data() -> dict[str, str]:
-    """The Secret `baton-secrets` as the example env file and the generator's literals make it."""
-    secret = next(s for s in of_kind("Secret") if s["metadata"]["name"] == "baton-secrets")
+def secret_data(name: str = "baton-secrets", namespace: str = NAMESPACE) -> dict[str, str]:
+    """A Secret as the example env files and the generator's literals make it."""
+    (secret,) = [
+        s
+        for s in of_kind("Secret")
+        if s["metadata"]["name"] == name and namespace_of(s) == namespace
+    ]
     return {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
 
 
+def redis_server_container() -> dict[str, Any]:
+    return container(named("StatefulSet", "baton-redis"), "redis")
+
+
 def redis_environment(chosen: dict[str, str]) -> dict[str, str]:
-    """The Redis container's environment: each variable from its key of `baton-secrets`, with
-    the values `chosen` gives some keys."""
-    data = {**secret_data(), **chosen}
-    server = container(named("StatefulSet", "baton-redis"), "redis")
-    return {n: data[v["valueFrom"]["secretKeyRef"]["key"]] for n, v in env(server).items()}
+    """The Redis container's environment: each variable from its Secret's key, a value `chosen`
+    gives a key instead of the example's; an optional key that no Secret has is left unset."""
+    found = {}
+    for name, var in env(redis_server_container()).items():
+        ref = var["valueFrom"]["secretKeyRef"]
+        data = {**secret_data(ref["name"]), **chosen}
+        if ref["key"] in data:
+            found[name] = data[ref["key"]]
+        else:
+            assert ref.get("optional"), f"{name}: no key {ref['key']} in {ref['name']}"
+    return found
 
 
-def redis_script() -> list[str]:
-    return list(container(named("StatefulSet", "baton-redis"), "redis")["command"])
+def redis_script(tmp_path: Path) -> list[str]:
+    """Redis's start command, with the folder its ConfigMap is mounted at moved to where the
+    ConfigMap's files are in this repository (kustomize makes the ConfigMap of them)."""
+    server = redis_server_container()
+    (mount,) = [m for m in server["volumeMounts"] if m["name"] == "users"]
+    return [part.replace(mount["mountPath"], str(K8S / "baton")) for part in server["command"]]
 
 
-CHOSEN = {"BATON_REDIS_PASSWORD": "admin0123", "BATON_REDIS_KEDA_PASSWORD": "keda4567"}
+PASSWORDS = sorted(name for name in env(redis_server_container()) if name.endswith("_PASSWORD"))
+"""Every password Redis's container is given: the admin's and each user's."""
 
 
-@pytest.mark.parametrize("password", sorted(CHOSEN))
-def test_redis_refuses_to_start_with_an_example_password(password: str, tmp_path: Path) -> None:
+def password_key(variable: str) -> dict[str, Any]:
+    """The Secret key a password variable of Redis's container comes from."""
+    ref: dict[str, Any] = env(redis_server_container())[variable]["valueFrom"]["secretKeyRef"]
+    return ref
+
+
+CHOSEN = {
+    password_key(name)["key"]: f"{name.lower()}-0123456789"
+    for name in PASSWORDS
+    if not password_key(name).get("optional")
+}
+"""A password of the test's (16 characters or more) for each key, but the optional ones, which
+the examples leave out."""
+
+
+def start_redis_script(tmp_path: Path, chosen: dict[str, str]) -> subprocess.CompletedProcess[str]:
     """Redis's own script, run with a stand-in redis-server that shows what it was given."""
     stand_in = tmp_path / "redis-server"
     stand_in.write_text('#!/bin/sh\necho "args: $*"\ncat\n')
     stand_in.chmod(0o755)
-    path = {"PATH": f"{tmp_path}:/usr/bin:/bin"}
-    example = env_file(K8S / "common" / "secrets.env")[password]
-    assert PLACEHOLDER in example
+    environment = {"PATH": f"{tmp_path}:/usr/bin:/bin", **redis_environment(chosen)}
+    return subprocess.run(
+        redis_script(tmp_path), env=environment, capture_output=True, text=True, timeout=10
+    )
 
-    def start(chosen: dict[str, str]) -> subprocess.CompletedProcess[str]:
-        environment = {**path, **redis_environment(chosen)}
-        return subprocess.run(
-            redis_script(), env=environment, capture_output=True, text=True, timeout=10
-        )
 
-    refused = start({**CHOSEN, password: example})
-    assert refused.returncode == 1 and refused.stdout == ""
-    assert "a Redis password is still the placeholder" in refused.stderr
-    started = start(CHOSEN)
+def test_redis_makes_every_user_of_the_acl_with_its_password_and_none_on_argv(
+    tmp_path: Path,
+) -> None:
+    started = start_redis_script(tmp_path, CHOSEN)
     assert started.returncode == 0, started.stderr
-    assert 'requirepass "admin0123"' in started.stdout.splitlines()
+    args, *config = started.stdout.splitlines()
+    assert not any(password in args for password in CHOSEN.values())
+    users = {line.split()[1]: line for line in config if line.startswith("user ")}
+    acl_users = re.findall(r"^user (\S+)$", (K8S / "baton" / "redis-users.acl").read_text(), re.M)
+    # Every user of the ACL but the operator's optional `cli`, whose key the example leaves out.
+    assert "cli" in acl_users and set(users) == set(acl_users) - {"cli"}
+    for user, line in users.items():
+        variable = (
+            "BATON_REDIS_PASSWORD" if user == "default" else f"BATON_REDIS_{user.upper()}_PASSWORD"
+        )
+        assert line.startswith(f"user {user} reset on >{CHOSEN[password_key(variable)['key']]} ")
+    with_cli = start_redis_script(tmp_path, {**CHOSEN, "BATON_REDIS_CLI_PASSWORD": "c" * 16})
+    assert "user cli reset on >cccccccccccccccc " in with_cli.stdout
+
+
+@pytest.mark.parametrize("variable", PASSWORDS)
+def test_redis_refuses_to_start_with_a_placeholder_short_or_unsafe_password(
+    variable: str, tmp_path: Path
+) -> None:
+    key = password_key(variable)["key"]
+    examples = {where.partition(":")[2]: value for where, value in example_secrets().items()}
+    assert PLACEHOLDER in examples[key]
+    for wrong, said in (
+        (examples[key], "still holds the example placeholder"),
+        ("", "is shorter than 16 characters"),
+        ("a1b2c3d4e5f6a7b", "is shorter than 16 characters"),
+        ("a1b2c3d4e5f6a7b8 +@all", "may hold only letters, digits"),
+        ('a1b2c3d4e5f6a7b8"x', "may hold only letters, digits"),
+    ):
+        refused = start_redis_script(tmp_path, {**CHOSEN, key: wrong})
+        assert refused.returncode == 1 and refused.stdout == "", (wrong, refused.stdout)
+        lines = refused.stderr.splitlines()
+        assert any(line.startswith(f"redis-users: {variable} {said}") for line in lines), lines
+        assert wrong == "" or wrong not in refused.stderr  # never the value itself
 
 
 def test_keda_logs_in_to_redis_as_a_user_that_may_only_read_the_queue_lengths(
     tmp_path: Path,
 ) -> None:
-    """The manifest's Redis start script runs the real redis-server (only its data directory
-    and port moved to the test's), and a client logs in the way keda-auth.yaml says KEDA does."""
+    """The manifest's Redis start script runs the real redis-server (only its data directory,
+    port and the ConfigMap's folder moved to the test's), and a client logs in the way
+    keda-auth.yaml says KEDA does."""
     real = shutil.which("redis-server")
     assert real is not None, "redis-server is not installed: run `make setup`"
     port = free_port()
@@ -369,7 +433,7 @@ def test_keda_logs_in_to_redis_as_a_user_that_may_only_read_the_queue_lengths(
     )
     moved.chmod(0o755)
     proc = subprocess.Popen(
-        redis_script(),
+        redis_script(tmp_path),
         env={"PATH": f"{moved.parent}:/usr/bin:/bin", **redis_environment(CHOSEN)},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -380,7 +444,7 @@ def test_keda_logs_in_to_redis_as_a_user_that_may_only_read_the_queue_lengths(
     keda = redis.Redis(
         port=port, username=values[login["username"]], password=values[login["password"]]
     )
-    admin = redis.Redis(port=port, password=CHOSEN["BATON_REDIS_PASSWORD"])
+    admin = redis.Redis(port=port, password=redis_environment(CHOSEN)["BATON_REDIS_PASSWORD"])
     queues = [
         trigger["metadata"]["listName"]
         for doc in of_kind("ScaledObject")

@@ -198,7 +198,7 @@ def test_flower_refuses_a_wrong_password_but_answers_health_checks(flower: Flowe
     assert right.status_code == 200
     assert (health.status_code, health.text) == (200, "OK")
     cmdline = Path(f"/proc/{flower.proc.pid}/cmdline").read_bytes()
-    assert b"celery\x00flower" in cmdline
+    assert b"celery\x00-A\x00orchestrator.flower_app\x00flower" in cmdline
     assert flower.password.encode() not in cmdline + flower.log.read_bytes()
 
 

@@ -194,6 +194,6 @@ def test_the_example_files_placeholders_are_refused_as_secrets() -> None:
     ServeSettings(user="ana", password=SecretStr("9f8e7d6c")).check_secrets()  # no error
     with pytest.raises(ConfigError, match="BATON_FLOWER_PASSWORD still hold"):
         flower_config(
-            "redis://r", FlowerCredentials(user="ops", password=SecretStr("change-me-too")),
+            FlowerCredentials(user="ops", password=SecretStr("change-me-too")),
             port=5555, address="0.0.0.0", auth=True,
         )  # fmt: skip
