@@ -11,10 +11,6 @@ import pytest
 
 from bench import claims, docs
 
-PENDING = {"docs/redis.md"}
-"""Pages that land from the other branches of issue 22 (the sandbox gate, Redis, `baton serve`,
-the dependencies, the lead's threat model): linked already, allowed to be missing until then.
-Remove each name once its page is in the tree."""
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 DOCUMENTS = docs.documents()
 
@@ -45,7 +41,7 @@ def anchors(doc: Path) -> set[str]:
 
 
 def broken_links(doc: Path, root: Path = docs.ROOT) -> list[str]:
-    """Each relative link of `doc` whose file, or heading, does not exist (`PENDING` aside)."""
+    """Each relative link of `doc` whose file, or heading, does not exist."""
     text = re.sub(r"^```.*?^```", "", doc.read_text(), flags=re.DOTALL | re.MULTILINE)
     text = re.sub(claims.CODE_SPAN, "", text)
     broken, here = [], doc.relative_to(root).as_posix()
@@ -56,8 +52,7 @@ def broken_links(doc: Path, root: Path = docs.ROOT) -> list[str]:
         file = (doc.parent / path).resolve() if path else doc
         name = file.relative_to(root).as_posix() if file.is_relative_to(root) else str(file)
         if not file.exists():
-            if name not in PENDING:
-                broken.append(f"{here}: {target} (no {name})")
+            broken.append(f"{here}: {target} (no {name})")
         elif anchor and file.suffix == ".md" and anchor not in anchors(file):
             broken.append(f"{here}: {target} (no heading #{anchor} in {name})")
     return broken
@@ -127,12 +122,12 @@ def test_an_allowed_limit_is_allowed_only_where_it_is_listed(tmp_path: Path) -> 
     ]
 
 
-def test_a_broken_link_or_anchor_is_found_and_a_pending_page_is_not(tmp_path: Path) -> None:
+def test_a_broken_link_or_anchor_is_found(tmp_path: Path) -> None:
     _doc(tmp_path, "docs/usage.md", "# Using Baton\n\n## The `baton` command\n")
     doc = _doc(
         tmp_path, "docs/page.md",
         "[ok](usage.md#the-baton-command) [gone](missing.md) [no heading](usage.md#nowhere) "
-        "[pending](redis.md) [web](https://example.com/x.md) [self](#page)\n\n# Page\n",
+        "[web](https://example.com/x.md) [self](#page)\n\n# Page\n",
     )  # fmt: skip
     assert broken_links(doc, tmp_path) == [
         "docs/page.md: missing.md (no docs/missing.md)",

@@ -233,5 +233,5 @@ def test_the_settings_table_of_docs_serve_md_names_every_setting_with_its_defaul
     for field, default in documented.items():
         literal = re.fullmatch(r"`(.*)`", default)
         if literal:  # a value written as the variable would hold it
-            expected = ServeSettings.model_fields[field].default
+            expected = ServeSettings.model_fields[field].get_default(call_default_factory=True)
             assert literal[1] == json.dumps(expected), field
