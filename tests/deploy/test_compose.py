@@ -136,9 +136,11 @@ def stack(baton_image: str, tmp_path: Path) -> Iterator[Stack]:
     passwords = redis_passwords()
     login = ("baton", secrets.token_hex(8))
     serve_login = ("operator", secrets.token_hex(8))
+    project = f"batontest{secrets.token_hex(4)}"
     env = {
         "BATON_IMAGE": baton_image,
         "BATON_REDIS_IMAGE": BASE_TAG,
+        "BATON_EGRESS_VOLUME": f"{project}-egress",
         **redis_variables(passwords),
         "BATON_DOCKER_GID": str(os.stat("/var/run/docker.sock").st_gid),
         "BATON_FLOWER_USER": login[0],
@@ -154,7 +156,7 @@ def stack(baton_image: str, tmp_path: Path) -> Iterator[Stack]:
     }
     env_file = tmp_path / "compose.env"
     env_file.write_text("".join(f"{key}={value}\n" for key, value in env.items()))
-    made = Stack(f"batontest{secrets.token_hex(4)}", env_file, passwords, login, serve_login)
+    made = Stack(project, env_file, passwords, login, serve_login)
     try:
         yield made
     finally:
@@ -276,6 +278,37 @@ def test_secrets_and_the_docker_socket_reach_only_the_services_that_use_them(
     assert "GOOGLE_API_KEY" not in gate.get("environment", {})
     assert gate["cap_drop"] == ["ALL"] and gate["read_only"] is True
     assert gate["user"].split(":")[0] not in ("", "0", "root")
+
+
+def test_only_the_builder_holds_the_gate_s_build_socket_and_the_egress_folder(
+    tmp_path: Path,
+) -> None:
+    """Builds are asked for through the gate's build socket, which no code stage mounts; the
+    builder serves the egress proxy on the volume the gate lets a build container bind, and
+    gets no model key or token."""
+    config = _config(tmp_path, GOOGLE_API_KEY="model-key", BATON_GITHUB_TOKEN="gh-token")
+    services = config["services"]
+    holders = {
+        name for name, service in services.items()
+        for volume in service.get("volumes", []) if _mount(volume)[0] == "sandbox-gate-build"
+    }  # fmt: skip
+    assert holders == {"builder", "sandbox-gate"}
+    builder = services["builder"]
+    assert builder["command"][:2] == ["worker", "--builder"]
+    environment = builder["environment"]
+    assert environment["DOCKER_HOST"] == "unix:///run/baton-build/docker.sock"
+    assert "GOOGLE_API_KEY" not in environment and "BATON_GITHUB_TOKEN" not in environment
+    egress = [_mount(v) for v in builder["volumes"] if _mount(v)[1] == "/run/baton-egress"]
+    assert egress == [("egress", "/run/baton-egress", False)]
+    assert config["volumes"]["egress"]["name"] == environment["BATON_BUILD__EGRESS_SOURCE"]
+    gate = services["sandbox-gate"]["command"]
+    assert "--build-listen=/run/baton-build/docker.sock" in gate
+    assert f"--allow-egress-source={environment['BATON_BUILD__EGRESS_SOURCE']}" in gate
+    assert not any(a.startswith("--allow-network") for a in gate)
+    for name in STAGES:
+        handoff = services[name]["environment"].get("BATON_BUILD__HANDOFF")
+        through_gate = "DOCKER_HOST" in services[name]["environment"]
+        assert handoff == ("true" if through_gate else None), name
 
 
 def _mount(volume: str | dict[str, Any]) -> tuple[str, str, bool]:
@@ -459,7 +492,7 @@ def test_compose_stack_fixes_the_demo_issue_end_to_end_and_leaves_nothing_behind
     try:
         settings = Settings(redis_url=stack.redis_url())
         _check_redis(stack)
-        repo = _sample_repo(tmp_path, monkeypatch)
+        repo = _sample_repo(tmp_path, monkeypatch, git)
         run_id = api.enqueue(
             SENTRY_EVENT.read_bytes(), repo=str(repo), pipeline="fixer", settings=settings
         )
@@ -472,6 +505,10 @@ def test_compose_stack_fixes_the_demo_issue_end_to_end_and_leaves_nothing_behind
         _check_no_worker_mounts_the_docker_socket(stack, client)
         gate_log = stack.compose("logs", "--no-color", "sandbox-gate")
         assert "refused" not in gate_log, gate_log[-2000:]
+        # The environment was built by `builder` (the code stages hand builds over), and the
+        # build container reached the registry through its egress proxy.
+        builder_log = stack.compose("logs", "--no-color", "builder")
+        assert f"built baton-env:{run.environment}" in builder_log, builder_log[-2000:]
         assert {name: run.stages[name].status for name in STAGES} == dict.fromkeys(
             STAGES, StageStatus.DONE
         )
@@ -568,11 +605,19 @@ def _check_redis(stack: Stack) -> None:
         operator.close()
 
 
-def _sample_repo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """The demo's bare repository, owned by the workers' user, as a deployment must have it.
-    The host trusts it for its own git commands (it is another user's repository)."""
+def _sample_repo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, git: Git) -> Path:
+    """The demo's bare repository, owned by the workers' user, as a deployment must have it,
+    with a dependency file added: its environment is built (by `builder`, through the gate's
+    build socket, its downloads through the egress proxy). The host trusts it for its own git
+    commands (it is another user's repository)."""
     repos = tmp_path / "repos"
     repo = make_sample_repo(repos / "shopcart.git")
+    work = tmp_path / "work"
+    git("clone", "-q", repo, work)
+    (work / "requirements.txt").write_text("iniconfig==2.0.0\n")
+    git("add", "requirements.txt", cwd=work)
+    git("commit", "-q", "-m", "requirements.txt", cwd=work)
+    git("push", "-q", "origin", "HEAD:main", cwd=work)
     for path in [repos, *repos.rglob("*")]:
         os.chown(path, WORKER_UID, WORKER_UID, follow_symlinks=False)
     home = tmp_path / "home"

@@ -292,10 +292,11 @@ def redis_clients() -> list[Doc]:
 
 def test_every_redis_client_logs_in_as_its_own_user_with_its_own_password() -> None:
     clients = redis_clients()
-    assert len(clients) == len(FIXER_STAGES) + 2  # the workers, Flower and serve
+    # The workers, each code stage's environment builder (a worker too), Flower and serve.
+    assert len(clients) == len(FIXER_STAGES) + len(CODE_STAGES) + 2
     redis_env = env(container(named("StatefulSet", "baton-redis"), "redis"))
     for client in clients:
-        user = client["name"]
+        user = "worker" if client["name"] == "builder" else client["name"]
         variable = f"BATON_REDIS_{user.upper()}_PASSWORD"
         names = [var["name"] for var in client["env"]]
         assert env(client)["BATON_REDIS_URL"]["value"] == (
@@ -564,8 +565,8 @@ def test_the_overlay_make_images_writes_runs_this_source_and_pins_every_other_im
     ]
     ours = [image for image in images if image == pushed]
     theirs = [image for image in images if image != pushed]
-    # Workers, Flower, serve, Redis, and the code stages' sandbox gates.
-    assert len(ours) == len(FIXER_STAGES) + 3 + len(CODE_STAGES)
+    # Workers, Flower, serve, Redis, and the code stages' sandbox gates and builders.
+    assert len(ours) == len(FIXER_STAGES) + 3 + 2 * len(CODE_STAGES)
     assert theirs and all(PINNED.fullmatch(image) for image in theirs), theirs
     assert {image.split("@")[0] for image in theirs} == {"docker:27-dind"}
 

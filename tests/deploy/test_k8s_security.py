@@ -301,6 +301,33 @@ def example_secrets() -> dict[str, str]:
     return values
 
 
+@pytest.mark.parametrize("stage", CODE_STAGES)
+def test_only_the_builder_holds_the_gate_s_build_socket_and_the_egress_folder(stage: str) -> None:
+    """In each code-stage pod the gate's build socket is on a volume only the gate and the
+    builder mount; the egress folder only the builder and the daemon, at the path the gate
+    lets a build bind; the worker hands builds over; the builder has no model key or token."""
+    pod = named("Deployment", f"baton-worker-{stage}")
+    mounts = {
+        c["name"]: {m["name"]: m["mountPath"] for m in c.get("volumeMounts", [])}
+        for _, c in containers(pod)
+    }
+    assert {name for name, m in mounts.items() if "gate-build-socket" in m} == {
+        "sandbox-gate", "builder",
+    }  # fmt: skip
+    assert {name for name, m in mounts.items() if "egress" in m} == {"dind", "builder"}
+    assert mounts["dind"]["egress"] == mounts["builder"]["egress"] == "/run/baton-egress"
+    gate = container(pod, "sandbox-gate")["args"]
+    assert "--build-listen=/var/run/gate-build/docker.sock" in gate
+    assert "--allow-egress-source=/run/baton-egress" in gate
+    assert not any(a.startswith("--allow-network") for a in gate)
+    builder, worker = env(container(pod, "builder")), env(container(pod, "worker"))
+    assert builder["DOCKER_HOST"]["value"] == "unix:///var/run/gate-build/docker.sock"
+    assert builder["BATON_BUILD__EGRESS_SOURCE"]["value"] == "/run/baton-egress"
+    assert "GOOGLE_API_KEY" not in builder and "BATON_GITHUB_TOKEN" not in builder
+    assert worker["BATON_BUILD__HANDOFF"]["value"] == "true"
+    assert worker["DOCKER_HOST"]["value"] == "unix:///var/run/gate/docker.sock"
+
+
 def test_every_example_secret_is_a_recognisable_placeholder() -> None:
     values = example_secrets()
     assert len(values) >= 5
