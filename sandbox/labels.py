@@ -6,7 +6,10 @@ the labels.
     baton.owner   = <host>:<pid>:<start time>  the process that created it
 
 A pid alone is not an identity (pids are reused), so the owner also names the process's start
-time, in clock ticks since boot, as Linux reports it in /proc/<pid>/stat.
+time, in clock ticks since boot, as Linux reports it in /proc/<pid>/stat. Nor is a host name:
+the containers of one Kubernetes pod share the pod's (a worker and its environment builder),
+each with pids of its own. So <host> is the host name and the process's pid namespace
+(`<hostname>/<namespace inode>`): a reaper judges only the owners whose pids it can see.
 
 An execution's sandbox also says whose it is: its labels `baton.run`, `baton.stage` and
 `baton.attempt` when it was started for it, and always its name,
@@ -91,7 +94,17 @@ def _pid_exists(pid: int) -> str | None:
 
 @cache
 def _owner(pid: int) -> str:
-    return f"{socket.gethostname()}:{pid}:{process_start_time(pid) or '?'}"
+    return f"{_host()}:{pid}:{process_start_time(pid) or '?'}"
+
+
+def _host(hostname: str | None = None) -> str:
+    """This host's name and the pid namespace this process sees (its inode; `?` without
+    /proc), as an owner names them."""
+    try:
+        namespace = str(os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:
+        namespace = "?"
+    return f"{hostname or socket.gethostname()}/{namespace}"
 
 
 def owner() -> str:
@@ -100,15 +113,15 @@ def owner() -> str:
 
 
 def owner_is_gone(value: str, *, hostname: str | None = None) -> bool:
-    """True when `value` names a process on this host that no longer exists: its pid is gone,
-    or now belongs to a process that started at another time. Another host's owners are never
-    gone from here: their sandboxes expire instead."""
+    """True when `value` names a process of this host and pid namespace that no longer exists:
+    its pid is gone, or now belongs to a process that started at another time. The owners of
+    another host or pid namespace are never gone from here: their sandboxes expire instead."""
     try:
         host, pid_text, started = value.rsplit(":", 2)
         pid = int(pid_text)
     except ValueError:
         return False
-    if host != (hostname or socket.gethostname()):
+    if host != _host(hostname) or host.endswith("/?"):
         return False
     now = process_start_time(pid)
     return now is None or (started != "?" and now != "?" and now != started)

@@ -30,6 +30,7 @@ import h11
 from pydantic import BaseModel, ConfigDict, Field
 
 from sandbox.gate.errors import Refused
+from sandbox.gate.idle import IdleConnections
 from sandbox.gate.lookup import Container, Lookup
 from sandbox.gate.peer import Dropped, Peer, splice
 from sandbox.gate.policy import GatePolicy, touch_refusal
@@ -56,7 +57,7 @@ class ConnectionLimits(BaseModel):
     streamed archive or an answer being taken may stall."""
     idle_timeout_s: float = Field(300.0, gt=0)
     """How long a kept-alive connection may wait for its next request."""
-    max_connections: int = Field(64, ge=1)
+    max_connections: int = Field(128, ge=1)
     """Connections served at once on one socket; more wait to be accepted (and are logged)."""
 
 
@@ -77,6 +78,7 @@ class Gate:
         self.docker_url = docker_url
         self.limits = limits
         self.lookup = Lookup(docker_url)
+        self.idle = IdleConnections()
 
     def connect(self) -> socket.socket:
         """A new connection to dockerd."""
@@ -118,7 +120,8 @@ class _Session:
         """Serve the next request; False when the connection is over."""
         if not self.client.http.trailing_data[0]:
             try:
-                first = self.client.receive(stall_s=self.limits.idle_timeout_s)
+                with self.gate.idle.waiting(self.client.sock, build=self.build_socket):
+                    first = self.client.receive(stall_s=self.limits.idle_timeout_s)
             except Dropped:
                 logger.debug("closed a connection idle for %.0f s", self.limits.idle_timeout_s)
                 return False

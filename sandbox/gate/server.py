@@ -1,9 +1,10 @@
 """The gate's listening sockets: the ordinary one and, if asked for, the build socket, each
 serving at most `max_connections` clients at once, one thread per connection.
 
-Beyond that many, a socket stops accepting: new clients wait in the kernel's listen backlog
-(their `connect` succeeds, their request is read once a connection ends) and the gate logs
-that it is full, once per time it fills up.
+Beyond that many, a socket first closes the connection that has waited the longest for its
+next request (`idle.py`: its client reconnects); with none idle, it stops accepting: new clients
+wait in the kernel's listen backlog (their `connect` succeeds, their request is read once a
+connection ends) and the gate logs that it is full, once per time it fills up.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from sandbox.gate.idle import MIN_IDLE_S
 from sandbox.gate.policy import GatePolicy
 from sandbox.gate.proxy import ConnectionLimits, Gate
 
@@ -107,7 +109,8 @@ def _accept(gate: Gate, listener: Listener, sock: socket.socket) -> None:
         if not slots.acquire(blocking=False):
             logger.warning("%s: %d connections at once, the most (--max-connections); new ones "
                            "wait to be accepted", listener.name, most)  # fmt: skip
-            slots.acquire()
+            while not slots.acquire(timeout=MIN_IDLE_S):
+                gate.idle.close_oldest(build=listener.build)  # its slot comes back at once
         try:
             conn, _ = sock.accept()
         except OSError as exc:

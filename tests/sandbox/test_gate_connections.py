@@ -1,7 +1,7 @@
 """The gate keeps up with clients that do not: a real `baton sandbox-gate` drops a client that
 sends its request slowly, closes a kept-alive connection left idle, never cuts an exec's
 stream however long its command is silent, and serves at most `--max-connections` clients at
-once per socket while the rest wait."""
+once per socket: the rest wait for a busy one, or take the place of the one idle longest."""
 
 from __future__ import annotations
 
@@ -143,19 +143,23 @@ def test_an_exec_stream_silent_longer_than_every_bound_is_not_cut(
         assert result.duration_s >= silent_s
 
 
-def test_clients_beyond_the_connection_cap_wait_and_are_served_in_turn(
+def test_beyond_the_cap_a_client_waits_for_a_busy_one_and_takes_an_idle_one_s_place(
     docker_client: docker.DockerClient, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
+    """A connection reading its request is busy and keeps its slot; one waiting for its next
+    request is idle, and the longest idle is closed to make room (its client reconnects)."""
     folder = tmp_path_factory.mktemp("gate-capped")
     with started_gate(folder, "--max-connections", "2") as gate, ExitStack() as stack:
         first, second = (stack.enter_context(closing(connected(gate.socket))) for _ in range(2))
-        assert answer_to(first).startswith(b"HTTP/1.1 200")
-        assert answer_to(second).startswith(b"HTTP/1.1 200")
+        for busy in (first, second):
+            busy.sendall(PING[:10])  # a request under way
         third = stack.enter_context(closing(connected(gate.socket)))  # in the backlog
         third.sendall(PING)
         third.settimeout(1.5)
         with pytest.raises(TimeoutError):
             third.recv(4096)
-        first.close()
-        assert answer_to(third, b"").startswith(b"HTTP/1.1 200")
+        assert answer_to(first, PING[10:]).startswith(b"HTTP/1.1 200")  # now first idles
+        assert answer_to(third, b"").startswith(b"HTTP/1.1 200")  # in first's place
+        assert closed_after(first) < 1.0  # closed for room
+        assert answer_to(second, PING[10:]).startswith(b"HTTP/1.1 200")  # busy: kept
     assert "socket: 2 connections at once, the most (--max-connections)" in gate.log.read_text()

@@ -57,7 +57,8 @@ def test_a_sandbox_carries_the_callers_labels_and_its_own(
     assert labels["baton.attempt"] == "2"
     assert before + 1800 - 2 <= int(labels["baton.expires"]) <= time.time() + 1800
     host, pid, started = labels["baton.owner"].split(":")
-    assert (host, int(pid)) == (socket.gethostname(), os.getpid())
+    namespace = os.stat("/proc/self/ns/pid").st_ino
+    assert (host, int(pid)) == (f"{socket.gethostname()}/{namespace}", os.getpid())
     assert started.isdigit()
     assert found["Name"].startswith("/baton-sbx-")
 

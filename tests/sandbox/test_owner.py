@@ -11,12 +11,15 @@ import pytest
 
 from sandbox import labels
 
+HOST = f"{socket.gethostname()}/{os.stat('/proc/self/ns/pid').st_ino}"
+"""This host and this process's pid namespace, as an owner names them."""
 
-def test_the_owner_names_this_host_this_pid_and_its_start_time() -> None:
+
+def test_the_owner_names_this_host_its_pid_namespace_this_pid_and_its_start_time() -> None:
     host, pid, started = labels.owner().split(":")
     with open(f"/proc/{os.getpid()}/stat") as stat:
         expected_start = stat.read().rsplit(")", 1)[1].split()[19]
-    assert (host, int(pid), started) == (socket.gethostname(), os.getpid(), expected_start)
+    assert (host, int(pid), started) == (HOST, os.getpid(), expected_start)
 
 
 def test_a_live_owner_is_not_gone() -> None:
@@ -30,7 +33,7 @@ def test_a_reused_pid_with_another_start_time_is_gone() -> None:
 
 def test_an_exited_process_is_gone_even_before_it_is_waited_for() -> None:
     child = subprocess.Popen(["sleep", "30"])
-    value = f"{socket.gethostname()}:{child.pid}:{labels.process_start_time(child.pid)}"
+    value = f"{HOST}:{child.pid}:{labels.process_start_time(child.pid)}"
     assert labels.owner_is_gone(value) is False
     child.kill()
     try:
@@ -43,6 +46,17 @@ def test_an_exited_process_is_gone_even_before_it_is_waited_for() -> None:
 
 def test_another_hosts_owner_is_never_gone_from_here() -> None:
     assert labels.owner_is_gone("some-other-host:1:1") is False
+    assert labels.owner_is_gone("some-other-host/4026531836:1:1") is False
+
+
+def test_an_owner_in_another_pid_namespace_of_this_host_is_never_gone_from_here() -> None:
+    """The containers of one pod share its host name, not their pids: a worker's sandboxes
+    are not its builder's to judge (pid 999999 exists in no namespace here)."""
+    host, _, started = labels.owner().split(":")
+    name = host.split("/")[0]
+    assert labels.owner_is_gone(f"{name}/1:999999:{started}") is False
+    assert labels.owner_is_gone(f"{name}:999999:{started}") is False  # written before the
+    assert labels.owner_is_gone(f"{HOST}:999999:{started}") is True  # namespace was named
 
 
 def test_a_malformed_owner_is_left_alone() -> None:
