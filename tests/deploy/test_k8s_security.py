@@ -667,6 +667,19 @@ def test_workers_reach_only_dns_redis_and_https_and_accept_only_metrics_scrapes(
         assert policies_admitting(deployment) == ["baton-workers"]
 
 
+def test_only_the_code_stages_builders_add_plain_http_to_public_addresses() -> None:
+    builders = policy("baton-builders", SANDBOX_NAMESPACE)
+    assert builders["spec"]["policyTypes"] == ["Egress"]
+    assert ports(builders, "egress") == {("TCP", 80)}
+    blocks = [peer["ipBlock"] for rule in builders["spec"]["egress"] for peer in rule["to"]]
+    assert {b["cidr"] for b in blocks} == {"0.0.0.0/0", "::/0"}
+    for block in blocks:  # never the cluster, a private range or the metadata address
+        assert {"169.254.0.0/16", "10.0.0.0/8"} <= set(block["except"]) or block["cidr"] == "::/0"
+    assert not [d for d in RENDERED if d["kind"] == "NetworkPolicy"
+                and d["metadata"]["name"] == "baton-builders"
+                and namespace_of(d) != SANDBOX_NAMESPACE]  # fmt: skip
+
+
 def test_flower_accepts_only_prometheus_and_serve_accepts_anyone_on_its_port() -> None:
     flower = policy("baton-flower")
     assert peers(flower, "ingress") == [
