@@ -202,7 +202,9 @@ def test_compose_defaults_to_the_image_tags_make_images_builds(tmp_path: Path) -
     images = {name: service["image"] for name, service in config["services"].items()}
     assert images == {
         "redis": BASE_TAG,
-        **dict.fromkeys([*STAGES, "sandbox-gate", "flower", "serve", "fake-gemini"], image_tag()),
+        **dict.fromkeys(
+            [*STAGES, "builder", "sandbox-gate", "flower", "serve", "fake-gemini"], image_tag()
+        ),
     }
 
 
@@ -404,7 +406,10 @@ def test_redis_makes_its_users_from_the_acl_kubernetes_uses_with_passwords_off_a
 def test_each_service_logs_in_to_redis_as_its_own_user(tmp_path: Path) -> None:
     config = _config(tmp_path)
     services = config["services"]
-    users = {name: "worker" for name in STAGES} | {"serve": "serve", "flower": "flower"}
+    users = {name: "worker" for name in [*STAGES, "builder"]} | {
+        "serve": "serve",
+        "flower": "flower",
+    }
     for name, user in users.items():
         url = services[name]["environment"]["BATON_REDIS_URL"]
         assert url == f"redis://{user}:{CONFIG_PASSWORDS[user]}@redis:6379/0", name
