@@ -14,6 +14,7 @@ command -v debootstrap >/dev/null || need+=(debootstrap)
 command -v chromium >/dev/null || need+=(chromium)
 command -v chromedriver >/dev/null || need+=(chromium-driver)
 command -v docker-compose >/dev/null || need+=(docker-compose)
+command -v ip >/dev/null || need+=(iproute2) # the egress test's own network namespace
 if [ ${#need[@]} -gt 0 ]; then
   echo "setup: installing ${need[*]} with apt-get"
   export DEBIAN_FRONTEND=noninteractive
