@@ -1,5 +1,5 @@
 # `make demo` and `make test` do all set-up themselves on a fresh Debian machine.
-.PHONY: setup lock demo unit test bench eval docs lint clean images
+.PHONY: setup lock demo unit test bench soak eval docs lint clean images
 
 BIN := .venv/bin
 
@@ -42,6 +42,13 @@ test: lint
 
 bench: setup
 	bash scripts/with-docker.sh --runsc $(BIN)/python -m bench
+
+# The long runs `make test` keeps a short version of: the soak at Baton's default settings (60
+# runs, workers killed every half minute; the test: 10 runs, 6 kills, fast recovery) and the
+# quota governor's storms (the tests: one of each, smaller). `make bench` runs them too; both
+# record their results (bench/results/soak.json, governor.json) and draw the docs.
+soak: setup
+	bash scripts/with-docker.sh $(BIN)/python -m bench soak governor
 
 # The evaluation harness on the corpus of real bugs (eval/corpus): the oracle must resolve every
 # instance, the saboteur and the stale reproduction none; records eval/results/eval.json, then
