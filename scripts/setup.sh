@@ -44,7 +44,9 @@ if [ "${installed[0]:-}" != "$lock_sum" ]; then
   fi
   echo "setup: creating .venv from requirements.lock"
   "${PYTHON:-python3}" -m venv .venv
-  .venv/bin/pip install -q --require-hashes -r requirements.lock
+  # -qq: errors only (this machine's pip configuration names find-links folders that may not
+  # exist, and pip warns of each one of them for every package)
+  .venv/bin/pip install -qq --require-hashes -r requirements.lock
 fi
 if [ "${installed[0]:-}" != "$lock_sum" ] || [ "${installed[1]:-}" != "$project_sum" ]; then
   echo "setup: installing Baton into .venv"
