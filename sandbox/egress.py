@@ -41,6 +41,8 @@ from urllib.parse import urlsplit
 import h11
 from pydantic import BaseModel, ConfigDict, Field
 
+from sandbox.sockets import RECV_BYTES, pump
+
 logger = logging.getLogger(__name__)
 
 RELAY_PORT = 3128
@@ -80,7 +82,6 @@ RESOLVED_TTL_S = 60.0
 """How long a registry's addresses are reused: an install opens hundreds of connections to the
 same few names, and a resolver asked for each at once fails some (`EAI_AGAIN`)."""
 RESOLVE_ATTEMPTS = 4
-RECV_BYTES = 65536
 MAX_HEAD_BYTES = 16384
 
 RELAY = """\
@@ -413,19 +414,7 @@ def _answer(client: socket.socket, http: h11.Connection, status: int, reason: st
 def _splice(client: socket.socket, upstream: socket.socket) -> None:
     for sock in (client, upstream):
         sock.settimeout(IDLE_TIMEOUT_S)
-    outbound = threading.Thread(target=_pump, args=(client, upstream), daemon=True)
+    outbound = threading.Thread(target=pump, args=(client, upstream), daemon=True)
     outbound.start()
-    _pump(upstream, client)
+    pump(upstream, client)
     outbound.join()
-
-
-def _pump(source: socket.socket, sink: socket.socket) -> None:
-    try:
-        while data := source.recv(RECV_BYTES):
-            sink.sendall(data)
-    except OSError as exc:
-        logger.debug("egress stream: %s", exc)
-    try:
-        sink.shutdown(socket.SHUT_WR)
-    except OSError:
-        pass

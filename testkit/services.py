@@ -226,21 +226,8 @@ def worker(
     which `baton worker` has (a worker asks the others for their state, and watches them)."""
     argv = worker_argv(queues, concurrency=concurrency, name=f"{name}-{free_port()}", app=app)
     argv += [*([] if mingle else ["--without-gossip", "--without-mingle"]), *options]
-    logfile.parent.mkdir(parents=True, exist_ok=True)
-    with open(logfile, "ab") as log:
-        # Its own session: a test can kill the worker and its pool processes as one group.
-        proc = subprocess.Popen(
-            argv, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )  # fmt: skip
-    try:
-        _wait_until(
-            lambda: "ready." in logfile.read_text(errors="replace"), proc, logfile, "the worker",
-            timeout_s=60.0,
-        )  # fmt: skip
+    with _celery_worker(argv, env, logfile, "the worker") as proc:
         yield proc
-    finally:
-        stop(proc)
 
 
 @contextmanager
@@ -278,16 +265,26 @@ def builder(env: Mapping[str, str], *, logfile: Path) -> Iterator[subprocess.Pop
     """`baton worker --builder` as an operator runs it (its queue from the daemon `DOCKER_HOST`
     in `env` reaches); stopped with a warm shutdown."""
     argv = [sys.executable, "-m", "orchestrator.cli", "worker", "--builder"]
+    with _celery_worker(argv, env, logfile, "the builder") as proc:
+        yield proc
+
+
+@contextmanager
+def _celery_worker(
+    argv: Sequence[str], env: Mapping[str, str], logfile: Path, what: str
+) -> Iterator[subprocess.Popen[bytes]]:
+    """`argv` (a Celery worker) with `env` added, once it says it is ready; stopped after."""
     logfile.parent.mkdir(parents=True, exist_ok=True)
     with open(logfile, "ab") as log:
+        # Its own session: a test can kill the worker and its pool processes as one group.
         proc = subprocess.Popen(
             argv, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT,
             start_new_session=True,
         )  # fmt: skip
     try:
         _wait_until(
-            lambda: "ready." in logfile.read_text(errors="replace"), proc, logfile,
-            "the builder", timeout_s=60.0,
+            lambda: "ready." in logfile.read_text(errors="replace"), proc, logfile, what,
+            timeout_s=60.0,
         )  # fmt: skip
         yield proc
     finally:

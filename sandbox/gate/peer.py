@@ -11,9 +11,9 @@ from typing import Any
 
 import h11
 
-logger = logging.getLogger(__name__)
+from sandbox.sockets import RECV_BYTES, pump
 
-RECV_BYTES = 65536
+logger = logging.getLogger(__name__)
 
 
 class Dropped(Exception):
@@ -97,16 +97,3 @@ def splice(client: Peer, upstream: Peer) -> None:
     except OSError:
         pass
     stdin.join()
-
-
-def pump(source: socket.socket, sink: socket.socket) -> None:
-    """Copy until `source` ends, then end `sink`'s writing side (a half-close)."""
-    try:
-        while data := source.recv(RECV_BYTES):
-            sink.sendall(data)
-    except OSError as exc:
-        logger.debug("exec stream: %s", exc)
-    try:
-        sink.shutdown(socket.SHUT_WR)
-    except OSError:
-        pass
