@@ -26,7 +26,7 @@ from google.adk.telemetry.context import ContentCapturingMode, TelemetryConfig
 from google.genai import types
 
 from bench.baseline import client, worker_app
-from orchestrator.settings import DEFAULT_MODEL
+from orchestrator.core.settings import DEFAULT_MODEL
 from workers import agent as _baton_agent  # noqa: F401  (importing it skips ADK's absent a2a)
 
 MODEL = DEFAULT_MODEL

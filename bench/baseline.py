@@ -1,7 +1,7 @@
 """What the overhead benchmark's two baseline workers (`bench.chain_app`, `bench.adk_chain_app`)
 set up alike, with every CPU saving Baton's worker has: a Celery app with Baton's settings on the
 same Redis, task starts traced (`bench.trace`), Baton's garbage collector settings in the pool
-process (`orchestrator.queue.collect_less`), and one google-genai client per process."""
+process (`orchestrator.core.queue.collect_less`), and one google-genai client per process."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from google.genai import types
 
 from bench import trace
 from bench.stack import API_KEY
-from orchestrator.queue import celery_config, collect_less
-from orchestrator.settings import QueueConfig
+from orchestrator.core.queue import celery_config, collect_less
+from orchestrator.core.settings import QueueConfig
 
 
 def worker_app(name: str) -> Celery:

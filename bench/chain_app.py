@@ -9,7 +9,7 @@ from __future__ import annotations
 from google.genai import types
 
 from bench.baseline import client, worker_app
-from orchestrator.settings import DEFAULT_MODEL
+from orchestrator.core.settings import DEFAULT_MODEL
 
 MODEL = DEFAULT_MODEL
 """The model each chain task calls, as a Baton worker would by default."""

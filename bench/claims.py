@@ -50,7 +50,9 @@ ALLOWED: Mapping[str, Mapping[str, str]] = {
         "2 MB": "the largest payload `baton enqueue` accepts (`IntakeLimits.max_payload_bytes`)",
     },
     "docs/inspection.md": {
-        "64 KB": "the largest request body `baton serve` accepts (orchestrator/server/auth.py)",
+        "64 KB": (
+            "the largest request body `baton serve` accepts (orchestrator/control/server/auth.py)"
+        ),
     },
     "docs/testing.md": {
         "20 MB": "the blob in the repository the environment tests copy in (their input)",

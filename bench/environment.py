@@ -35,7 +35,7 @@ import docker
 
 from bench import record
 from bench.docs import Source, latest_run, table, targets_table
-from orchestrator.store import connect
+from orchestrator.core.store import connect
 from sandbox import IMAGE_TAG, ensure_image
 from sandbox.build import CA_PATH, BuildSettings, build_environment, environment_tag
 from sandbox.egress import PROXY_VARIABLES

@@ -40,9 +40,9 @@ from typing import Any
 
 from bench.docs import Source, latest_run, table, targets_table
 from bench.stack import bench_settings, empty_repo, together
-from orchestrator import api
-from orchestrator.settings import DEFAULT_MODEL
-from orchestrator.store import RunStore
+from orchestrator.control import api
+from orchestrator.core.settings import DEFAULT_MODEL
+from orchestrator.core.store import RunStore
 from testkit import services
 from testkit.gemini import FakeGemini
 from testkit.services import worker_env
@@ -94,7 +94,7 @@ def pipeline_toml(stages: int) -> str:
             "",
             "[[stages]]",
             f'name = "q{n}"',
-            'output_schema = "orchestrator.schemas:Summary"',
+            'output_schema = "orchestrator.core.schemas:Summary"',
             f'instruction = "Stage {n}. {before}"',
         ]
     return "\n".join(lines) + "\n"

@@ -32,8 +32,8 @@ import httpx
 
 from bench import record
 from bench.docs import Source, latest_run, table, targets_table
-from orchestrator import keys
-from orchestrator.models import (
+from orchestrator.core import keys
+from orchestrator.core.models import (
     ArtifactRef,
     Issue,
     IssueSource,
@@ -42,7 +42,7 @@ from orchestrator.models import (
     StageRecord,
     StageStatus,
 )
-from orchestrator.store import RunStore, run_fields
+from orchestrator.core.store import RunStore, run_fields
 from testkit import services
 
 RUNS = 10_000
@@ -64,8 +64,8 @@ FIX_ENTRIES = 1_500
 
 
 def page_requests(run_id: str) -> list[str]:
-    """What the run page fetches when it opens on a stage (orchestrator/server/static/run.js and
-    stage.js): the page, who is asking, the run, its time line and tokens, the stage's output;
+    """What the run page fetches when it opens on a stage (orchestrator/control/server/static/run.js
+    and stage.js): the page, who is asking, the run, its time line and tokens, the stage's output;
     then the stage's transcript, `AUDIT_PAGE` entries a request (`audit_pages`)."""
     api = f"/api/v1/runs/{run_id}"
     return [

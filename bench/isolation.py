@@ -32,10 +32,10 @@ from pydantic import SecretStr
 
 from bench.docs import Source, latest_run, table
 from bench.stack import API_KEY, bench_settings
-from orchestrator import api
-from orchestrator.git import COMMITTER, git_output
-from orchestrator.pipeline import StageBudget, load_pipeline
-from orchestrator.settings import ModelConfig, RetryConfig, Settings
+from orchestrator.control import api
+from orchestrator.core.git import COMMITTER, git_output
+from orchestrator.core.pipeline import StageBudget, load_pipeline
+from orchestrator.core.settings import ModelConfig, RetryConfig, Settings
 from testkit import services
 from testkit.gemini import FakeGemini
 from testkit.services import worker_env

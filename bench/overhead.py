@@ -43,10 +43,10 @@ from celery import Celery, chain
 from bench import cpu, record, trace
 from bench.docs import Source, latest_run, table, targets_table
 from bench.stack import bench_settings, empty_repo
-from orchestrator import api
-from orchestrator.pipeline import load_pipeline
-from orchestrator.queue import celery_config
-from orchestrator.settings import QueueConfig, Settings
+from orchestrator.control import api
+from orchestrator.core.pipeline import load_pipeline
+from orchestrator.core.queue import celery_config
+from orchestrator.core.settings import QueueConfig, Settings
 from testkit import services
 from testkit.gemini import FakeGemini
 from testkit.services import worker_env

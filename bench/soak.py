@@ -35,11 +35,11 @@ from bench.docs import Source, latest_run, table
 from bench.stack import bench_settings
 from demo import SCENARIO, SENTRY_EVENT
 from demo.runner import make_sample_repo
-from orchestrator import api
-from orchestrator.models import RunStatus
-from orchestrator.pipeline import load_pipeline
-from orchestrator.settings import QueueConfig, Settings
-from orchestrator.store import RunStore
+from orchestrator.control import api
+from orchestrator.core.models import RunStatus
+from orchestrator.core.pipeline import load_pipeline
+from orchestrator.core.settings import QueueConfig, Settings
+from orchestrator.core.store import RunStore
 from testkit import services
 from testkit.gemini import FakeGemini
 from testkit.services import worker_env

@@ -11,8 +11,8 @@ from typing import TypeVar
 
 from pydantic import SecretStr
 
-from orchestrator.git import COMMITTER, git_output
-from orchestrator.settings import Settings
+from orchestrator.core.git import COMMITTER, git_output
+from orchestrator.core.settings import Settings
 
 T = TypeVar("T")
 

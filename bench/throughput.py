@@ -26,9 +26,9 @@ from typing import Any
 
 from bench.docs import Source, latest_run, table
 from bench.stack import bench_settings, empty_repo, together
-from orchestrator import api
-from orchestrator.pipeline import load_pipeline
-from orchestrator.settings import Settings
+from orchestrator.control import api
+from orchestrator.core.pipeline import load_pipeline
+from orchestrator.core.settings import Settings
 from testkit import services
 from testkit.gemini import FakeGemini
 from testkit.services import worker_env

@@ -46,8 +46,8 @@ from google.genai import _common, types
 from pydantic import BaseModel, SecretStr
 
 from bench.docs import Source, latest_run, table
-from orchestrator.pipeline import StageSpec, load_pipeline
-from orchestrator.settings import ModelConfig, RetryConfig
+from orchestrator.core.pipeline import StageSpec, load_pipeline
+from orchestrator.core.settings import ModelConfig, RetryConfig
 from testkit.sinks import MemoryArtifacts
 from testkit.workspace import LocalWorkspace
 from workers.gemini import BatonGemini, build_model, close_model

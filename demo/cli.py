@@ -13,8 +13,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from demo import SCENARIO
-from orchestrator.models import RunRecord, RunStatus, StageStatus
-from orchestrator.settings import Settings
+from orchestrator.core.models import RunRecord, RunStatus, StageStatus
+from orchestrator.core.settings import Settings
 
 EXIT_FAILED_RUN = 1
 
@@ -75,7 +75,7 @@ def replay(run_id: str, stage: str | None, attempt: int | None, as_json: bool) -
     """Play a stage of RUN_ID again offline: the model's recorded replies, served by the fake
     server in this process, with real tools in a fresh sandbox; nothing is published or written
     into the run. Exits 0 when the output is the recorded one, 1 when not."""
-    from orchestrator.store import RunStore
+    from orchestrator.core.store import RunStore
     from testkit.replay import replay as play_again
     from workers.settings import WorkerSettings
 

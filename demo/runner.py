@@ -24,14 +24,14 @@ from rich.table import Table
 from rich.text import Text
 
 from demo import SAMPLE_REPO, SCENARIO, SENTRY_EVENT
-from orchestrator import api
-from orchestrator.errors import ConfigError
-from orchestrator.git import COMMITTER, git_output
-from orchestrator.models import RunRecord
-from orchestrator.pipeline import load_pipeline
-from orchestrator.report import follow, outcome, run_json, run_table
-from orchestrator.settings import FAKE_API_KEY, GEMINI_API_URL, Settings
-from orchestrator.store import RunStore
+from orchestrator.control import api
+from orchestrator.control.report import follow, outcome, run_json, run_table
+from orchestrator.core.errors import ConfigError
+from orchestrator.core.git import COMMITTER, git_output
+from orchestrator.core.models import RunRecord
+from orchestrator.core.pipeline import load_pipeline
+from orchestrator.core.settings import FAKE_API_KEY, GEMINI_API_URL, Settings
+from orchestrator.core.store import RunStore
 from testkit import services
 from testkit.services import worker_env
 
@@ -88,7 +88,7 @@ def run_demo(
 
     Raises:
         ConfigError: `real_model` without a `GOOGLE_API_KEY`, or a `BATON_REDIS_URL` that
-            `orchestrator.connection` refuses.
+            `orchestrator.core.connection` refuses.
     """
     if real_model and settings.google_api_key is None:
         raise ConfigError("--real-model needs GOOGLE_API_KEY (a Gemini API key)")

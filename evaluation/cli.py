@@ -11,8 +11,8 @@ from pathlib import Path
 import click
 from rich.console import Console
 
-from orchestrator.errors import BatonError
-from orchestrator.settings import Settings
+from orchestrator.core.errors import BatonError
+from orchestrator.core.settings import Settings
 
 DOWNLOADS = Path("build") / "eval-downloads"
 

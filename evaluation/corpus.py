@@ -26,8 +26,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from orchestrator.errors import BatonError
-from orchestrator.git import COMMITTER, git_output
+from orchestrator.core.errors import BatonError
+from orchestrator.core.git import COMMITTER, git_output
 from testkit.projects import as_git_repo, python_sdist
 from workers.proof import split_diff
 

@@ -29,11 +29,11 @@ from pydantic import SecretStr
 
 from evaluation.corpus import Checkout, Instance, materialize
 from evaluation.policies import Mode, scenario
-from orchestrator import api
-from orchestrator.models import Iteration, RunRecord, RunStatus, StageRecord, StageStatus
-from orchestrator.pipeline import load_pipeline
-from orchestrator.settings import FAKE_API_KEY, Settings
-from orchestrator.store import RunStore
+from orchestrator.control import api
+from orchestrator.core.models import Iteration, RunRecord, RunStatus, StageRecord, StageStatus
+from orchestrator.core.pipeline import load_pipeline
+from orchestrator.core.settings import FAKE_API_KEY, Settings
+from orchestrator.core.store import RunStore
 from testkit import services
 from testkit.gemini.harness import FakeGemini
 from testkit.services import worker_env

@@ -14,8 +14,8 @@ from typing import Any, Protocol
 from rich.table import Table
 
 from evaluation.harness import Evaluation, Result
-from orchestrator.git import run_git
-from orchestrator.tables import Column, fitted_table
+from orchestrator.control.tables import Column, fitted_table
+from orchestrator.core.git import run_git
 
 COLUMNS = (
     "instance", "env", "reproduced", "proven", "published", "resolved", "fail→pass",

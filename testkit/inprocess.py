@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 from pydantic import SecretStr
 
-from orchestrator.settings import ModelConfig, RetryConfig
+from orchestrator.core.settings import ModelConfig, RetryConfig
 from testkit.gemini.ledger import Ledger
 from testkit.gemini.scenario import Scenario
 from testkit.gemini.server import create_app

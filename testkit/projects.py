@@ -17,7 +17,7 @@ import sys
 import tarfile
 from pathlib import Path
 
-from orchestrator.git import COMMITTER
+from orchestrator.core.git import COMMITTER
 
 DOWNLOAD_TIMEOUT_S = 300
 

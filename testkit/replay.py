@@ -21,11 +21,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.errors import BatonError
-from orchestrator.execution import session_id
-from orchestrator.models import RunRecord
-from orchestrator.pipeline import load_pipeline
-from orchestrator.store import RunStore
+from orchestrator.core.errors import BatonError
+from orchestrator.core.execution import session_id
+from orchestrator.core.models import RunRecord
+from orchestrator.core.pipeline import load_pipeline
+from orchestrator.core.store import RunStore
 from testkit.inprocess import InProcessGemini
 from testkit.sinks import MemoryArtifacts
 from workers.environments import Environments, given_spec

@@ -25,8 +25,8 @@ from typing import Any
 import httpx
 import redis
 
-from orchestrator.errors import ConfigError
-from orchestrator.settings import Settings
+from orchestrator.core.errors import ConfigError
+from orchestrator.core.settings import Settings
 from testkit.tls import TlsFiles
 from workers.cli import APP, worker_argv
 
@@ -237,7 +237,7 @@ def serve(
     """`baton serve` in a subprocess on a free port of 127.0.0.1, with `env` (its logins and
     tokens) added to this one's; yields its base URL once /api/v1/health answers."""
     port = free_port()
-    argv = [sys.executable, "-m", "orchestrator.cli", "serve", "--port", str(port),
+    argv = [sys.executable, "-m", "orchestrator.control.cli", "serve", "--port", str(port),
             "--address", "127.0.0.1", *options]  # fmt: skip
     logfile.parent.mkdir(parents=True, exist_ok=True)
     with open(logfile, "ab") as log:
@@ -264,7 +264,7 @@ def serve(
 def builder(env: Mapping[str, str], *, logfile: Path) -> Iterator[subprocess.Popen[bytes]]:
     """`baton worker --builder` as an operator runs it (its queue from the daemon `DOCKER_HOST`
     in `env` reaches); stopped with a warm shutdown."""
-    argv = [sys.executable, "-m", "orchestrator.cli", "worker", "--builder"]
+    argv = [sys.executable, "-m", "orchestrator.control.cli", "worker", "--builder"]
     with _celery_worker(argv, env, logfile, "the builder") as proc:
         yield proc
 
@@ -305,8 +305,8 @@ def sandbox_gate(
     listen, logfile = folder / "docker.sock", folder / "gate.log"
     upstream = docker_url or os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
     sockets = [listen, *([folder / BUILD_SOCKET] if build_socket else [])]
-    argv = [sys.executable, "-m", "orchestrator.cli", "sandbox-gate", "--listen", str(listen),
-            "--docker", upstream, *options]  # fmt: skip
+    argv = [sys.executable, "-m", "orchestrator.control.cli", "sandbox-gate",
+            "--listen", str(listen), "--docker", upstream, *options]  # fmt: skip
     if build_socket:
         argv += ["--build-listen", str(sockets[1])]
     with open(logfile, "wb") as log:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hashlib
 
-from orchestrator.models import ArtifactRef
+from orchestrator.core.models import ArtifactRef
 
 
 class MemoryArtifacts:

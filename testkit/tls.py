@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator.errors import ConfigError
+from orchestrator.core.errors import ConfigError
 
 VALID_DAYS = 2
 """The certificates are thrown away with the test; a short life keeps a leaked one useless."""

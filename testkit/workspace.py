@@ -15,7 +15,7 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from orchestrator.git import LOCAL_GIT_TIMEOUT_S, git_env, git_said, redact, run_git
+from orchestrator.core.git import LOCAL_GIT_TIMEOUT_S, git_env, git_said, redact, run_git
 from testkit.process import first_lines, run_capped
 from workers.tools.errors import ToolError
 from workers.tools.workspace import (

@@ -27,7 +27,7 @@ from tests.repos import Git, Upstream
 if TYPE_CHECKING:
     import redis
 
-    from orchestrator.store import RunStore
+    from orchestrator.core.store import RunStore
 
 TESTS = Path(__file__).resolve().parent
 SERVICE_FOLDERS = frozenset({"integration", "deploy"})
@@ -72,7 +72,7 @@ def redis_client(unit_redis_url: str) -> Iterator[redis.Redis]:
 
 @pytest.fixture
 def store(redis_client: redis.Redis) -> RunStore:
-    from orchestrator.store import RunStore
+    from orchestrator.core.store import RunStore
 
     return RunStore(redis_client, ttl_s=3600)
 

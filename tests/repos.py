@@ -1,6 +1,6 @@
 """Git for the tests' own set-up and checks, and the upstream repositories they work on.
 
-The tests run git here, straight through `subprocess`, never through `orchestrator.git`: what a
+The tests run git here, straight through `subprocess`, never through `orchestrator.core.git`: what a
 test builds or checks must not depend on the code under test. `tests/conftest.py` hands these
 out as the `git` and `make_upstream` fixtures.
 """

@@ -1,7 +1,11 @@
 """The dependency rule of shared/DESIGN.md: workers → orchestrator, workers → sandbox; the
 orchestrator never imports workers; sandbox imports nothing else from the project; and none of
 them imports (or names) the test kit or the demo, which stand outside the product. The fake
-Gemini server stands in for an outside service, so it imports nothing of Baton either."""
+Gemini server stands in for an outside service, so it imports nothing of Baton either.
+
+Within the orchestrator, the workers and the run core (`orchestrator.core`) import only the core,
+never the control plane (`orchestrator.control`), nor name it in a string; and importing a module
+of the core loads neither the control plane nor what only it needs (FastAPI, click, rich)."""
 
 from __future__ import annotations
 
@@ -10,11 +14,13 @@ import functools
 import importlib
 import pickle
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from orchestrator.errors import BatonError
+from orchestrator.core.errors import BatonError
 from sandbox.errors import SandboxError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -113,6 +119,105 @@ def test_core_packages_never_name_what_they_may_not_import(package: str) -> None
     assert breaking == {}
 
 
+RUN_CORE = "orchestrator.core"
+"""What the workers and the run core may import of the orchestrator: the core only."""
+CONTROL_PLANE = "orchestrator.control"
+
+
+def orchestrator_modules_imported(tree: ast.Module) -> set[str]:
+    """The orchestrator modules a file imports, by full name (`from orchestrator import x` as
+    `orchestrator.x`, which is either a module or a name the control plane's API lends)."""
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module == "orchestrator":
+                found |= {f"orchestrator.{alias.name}" for alias in node.names}
+            else:
+                found.add(node.module)
+    return {name for name in found if name.split(".")[0] == "orchestrator"}
+
+
+def orchestrator_modules_named(tree: ast.Module) -> set[str]:
+    """The orchestrator modules a file names in a string that reads as a module path."""
+    return {
+        node.value.partition(":")[0]
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and MODULE_NAME.match(node.value)
+        and node.value.startswith("orchestrator.")
+    }
+
+
+def inside(module: str, package: str) -> bool:
+    return module == package or module.startswith(f"{package}.")
+
+
+@pytest.mark.parametrize("package", ["workers", "orchestrator/core"])
+def test_workers_and_the_run_core_import_only_the_run_core(package: str) -> None:
+    breaking = {
+        str(path.relative_to(ROOT)): outside
+        for path in python_files(package)
+        if (
+            outside := {
+                name
+                for name in orchestrator_modules_imported(syntax_tree(path))
+                if not inside(name, RUN_CORE)
+            }
+        )
+    }
+    assert breaking == {}
+
+
+@pytest.mark.parametrize("package", ["workers", "orchestrator/core"])
+def test_workers_and_the_run_core_never_name_the_control_plane(package: str) -> None:
+    breaking = {
+        str(path.relative_to(ROOT)): named
+        for path in python_files(package)
+        if (
+            named := {
+                name
+                for name in orchestrator_modules_named(syntax_tree(path))
+                if inside(name, CONTROL_PLANE)
+            }
+        )
+    }
+    assert breaking == {}
+
+
+def test_the_core_checks_see_the_control_plane_imported_or_named() -> None:
+    """A negative control for the two checks above."""
+    tree = ast.parse(
+        "from orchestrator import enqueue\nimport orchestrator.control.api\n"
+        "from orchestrator.core import keys\nAPP = 'orchestrator.control.cli:main'\n"
+    )
+    assert orchestrator_modules_imported(tree) == {
+        "orchestrator.enqueue",
+        "orchestrator.control.api",
+        "orchestrator.core",
+    }
+    assert orchestrator_modules_named(tree) == {"orchestrator.control.cli"}
+
+
+def test_importing_the_run_core_loads_no_control_plane() -> None:
+    """Python runs `orchestrator/__init__.py` before any submodule: it must load nothing of the
+    control plane, nor FastAPI, click or rich, for a worker importing the store. Checked in a
+    fresh interpreter, whose modules no other test has loaded."""
+    code = (
+        "import sys\nimport orchestrator.core.store\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('fastapi', 'click', 'rich') or m.startswith('orchestrator.control')))\n"
+        "import orchestrator\norchestrator.enqueue\n"
+        "print('orchestrator.control.api' in sys.modules)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    assert result.stdout.splitlines() == ["[]", "True"]
+
+
 def test_the_string_check_sees_a_module_named_in_a_string(tmp_path: Path) -> None:
     """The check above is only worth something if it fires: a negative control."""
     code = 'APP = "workers.app"\nSCENARIO = "testkit.gemini:Scenario"\nTEXT = "a sentence."\n'
@@ -163,9 +268,12 @@ ERROR_CLASSES = error_classes()
 def test_the_error_classes_found_include_every_package_s_errors() -> None:
     """A negative control for the search above: it finds errors of every package."""
     modules = {cls.__module__ for cls in ERROR_CLASSES}
-    assert {"orchestrator.errors", "workers.errors", "workers.tools.errors", "sandbox.errors"} <= (
-        modules
-    )
+    assert {
+        "orchestrator.core.errors",
+        "workers.errors",
+        "workers.tools.errors",
+        "sandbox.errors",
+    } <= (modules)
     assert len(ERROR_CLASSES) >= 29
 
 

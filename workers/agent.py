@@ -31,7 +31,7 @@ from google.adk.sessions import InMemorySessionService
 from google.adk.telemetry.context import ContentCapturingMode, TelemetryConfig
 from google.genai import types
 
-from orchestrator.pipeline import StageBudget, render
+from orchestrator.core.pipeline import StageBudget, render
 from workers.budget import request_trimmer, tool_output_limiter
 from workers.errors import ModelCallLimitError
 from workers.guard import ToolGuard

@@ -29,11 +29,11 @@ from celery.signals import (
 )
 
 import sandbox
-from orchestrator.conductor import Conductor
-from orchestrator.errors import ConfigError
-from orchestrator.queue import Dispatcher, celery_app, collect_less
-from orchestrator.reconciler import Reconciler
-from orchestrator.store import RunStore
+from orchestrator.core.conductor import Conductor
+from orchestrator.core.errors import ConfigError
+from orchestrator.core.queue import Dispatcher, celery_app, collect_less
+from orchestrator.core.reconciler import Reconciler
+from orchestrator.core.store import RunStore
 from workers import metrics
 from workers.builder import BUILD_QUEUE_PREFIX
 from workers.gemini import missing_key_message

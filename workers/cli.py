@@ -10,10 +10,10 @@ from typing import NoReturn
 
 import click
 
-from orchestrator.errors import ConfigError
-from orchestrator.pipeline import load_pipeline
-from orchestrator.queue import check_time_limits
-from orchestrator.settings import Settings
+from orchestrator.core.errors import ConfigError
+from orchestrator.core.pipeline import load_pipeline
+from orchestrator.core.queue import check_time_limits
+from orchestrator.core.settings import Settings
 from workers.gemini import missing_key_message
 
 APP = "workers.app"

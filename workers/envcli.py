@@ -21,9 +21,8 @@ from rich.console import Console
 from rich.table import Table
 
 import sandbox
-from orchestrator.git import repo_source, resolve_commit
-from orchestrator.store import connect
-from orchestrator.tables import counted
+from orchestrator.core.git import repo_source, resolve_commit
+from orchestrator.core.store import connect
 from sandbox.build import agent_config
 from sandbox.environment import load
 from workers.environments import Environments
@@ -96,7 +95,8 @@ def list_environments(as_json: bool) -> None:
         click.echo(json.dumps(records, indent=2))
         return
     now = time.time()
-    table = Table(title=counted(len(records), "environment"), title_justify="left")
+    title = f"{len(records)} environment{'' if len(records) == 1 else 's'}"
+    table = Table(title=title, title_justify="left")
     for column in ("key", "status", "repository", "size", "age", "used", "pass", "fail"):
         table.add_column(column, no_wrap=column == "key", overflow="fold")
     for r in sorted(records, key=lambda r: -float(r.get("last_used") or r.get("built_at") or 0)):

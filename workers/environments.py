@@ -33,7 +33,7 @@ from typing import Any
 import docker
 import redis
 
-from orchestrator.models import RunRecord
+from orchestrator.core.models import RunRecord
 from sandbox import SandboxConfig
 from sandbox.build import (
     BuildSettings,

@@ -1,6 +1,6 @@
 """Errors that end an execution of a stage, each with its own handling.
 
-    BatonError (orchestrator.errors)
+    BatonError (orchestrator.core.errors)
     └── ExecutionError          (RuntimeError)
         ├── RateLimitedError                      a 429: back on the queue after `delay_s`
         │   └── QuotaWaitError                    the fleet's quota would keep a call waiting
@@ -31,7 +31,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import ClassVar, Literal, get_args
 
-from orchestrator.errors import BatonError
+from orchestrator.core.errors import BatonError
 
 Reason = Literal[
     "rate_limited", "infrastructure", "cancelled", "lost", "stage_error", "model_rejected",

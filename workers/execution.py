@@ -19,13 +19,13 @@ from typing import Any
 from celery.exceptions import SoftTimeLimitExceeded
 
 import sandbox
-from orchestrator.conductor import Conductor
-from orchestrator.errors import RepoError
-from orchestrator.execution import Hold, StageFigures
-from orchestrator.models import ArtifactRef, RunRecord
-from orchestrator.pipeline import Pipeline, StageSpec
-from orchestrator.settings import ModelConfig, RetryConfig
-from orchestrator.store import RunStore
+from orchestrator.core.conductor import Conductor
+from orchestrator.core.errors import RepoError
+from orchestrator.core.execution import Hold, StageFigures
+from orchestrator.core.models import ArtifactRef, RunRecord
+from orchestrator.core.pipeline import Pipeline, StageSpec
+from orchestrator.core.settings import ModelConfig, RetryConfig
+from orchestrator.core.store import RunStore
 from sandbox.build import EnvironmentBuildError, EnvironmentValidationError
 from sandbox.errors import EnvironmentSpecError
 from workers.agent import Usage

@@ -39,8 +39,8 @@ from google.genai import errors as genai_errors
 from pydantic import Field, PrivateAttr, SkipValidation
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
 
-from orchestrator.models import StageRecord
-from orchestrator.settings import ModelConfig, RetryConfig
+from orchestrator.core.models import StageRecord
+from orchestrator.core.settings import ModelConfig, RetryConfig
 from workers import metrics
 from workers.budget import request_tokens
 from workers.errors import (

@@ -2,7 +2,7 @@
 
 Celery's `rate_limit` is per worker and google-genai ignores `retryDelay`, so a fleet sharing
 one model quota needs a limiter of its own (shared/notes/celery-flower.md §2–§3). Per model,
-three keys (`orchestrator.keys`):
+three keys (`orchestrator.core.keys`):
 
 * `keys.quota(model)`: the calls of the last window (a minute), a sorted set scored by Redis
   time in milliseconds, member `<id>:<tokens>`; it expires after a window of no use.
@@ -36,8 +36,8 @@ from dataclasses import dataclass
 
 import redis
 
-from orchestrator import keys
-from orchestrator.settings import QuotaConfig
+from orchestrator.core import keys
+from orchestrator.core.settings import QuotaConfig
 from workers.errors import QuotaWaitError
 
 logger = logging.getLogger(__name__)

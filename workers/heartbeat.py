@@ -18,8 +18,8 @@ from collections.abc import Callable, Coroutine
 from types import TracebackType
 from typing import Any, TypeVar
 
-from orchestrator.conductor import Conductor
-from orchestrator.execution import Hold
+from orchestrator.core.conductor import Conductor
+from orchestrator.core.execution import Hold
 
 logger = logging.getLogger(__name__)
 

@@ -12,10 +12,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from orchestrator.execution import branch_label, session_id
-from orchestrator.models import RunRecord
-from orchestrator.pipeline import ISSUE_KEY, PREVIOUS_ATTEMPT_KEY, Pipeline, StageSpec
-from orchestrator.store import RunStore
+from orchestrator.core.execution import branch_label, session_id
+from orchestrator.core.models import RunRecord
+from orchestrator.core.pipeline import ISSUE_KEY, PREVIOUS_ATTEMPT_KEY, Pipeline, StageSpec
+from orchestrator.core.store import RunStore
 from workers import proof
 from workers.environments import Environment
 from workers.errors import StageError

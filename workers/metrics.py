@@ -45,7 +45,7 @@ from wsgiref.simple_server import WSGIServer
 
 from celery.exceptions import Retry
 
-from orchestrator.errors import ConfigError
+from orchestrator.core.errors import ConfigError
 from workers.errors import ExecutionError, Reason
 
 if TYPE_CHECKING:

@@ -21,8 +21,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from orchestrator.errors import RepoError
-from orchestrator.git import (
+from orchestrator.core.errors import RepoError
+from orchestrator.core.git import (
     COMMITTER,
     NETWORK_GIT_TIMEOUT_S,
     git_output,

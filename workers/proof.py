@@ -20,7 +20,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from orchestrator.schemas import (
+from orchestrator.core.schemas import (
     Fact,
     Proof,
     Reproduced,

@@ -30,8 +30,8 @@ import requests
 from github import GithubException
 from pydantic import BaseModel, ConfigDict, SecretStr
 
-from orchestrator.errors import RepoError
-from orchestrator.git import (
+from orchestrator.core.errors import RepoError
+from orchestrator.core.git import (
     COMMITTER,
     GIT_MISSING,
     LOCAL_GIT_TIMEOUT_S,
@@ -41,7 +41,7 @@ from orchestrator.git import (
     repo_source,
     run_git,
 )
-from orchestrator.pipeline import ChangeClass
+from orchestrator.core.pipeline import ChangeClass
 from workers.changes import ChangedFile, ChangePolicy, UnsafeChangeError, listing, read_changes
 from workers.errors import PublishError
 from workers.github import (

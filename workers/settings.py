@@ -7,7 +7,7 @@ from pathlib import Path
 
 from pydantic import AliasChoices, Field, SecretStr
 
-from orchestrator.settings import Settings
+from orchestrator.core.settings import Settings
 from sandbox import SandboxConfig
 from sandbox.build import BuildSettings
 from workers.github import GITHUB_API_URL

@@ -7,7 +7,7 @@ runs the stage's agent once in a fresh session, validates the reply (one repair 
 Baton itself run the verification command before and after, run a reproducing stage's test on
 the unchanged code and prove a proving stage's change (both in clean workspaces,
 `workers.proof`), and holds the output to its size budget. Fields the output schema declares as
-measured (`orchestrator.schemas.Measured`) are filled from what Baton measured, whatever the
+measured (`orchestrator.core.schemas.Measured`) are filled from what Baton measured, whatever the
 model said.
 """
 
@@ -25,8 +25,8 @@ from typing import Any
 from google.adk.models.base_llm import BaseLlm
 from pydantic import BaseModel, ValidationError
 
-from orchestrator.pipeline import StageSpec
-from orchestrator.schemas import Fact, Proof, Reproduced, TestRun, measured_fields
+from orchestrator.core.pipeline import StageSpec
+from orchestrator.core.schemas import Fact, Proof, Reproduced, TestRun, measured_fields
 from workers import output as outputs
 from workers import proof
 from workers.agent import AgentSpec, AuditSink, StageSession, Usage, build_agent

@@ -18,10 +18,10 @@ from typing import Any
 from celery import Task
 from celery.signals import worker_process_shutdown, worker_shutdown
 
-from orchestrator.conductor import Completion, Conductor, StageResult, StageStart, StartAction
-from orchestrator.pipeline import load_pipeline
-from orchestrator.queue import STAGE_TASK, Dispatcher
-from orchestrator.store import RunStore
+from orchestrator.core.conductor import Completion, Conductor, StageResult, StageStart, StartAction
+from orchestrator.core.pipeline import load_pipeline
+from orchestrator.core.queue import STAGE_TASK, Dispatcher
+from orchestrator.core.store import RunStore
 from sandbox.build import EnvironmentBuildError, EnvironmentValidationError
 from sandbox.environment import EnvironmentSpec
 from sandbox.errors import SandboxUnavailableError

@@ -13,7 +13,7 @@ from google.genai import _common, types
 
 from bench import claims, upstream
 from bench.docs import Source
-from orchestrator.pipeline import StageSpec, load_pipeline
+from orchestrator.core.pipeline import StageSpec, load_pipeline
 
 CONFIG_FIELDS = len(types.GenerateContentConfig.model_fields)
 THINKING_FIELDS = len(types.ThinkingConfig.model_fields)

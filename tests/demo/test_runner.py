@@ -6,9 +6,16 @@ import pytest
 from rich.console import Console
 
 from demo.runner import demo_summary, run_demo
-from orchestrator.errors import ConfigError
-from orchestrator.models import Issue, IssueSource, RunRecord, RunStatus, StageRecord, StageStatus
-from orchestrator.settings import Settings
+from orchestrator.core.errors import ConfigError
+from orchestrator.core.models import (
+    Issue,
+    IssueSource,
+    RunRecord,
+    RunStatus,
+    StageRecord,
+    StageStatus,
+)
+from orchestrator.core.settings import Settings
 
 
 def test_the_demo_refuses_the_real_model_without_a_key_before_starting_anything() -> None:

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import yaml
 
-from orchestrator.pipeline import StageSpec, load_pipeline
+from orchestrator.core.pipeline import StageSpec, load_pipeline
 
 K8S = Path(__file__).resolve().parents[2] / "k8s"
 NAMESPACE = "baton"

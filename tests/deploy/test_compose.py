@@ -29,11 +29,11 @@ from demo import SENTRY_EVENT
 from demo.runner import make_sample_repo
 from images.base import BASE_TAG
 from images.build import ROOT, ensure_images, image_tag
-from orchestrator import api
-from orchestrator.connection import checked_config
-from orchestrator.models import RunRecord, RunStatus, StageStatus
-from orchestrator.pipeline import load_pipeline
-from orchestrator.settings import FAKE_API_KEY, Settings
+from orchestrator.control import api
+from orchestrator.core.connection import checked_config
+from orchestrator.core.models import RunRecord, RunStatus, StageStatus
+from orchestrator.core.pipeline import load_pipeline
+from orchestrator.core.settings import FAKE_API_KEY, Settings
 from sandbox import IMAGE_TAG as SANDBOX_IMAGE
 from sandbox.build import ENV_REPOSITORY
 from sandbox.gate.policy import GatePolicy, image_refusal

@@ -23,12 +23,12 @@ import yaml
 
 from images import build as images_build
 from images.build import image_tag, source_tag, write_overlay
-from orchestrator.connection import checked_config
-from orchestrator.pipeline import load_pipeline
-from orchestrator.queue import check_time_limits
-from orchestrator.server.app import API
-from orchestrator.server.auth import Authenticator, ServeSettings
-from orchestrator.settings import DEFAULT_MODEL
+from orchestrator.control.server.app import API
+from orchestrator.control.server.auth import Authenticator, ServeSettings
+from orchestrator.core.connection import checked_config
+from orchestrator.core.pipeline import load_pipeline
+from orchestrator.core.queue import check_time_limits
+from orchestrator.core.settings import DEFAULT_MODEL
 from sandbox.build import ENV_REPOSITORY
 from sandbox.gate.policy import GatePolicy, image_refusal
 from tests.deploy.manifests import (

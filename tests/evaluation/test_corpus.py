@@ -15,7 +15,7 @@ from evaluation.corpus import CorpusError, load_corpus, load_instance
 from evaluation.harness import Evaluation, Result
 from evaluation.policies import SABOTEUR_MARK, command_for, scenario
 from evaluation.report import ResultsFile, markdown, proof, results_file, tables
-from orchestrator.pipeline import load_pipeline
+from orchestrator.core.pipeline import load_pipeline
 from testkit.gemini.scenario import Scenario
 
 GOLD = """diff --git a/calc/core.py b/calc/core.py

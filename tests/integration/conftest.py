@@ -19,11 +19,11 @@ from selenium.webdriver.chrome.service import Service
 
 from demo import SCENARIO, SENTRY_EVENT
 from demo.runner import make_sample_repo
-from orchestrator import api
-from orchestrator.models import RunRecord, RunStatus
-from orchestrator.pipeline import load_pipeline
-from orchestrator.settings import Settings
-from orchestrator.store import RunStore
+from orchestrator.control import api
+from orchestrator.core.models import RunRecord, RunStatus
+from orchestrator.core.pipeline import load_pipeline
+from orchestrator.core.settings import Settings
+from orchestrator.core.store import RunStore
 from testkit import services
 from testkit.gemini import FakeGemini
 from testkit.services import worker_env

@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from demo import SENTRY_EVENT
-from orchestrator.models import RunStatus
-from orchestrator.store import RunStore
+from orchestrator.core.models import RunStatus
+from orchestrator.core.store import RunStore
 from tests.repos import Git
 
 from .conftest import Stack, demo_scenario, stack_settings, start_worker

@@ -11,9 +11,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from demo import SENTRY_EVENT
-from orchestrator import api
-from orchestrator.models import RunRecord, RunStatus, StageStatus
-from orchestrator.store import RunStore
+from orchestrator.control import api
+from orchestrator.core.models import RunRecord, RunStatus, StageStatus
+from orchestrator.core.store import RunStore
 from tests.containers import sandboxes
 
 from .conftest import Stack

@@ -17,8 +17,8 @@ import redis
 
 from demo import SENTRY_EVENT
 from demo.runner import make_sample_repo
-from orchestrator import keys
-from orchestrator.store import RunStore
+from orchestrator.core import keys
+from orchestrator.core.store import RunStore
 from testkit.services import worker_env
 from tests.containers import sandboxes
 
@@ -29,7 +29,7 @@ def baton(
     *args: str, env: dict[str, str], stdin: bytes | None = None, timeout_s: float = 120
 ) -> subprocess.CompletedProcess[bytes]:
     return subprocess.run(
-        [sys.executable, "-m", "orchestrator.cli", *args],
+        [sys.executable, "-m", "orchestrator.control.cli", *args],
         env={**os.environ, **env},
         input=stdin,
         capture_output=True,
@@ -163,7 +163,16 @@ def test_a_worker_serves_only_the_stages_it_is_given(
     }
     log = open(tmp_path / "worker.log", "wb")
     worker = subprocess.Popen(
-        [sys.executable, "-m", "orchestrator.cli", "worker", "--stages", "triage,plan", "-c", "1"],
+        [
+            sys.executable,
+            "-m",
+            "orchestrator.control.cli",
+            "worker",
+            "--stages",
+            "triage,plan",
+            "-c",
+            "1",
+        ],
         env={**os.environ, **env},
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -207,7 +216,7 @@ def test_demo_json_reports_every_stage_the_proof_and_the_branch(tmp_path: Path) 
     # A Gemini key left in the environment: the demo still plays its scenario on the fake server.
     env |= {"HOME": str(tmp_path), "GOOGLE_API_KEY": "a-real-key-the-demo-must-not-use"}
     done = subprocess.run(
-        [sys.executable, "-m", "orchestrator.cli", "demo", "--json"],
+        [sys.executable, "-m", "orchestrator.control.cli", "demo", "--json"],
         env=env,
         capture_output=True,
         timeout=300,

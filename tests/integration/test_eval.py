@@ -25,7 +25,7 @@ def test_the_oracle_resolves_a_real_bug_and_the_saboteur_is_caught(tmp_path: Pat
     report, results_file = tmp_path / "eval.md", tmp_path / "results" / "eval.json"
     env = {k: v for k, v in os.environ.items() if k not in ("BATON_REDIS_URL", "GOOGLE_API_KEY")}
     done = subprocess.run(
-        [sys.executable, "-m", "orchestrator.cli", "eval", str(ROOT / "eval" / "corpus"),
+        [sys.executable, "-m", "orchestrator.control.cli", "eval", str(ROOT / "eval" / "corpus"),
          "--only", INSTANCE, "--mode", "oracle", "--mode", "saboteur", "--mode", "stale",
          "--concurrency", "1",
          "--json", "--report", str(report), "--results", str(results_file)],

@@ -21,8 +21,8 @@ import pytest
 from selenium import webdriver
 
 from demo import SENTRY_EVENT
-from orchestrator import api
-from orchestrator.models import RunStatus
+from orchestrator.control import api
+from orchestrator.core.models import RunStatus
 from testkit import services
 
 from .conftest import Stack, wrong_fix_first
@@ -75,7 +75,7 @@ def flower(
         "BATON_FLOWER_USER": user,
         "BATON_FLOWER_PASSWORD": password,
     }
-    argv = [sys.executable, "-m", "orchestrator.cli", "flower", "--port", str(port),
+    argv = [sys.executable, "-m", "orchestrator.control.cli", "flower", "--port", str(port),
             "--address", "127.0.0.1"]  # fmt: skip
     with open(log, "wb") as out:
         proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
@@ -198,7 +198,7 @@ def test_flower_refuses_a_wrong_password_but_answers_health_checks(flower: Flowe
     assert right.status_code == 200
     assert (health.status_code, health.text) == (200, "OK")
     cmdline = Path(f"/proc/{flower.proc.pid}/cmdline").read_bytes()
-    assert b"celery\x00-A\x00orchestrator.flower_app\x00flower" in cmdline
+    assert b"celery\x00-A\x00orchestrator.control.flower_app\x00flower" in cmdline
     assert flower.password.encode() not in cmdline + flower.log.read_bytes()
 
 
@@ -206,7 +206,7 @@ def test_flower_refuses_to_start_without_a_login(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("BATON_FLOWER_")}
     env["BATON_REDIS_URL"] = "redis://127.0.0.1:1/0"
     refused = subprocess.run(
-        [sys.executable, "-m", "orchestrator.cli", "flower"],
+        [sys.executable, "-m", "orchestrator.control.cli", "flower"],
         env=env, capture_output=True, timeout=60,
     )  # fmt: skip
 

@@ -18,9 +18,9 @@ import pytest
 import redis
 
 from demo.runner import make_sample_repo
-from orchestrator import api
-from orchestrator.models import RunRecord, RunStatus
-from orchestrator.settings import DEFAULT_MODEL
+from orchestrator.control import api
+from orchestrator.core.models import RunRecord, RunStatus
+from orchestrator.core.settings import DEFAULT_MODEL
 from testkit import services
 from testkit.gemini import FakeGemini
 from testkit.services import worker_env
@@ -37,12 +37,12 @@ description = "Two stages without tools: one model call each, two when a reply n
 
 [[stages]]
 name = "gov_first"
-output_schema = "orchestrator.schemas:Summary"
+output_schema = "orchestrator.core.schemas:Summary"
 instruction = "Summarize the report in one sentence.\\n{issue}"
 
 [[stages]]
 name = "gov_second"
-output_schema = "orchestrator.schemas:Summary"
+output_schema = "orchestrator.core.schemas:Summary"
 instruction = "Shorten this summary: {gov_first}"
 """
 SUMMARY = {"json": {"summary": "Checkout divides cents twice."}}

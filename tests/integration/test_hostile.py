@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from orchestrator.models import RunRecord, RunStatus, StageStatus
-from orchestrator.store import RunStore
+from orchestrator.core.models import RunRecord, RunStatus, StageStatus
+from orchestrator.core.store import RunStore
 from tests.repos import Git
 
 from .conftest import CANARY_KEY, Stack, demo_scenario

@@ -13,10 +13,10 @@ import sys
 from pathlib import Path
 
 from demo import SENTRY_EVENT
-from orchestrator import keys
-from orchestrator.inspection import find_artifact
-from orchestrator.models import RunRecord, RunStatus
-from orchestrator.store import RunStore
+from orchestrator.control.inspection import find_artifact
+from orchestrator.core import keys
+from orchestrator.core.models import RunRecord, RunStatus
+from orchestrator.core.store import RunStore
 
 from .conftest import Stack
 
@@ -27,7 +27,7 @@ def baton(stack: Stack, *args: str, columns: int = 80) -> subprocess.CompletedPr
     env = {**os.environ, "BATON_REDIS_URL": stack.settings.require_redis_url(),
            "COLUMNS": str(columns), "TERM": "dumb"}  # fmt: skip
     done = subprocess.run(
-        [sys.executable, "-m", "orchestrator.cli", *args], env=env, capture_output=True,
+        [sys.executable, "-m", "orchestrator.control.cli", *args], env=env, capture_output=True,
         timeout=60,
     )  # fmt: skip
     return done

@@ -17,10 +17,10 @@ from google.genai import types
 from pydantic import SecretStr
 
 from demo import SAMPLE_REPO, SENTRY_EVENT
-from orchestrator.models import RunStatus, StageStatus
-from orchestrator.pipeline import load_pipeline
-from orchestrator.settings import ModelConfig, RetryConfig
-from orchestrator.store import RunStore
+from orchestrator.core.models import RunStatus, StageStatus
+from orchestrator.core.pipeline import load_pipeline
+from orchestrator.core.settings import ModelConfig, RetryConfig
+from orchestrator.core.store import RunStore
 from testkit.sinks import MemoryArtifacts
 from testkit.workspace import LocalWorkspace
 from tests.repos import Git

@@ -14,9 +14,9 @@ import redis
 from prometheus_client.parser import text_string_to_metric_families
 
 from demo import SENTRY_EVENT
-from orchestrator.models import RunStatus
-from orchestrator.pipeline import load_pipeline
-from orchestrator.settings import DEFAULT_MODEL
+from orchestrator.core.models import RunStatus
+from orchestrator.core.pipeline import load_pipeline
+from orchestrator.core.settings import DEFAULT_MODEL
 from testkit import services
 from testkit.services import worker_env
 

@@ -11,7 +11,7 @@ import time
 from typing import Any
 
 from demo import SENTRY_EVENT
-from orchestrator.models import RunStatus, StageStatus
+from orchestrator.core.models import RunStatus, StageStatus
 
 from .conftest import Stack, demo_scenario
 
@@ -19,7 +19,7 @@ from .conftest import Stack, demo_scenario
 def baton(stack: Stack, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "BATON_REDIS_URL": stack.settings.require_redis_url()}
     return subprocess.run(
-        [sys.executable, "-m", "orchestrator.cli", *args],
+        [sys.executable, "-m", "orchestrator.control.cli", *args],
         env=env,
         capture_output=True,
         text=True,

@@ -17,8 +17,8 @@ import pytest
 import redis
 from celery import Celery
 
-from orchestrator.queue import STAGE_TASK, celery_config
-from orchestrator.settings import QueueConfig
+from orchestrator.core.queue import STAGE_TASK, celery_config
+from orchestrator.core.settings import QueueConfig
 from testkit import services
 
 pytestmark = pytest.mark.integration

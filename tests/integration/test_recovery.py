@@ -19,10 +19,10 @@ import pytest
 import redis
 
 from demo import SENTRY_EVENT
-from orchestrator import api
-from orchestrator.models import RunStatus, StageStatus
-from orchestrator.settings import Settings
-from orchestrator.store import RunStore
+from orchestrator.control import api
+from orchestrator.core.models import RunStatus, StageStatus
+from orchestrator.core.settings import Settings
+from orchestrator.core.store import RunStore
 from testkit import services
 from testkit.services import worker_env
 from tests.containers import sandboxes
@@ -305,7 +305,7 @@ def test_the_cli_lists_runs_and_cancels(own_db: Stack) -> None:
     env = {**os.environ, "BATON_REDIS_URL": own_db.settings.require_redis_url()}
 
     def baton(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], env=env,
+        return subprocess.run([sys.executable, "-m", "orchestrator.control.cli", *args], env=env,
                               capture_output=True, text=True, timeout=60)  # fmt: skip
 
     cancelled = baton("cancel", ids[1])

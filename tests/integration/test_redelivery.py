@@ -8,10 +8,10 @@ from pathlib import Path
 import redis
 
 from demo import SENTRY_EVENT
-from orchestrator.models import StageStatus
-from orchestrator.pipeline import load_pipeline
-from orchestrator.queue import Dispatcher
-from orchestrator.store import RunStore
+from orchestrator.core.models import StageStatus
+from orchestrator.core.pipeline import load_pipeline
+from orchestrator.core.queue import Dispatcher
+from orchestrator.core.store import RunStore
 from testkit import services
 from testkit.services import worker_env
 

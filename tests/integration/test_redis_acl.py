@@ -27,10 +27,11 @@ from pydantic import SecretStr
 
 from demo import SENTRY_EVENT
 from demo.runner import make_sample_repo
-from orchestrator import api, keys
-from orchestrator.models import RunStatus
-from orchestrator.pipeline import load_pipeline
-from orchestrator.settings import Settings
+from orchestrator.control import api
+from orchestrator.core import keys
+from orchestrator.core.models import RunStatus
+from orchestrator.core.pipeline import load_pipeline
+from orchestrator.core.settings import Settings
 from testkit import services
 from testkit.gemini import FakeGemini
 from testkit.services import RedisServer, RedisUsers, worker_env
@@ -159,7 +160,7 @@ def test_no_role_may_touch_what_is_another_roles(role: str, acl_redis: RedisServ
 
 
 def baton_keys() -> dict[str, list[str]]:
-    """A key of each kind Baton names (orchestrator/keys.py, workers/environments.py), by the
+    """A key of each kind Baton names (orchestrator/core/keys.py, workers/environments.py), by the
     part of Baton that uses it."""
     run = "20261201-000000-abcdef"
     return {
@@ -246,7 +247,7 @@ def role_env(server: RedisServer, role: str) -> dict[str, str]:
 
 def baton(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "orchestrator.cli", *args],
+        [sys.executable, "-m", "orchestrator.control.cli", *args],
         env={**os.environ, **env}, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
 
@@ -295,7 +296,7 @@ def flower(server: RedisServer, logfile: Path) -> Iterator[tuple[str, tuple[str,
     port, login = services.free_port(), ("operator", secrets.token_hex(16))
     env = {**os.environ, **role_env(server, "flower"), "BATON_FLOWER_USER": login[0],
            "BATON_FLOWER_PASSWORD": login[1]}  # fmt: skip
-    argv = [sys.executable, "-m", "orchestrator.cli", "flower", "--port", str(port),
+    argv = [sys.executable, "-m", "orchestrator.control.cli", "flower", "--port", str(port),
             "--address", "127.0.0.1"]  # fmt: skip
     with open(logfile, "wb") as out:
         proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from orchestrator.connection import checked_config
-from orchestrator.queue import Dispatcher
-from orchestrator.settings import QueueConfig
+from orchestrator.core.connection import checked_config
+from orchestrator.core.queue import Dispatcher
+from orchestrator.core.settings import QueueConfig
 from testkit import services
 from testkit.services import RedisServer, RedisUsers
 from testkit.tls import make_tls_files
@@ -51,7 +51,7 @@ def test_the_demo_runs_to_the_end_over_tls_as_the_worker_user(
         "HOME": str(tmp_path),
     }
     demo = subprocess.run(
-        [sys.executable, "-m", "orchestrator.cli", "demo", "--json", "--timeout", "240"],
+        [sys.executable, "-m", "orchestrator.control.cli", "demo", "--json", "--timeout", "240"],
         env=env, capture_output=True, text=True, timeout=400,
     )  # fmt: skip
     assert demo.returncode == 0, demo.stderr[-3000:]

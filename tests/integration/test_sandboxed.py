@@ -15,9 +15,9 @@ from typing import Any
 from pydantic import SecretStr
 
 from demo import SENTRY_EVENT
-from orchestrator.models import RunStatus, StageStatus
-from orchestrator.pipeline import load_pipeline
-from orchestrator.store import RunStore
+from orchestrator.core.models import RunStatus, StageStatus
+from orchestrator.core.pipeline import load_pipeline
+from orchestrator.core.store import RunStore
 from testkit import services
 from testkit.github import FakeGitHub
 from testkit.services import worker_env

@@ -27,9 +27,9 @@ from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.wait import WebDriverWait
 
 from demo import SENTRY_EVENT
-from orchestrator import api
-from orchestrator.models import RunRecord, RunStatus, StageStatus
-from orchestrator.store import RunStore
+from orchestrator.control import api
+from orchestrator.core.models import RunRecord, RunStatus, StageStatus
+from orchestrator.core.store import RunStore
 from testkit import services
 
 from .conftest import Stack

@@ -13,9 +13,9 @@ import pytest
 import redis
 
 from demo import SENTRY_EVENT
-from orchestrator import api
-from orchestrator.errors import EnvironmentFileError, RepoError
-from orchestrator.settings import Settings
+from orchestrator.control import api
+from orchestrator.core.errors import EnvironmentFileError, RepoError
+from orchestrator.core.settings import Settings
 from tests.repos import Git, Upstream
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -80,7 +80,15 @@ def test_baton_enqueue_with_a_folder_inside_a_repository_exits_2_naming_it_and_w
     upstream: Upstream, unit_redis_url: str, redis_client: redis.Redis
 ) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "orchestrator.cli", "enqueue", str(SENTRY_EVENT), "--repo", "shop"],
+        [
+            sys.executable,
+            "-m",
+            "orchestrator.control.cli",
+            "enqueue",
+            str(SENTRY_EVENT),
+            "--repo",
+            "shop",
+        ],
         cwd=upstream.work,
         env={**os.environ, "BATON_REDIS_URL": unit_redis_url, "PYTHONPATH": str(ROOT)},
         capture_output=True,

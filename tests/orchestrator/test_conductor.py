@@ -8,10 +8,10 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from orchestrator import keys
-from orchestrator.conductor import Conductor
-from orchestrator.errors import RunStateError
-from orchestrator.execution import (
+from orchestrator.core import keys
+from orchestrator.core.conductor import Conductor
+from orchestrator.core.errors import RunStateError
+from orchestrator.core.execution import (
     Completion,
     Hold,
     StageFigures,
@@ -19,10 +19,10 @@ from orchestrator.execution import (
     StageStart,
     StartAction,
 )
-from orchestrator.models import ArtifactRef, Issue, IssueSource, RunStatus, StageStatus
-from orchestrator.queue import Dispatcher
-from orchestrator.settings import QueueConfig
-from orchestrator.store import RunStore
+from orchestrator.core.models import ArtifactRef, Issue, IssueSource, RunStatus, StageStatus
+from orchestrator.core.queue import Dispatcher
+from orchestrator.core.settings import QueueConfig
+from orchestrator.core.store import RunStore
 
 ISSUE = Issue(source=IssueSource.TEXT, title="Checkout crashes on an empty cart", body="boom")
 
@@ -332,7 +332,7 @@ def test_resume_from_a_named_stage_drops_its_output_and_those_after_it(
 
 
 def test_a_run_still_going_cannot_be_resumed(conductor: Conductor) -> None:
-    from orchestrator.errors import RunStateError
+    from orchestrator.core.errors import RunStateError
 
     run_id, _ = conductor.submit(ISSUE, repo="/r", commit="abc", pipeline="fixer")
     with pytest.raises(RunStateError, match="is still queued; cancel it first"):
@@ -369,7 +369,7 @@ def test_only_the_execution_holding_a_stage_may_put_it_to_wait(conductor: Conduc
 def test_a_cancelled_run_whose_stage_is_still_stopping_cannot_be_resumed_yet(
     conductor: Conductor,
 ) -> None:
-    from orchestrator.errors import RunStateError
+    from orchestrator.core.errors import RunStateError
 
     run_id, _ = conductor.submit(ISSUE, repo="/r", commit="abc", pipeline="fixer")
     begin(conductor, run_id, "triage", owner="host:1:a", lease_s=30)

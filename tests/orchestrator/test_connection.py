@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.connection import MIN_PASSWORD_CHARS, RedisConfig, checked_config
-from orchestrator.errors import ConfigError
-from orchestrator.queue import celery_config
-from orchestrator.settings import QueueConfig, Settings
-from orchestrator.store import connect
+from orchestrator.core.connection import MIN_PASSWORD_CHARS, RedisConfig, checked_config
+from orchestrator.core.errors import ConfigError
+from orchestrator.core.queue import celery_config
+from orchestrator.core.settings import QueueConfig, Settings
+from orchestrator.core.store import connect
 
 GOOD = "0123456789abcdef"
 """A password of exactly 16 characters."""

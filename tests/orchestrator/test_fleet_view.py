@@ -5,7 +5,7 @@ import io
 import pytest
 from rich.console import Console
 
-from orchestrator.fleet import Fleet, QueueView, WorkerView, fleet_view
+from orchestrator.control.fleet import Fleet, QueueView, WorkerView, fleet_view
 
 TASKS = ["20261130-225200-4f1c2a.fix.2", "20261130-225207-9b0e11.search"]
 """What a worker runs, by task id: `<run id>.<stage>`, `.<iteration>` from the second on."""

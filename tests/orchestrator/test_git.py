@@ -1,4 +1,4 @@
-"""Git on the host (`orchestrator.git`) against real git: the runner, its errors, pinning a
+"""Git on the host (`orchestrator.core.git`) against real git: the runner, its errors, pinning a
 commit, and which local paths count as a repository."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.errors import RepoError
-from orchestrator.git import (
+from orchestrator.core.errors import RepoError
+from orchestrator.core.git import (
     COMMITTER,
     check_repository_root,
     git_output,

@@ -14,11 +14,13 @@ from pydantic import SecretStr
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from orchestrator import inspection
-from orchestrator.conductor import Conductor
-from orchestrator.errors import ArtifactNotFoundError, ConfigError
-from orchestrator.flower import FlowerCredentials, flower_config
-from orchestrator.models import (
+from orchestrator.control import inspection
+from orchestrator.control.flower import FlowerCredentials, flower_config
+from orchestrator.control.server.app import create_app
+from orchestrator.control.server.auth import Authenticator, Principal, ServeSettings
+from orchestrator.core.conductor import Conductor
+from orchestrator.core.errors import ArtifactNotFoundError, ConfigError
+from orchestrator.core.models import (
     ArtifactRef,
     Issue,
     IssueSource,
@@ -28,11 +30,9 @@ from orchestrator.models import (
     StageRecord,
     StageStatus,
 )
-from orchestrator.queue import Dispatcher
-from orchestrator.server.app import create_app
-from orchestrator.server.auth import Authenticator, Principal, ServeSettings
-from orchestrator.settings import QueueConfig
-from orchestrator.store import RunStore
+from orchestrator.core.queue import Dispatcher
+from orchestrator.core.settings import QueueConfig
+from orchestrator.core.store import RunStore
 
 RUN = "20261201-120000-abcdef"
 

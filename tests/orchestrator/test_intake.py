@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from demo import SENTRY_EVENT
-from orchestrator.errors import IntakeError, PayloadTooLargeError
-from orchestrator.intake import IntakeLimits, detect_source, parse_payload
-from orchestrator.models import Frame, Issue, IssueSource
+from orchestrator.control.intake import IntakeLimits, detect_source, parse_payload
+from orchestrator.core.errors import IntakeError, PayloadTooLargeError
+from orchestrator.core.models import Frame, Issue, IssueSource
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 

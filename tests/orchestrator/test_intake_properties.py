@@ -27,9 +27,9 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from demo.runner import make_sample_repo
-from orchestrator.errors import IntakeError, PayloadTooLargeError
-from orchestrator.intake import IntakeLimits, parse_payload
-from orchestrator.models import Issue, IssueSource
+from orchestrator.control.intake import IntakeLimits, parse_payload
+from orchestrator.core.errors import IntakeError, PayloadTooLargeError
+from orchestrator.core.models import Issue, IssueSource
 from tests.tiers import examples
 
 # --- Payload pieces ------------------------------------------------------------------------------
@@ -587,7 +587,7 @@ def test_baton_enqueue_refuses_a_bad_payload_in_one_line_and_writes_nothing(
     if not repo.exists():
         make_sample_repo(repo)
     done = subprocess.run(
-        [sys.executable, "-m", "orchestrator.cli", "enqueue", "-", "--repo", str(repo)],
+        [sys.executable, "-m", "orchestrator.control.cli", "enqueue", "-", "--repo", str(repo)],
         env={**os.environ, "BATON_REDIS_URL": url},
         input=payload,
         capture_output=True,

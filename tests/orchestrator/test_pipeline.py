@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.errors import PipelineError
-from orchestrator.pipeline import Pipeline, load_pipeline, render
+from orchestrator.core.errors import PipelineError
+from orchestrator.core.pipeline import Pipeline, load_pipeline, render
 
 
 def test_fixer_pipeline_has_six_stages_each_on_its_own_queue() -> None:
@@ -62,7 +62,7 @@ def _pipeline(**stage_overrides: object) -> dict[str, object]:
     stage = {
         "name": "one",
         "instruction": "go {issue}",
-        "output_schema": "orchestrator.schemas:Plan",
+        "output_schema": "orchestrator.core.schemas:Plan",
     }
     stage.update(stage_overrides)
     return {"name": "p", "stages": [stage]}
@@ -72,7 +72,10 @@ def _pipeline(**stage_overrides: object) -> dict[str, object]:
     ("override", "message"),
     [
         ({"instruction": "use {later}"}, "references {later}"),
-        ({"output_schema": "orchestrator.schemas:Nope"}, "cannot be imported"),
+        ({"output_schema": "orchestrator.core.schemas:Nope"}, "cannot be imported"),
+        ({"output_schema": "orchestrator.schemas:Plan"},
+         "the module orchestrator.schemas is now orchestrator.core.schemas; "
+         "write orchestrator.core.schemas:Plan"),
         ({"budget": {"soft_time_limit_s": 10, "time_limit_s": 5}}, "soft_time_limit_s"),
         ({"name": "Bad Name"}, "name"),
         ({"publish": {"planned_from": "plan.files_to_change"}},
@@ -81,7 +84,7 @@ def _pipeline(**stage_overrides: object) -> dict[str, object]:
         ({"loop": {"until": "verdict.passed"}}, "has no field 'verdict'"),
         ({"loop": {"until": "summary", "max_iterations": 11}}, "max_iterations"),
         ({"reproduce": True}, "its output schema must be a Reproduction"),
-        ({"output_schema": "orchestrator.schemas:Reproduction", "reproduce": True},
+        ({"output_schema": "orchestrator.core.schemas:Reproduction", "reproduce": True},
          "reproduces, so it needs code tools"),
         ({"proof": {"reproduction_from": "triage"}},
          "proves with 'triage', which names no earlier stage with `reproduce = true`"),
@@ -104,7 +107,7 @@ def test_pipeline_loads_from_a_toml_file(tmp_path) -> None:
     path = tmp_path / "mine.toml"
     path.write_text(
         'name = "mine"\n[[stages]]\nname = "only"\ninstruction = "x {issue}"\n'
-        'output_schema = "orchestrator.schemas:Plan"\nqueue = "custom"\n'
+        'output_schema = "orchestrator.core.schemas:Plan"\nqueue = "custom"\n'
     )
     pipeline = load_pipeline(str(path))
     assert pipeline.first.queue == "custom"
@@ -112,9 +115,9 @@ def test_pipeline_loads_from_a_toml_file(tmp_path) -> None:
 
 
 def test_time_limits_must_stay_below_the_visibility_timeout() -> None:
-    from orchestrator.errors import ConfigError
-    from orchestrator.queue import check_time_limits
-    from orchestrator.settings import QueueConfig, RetryConfig
+    from orchestrator.core.errors import ConfigError
+    from orchestrator.core.queue import check_time_limits
+    from orchestrator.core.settings import QueueConfig, RetryConfig
 
     pipeline = load_pipeline("fixer")
     check_time_limits(pipeline, QueueConfig(), RetryConfig())

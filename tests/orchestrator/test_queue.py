@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from orchestrator.pipeline import load_pipeline
-from orchestrator.queue import STAGE_TASK, Dispatcher, celery_app
-from orchestrator.settings import QueueConfig
+from orchestrator.core.pipeline import load_pipeline
+from orchestrator.core.queue import STAGE_TASK, Dispatcher, celery_app
+from orchestrator.core.settings import QueueConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -42,7 +42,7 @@ def test_a_stage_is_sent_as_the_one_stage_task_but_named_for_its_stage_everywher
 
 def test_a_pool_process_collects_less_and_leaves_what_it_inherited_alone() -> None:
     probe = (
-        "import gc; from orchestrator.queue import YOUNG_COLLECTION_EVERY, collect_less\n"
+        "import gc; from orchestrator.core.queue import YOUNG_COLLECTION_EVERY, collect_less\n"
         "before = gc.get_threshold(); collect_less()\n"
         "print(before[0], gc.get_threshold() == (YOUNG_COLLECTION_EVERY, *before[1:]),"
         " gc.get_freeze_count() > 1000)"

@@ -1,5 +1,5 @@
-"""What `orchestrator.queue` relies on in Celery and kombu beyond their public API, pinned: each
-test fails when an upgrade changes a signature or a behaviour Baton's subclasses and raw reads
+"""What `orchestrator.core.queue` relies on in Celery and kombu beyond their public API, pinned:
+each test fails when an upgrade changes a signature or a behaviour Baton's subclasses and raw reads
 depend on (docs/upstream.md lists them). requirements.lock pins the versions they passed with.
 
 - `_PublishingChannel` overrides kombu's `Channel.conn_or_acquire` and calls its private
@@ -32,8 +32,8 @@ from celery import Celery
 from celery.app.amqp import AMQP
 from kombu.transport import redis as kombu_redis
 
-from orchestrator.pipeline import load_pipeline
-from orchestrator.queue import (
+from orchestrator.core.pipeline import load_pipeline
+from orchestrator.core.queue import (
     STAGE_TASK,
     Dispatcher,
     RedisTransport,
@@ -41,7 +41,7 @@ from orchestrator.queue import (
     _PublishingChannel,
     celery_app,
 )
-from orchestrator.settings import QueueConfig
+from orchestrator.core.settings import QueueConfig
 
 FIX = next(s for s in load_pipeline("fixer").stages if s.name == "fix")
 RUN = "20261202-000000-abcdef"

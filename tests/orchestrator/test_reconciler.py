@@ -9,12 +9,12 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from orchestrator.conductor import Conductor
-from orchestrator.models import Issue, IssueSource, StageStatus
-from orchestrator.queue import Dispatcher
-from orchestrator.reconciler import Reconciler, Repair
-from orchestrator.settings import QueueConfig
-from orchestrator.store import RunStore
+from orchestrator.core.conductor import Conductor
+from orchestrator.core.models import Issue, IssueSource, StageStatus
+from orchestrator.core.queue import Dispatcher
+from orchestrator.core.reconciler import Reconciler, Repair
+from orchestrator.core.settings import QueueConfig
+from orchestrator.core.store import RunStore
 
 from .test_conductor import queued_task_ids
 

@@ -8,16 +8,7 @@ import pytest
 from rich.console import Console, RenderableType
 from rich.table import Table
 
-from orchestrator.models import (
-    Issue,
-    IssueSource,
-    Iteration,
-    RunRecord,
-    RunStatus,
-    StageRecord,
-    StageStatus,
-)
-from orchestrator.report import (
+from orchestrator.control.report import (
     Activity,
     live_activity,
     outcome,
@@ -25,6 +16,15 @@ from orchestrator.report import (
     run_table,
     run_view,
     runs_table,
+)
+from orchestrator.core.models import (
+    Issue,
+    IssueSource,
+    Iteration,
+    RunRecord,
+    RunStatus,
+    StageRecord,
+    StageStatus,
 )
 
 SESSION = "r1:search:2"

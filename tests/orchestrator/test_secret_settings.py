@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 from pydantic import SecretStr, ValidationError
 
-from orchestrator.errors import ConfigError
-from orchestrator.flower import FlowerCredentials
-from orchestrator.secret_settings import is_secret, variables
-from orchestrator.server.auth import ServeSettings
-from orchestrator.settings import BatonSettings, Settings
+from orchestrator.control.flower import FlowerCredentials
+from orchestrator.control.server.auth import ServeSettings
+from orchestrator.core.errors import ConfigError
+from orchestrator.core.secret_settings import is_secret, variables
+from orchestrator.core.settings import BatonSettings, Settings
 from workers.settings import WorkerSettings
 
 SETTINGS_CLASSES = (Settings, WorkerSettings, ServeSettings, FlowerCredentials)

@@ -16,15 +16,15 @@ from dataclasses import dataclass
 import pytest
 from openapi_spec_validator import validate
 
-from orchestrator import keys
-from orchestrator.conductor import Conductor
-from orchestrator.execution import StageFigures, StageResult
-from orchestrator.models import Issue, IssueSource, RunStatus
-from orchestrator.queue import Dispatcher
-from orchestrator.server.app import create_app
-from orchestrator.server.auth import ServeSettings
-from orchestrator.settings import QueueConfig
-from orchestrator.store import RunStore
+from orchestrator.control.server.app import create_app
+from orchestrator.control.server.auth import ServeSettings
+from orchestrator.core import keys
+from orchestrator.core.conductor import Conductor
+from orchestrator.core.execution import StageFigures, StageResult
+from orchestrator.core.models import Issue, IssueSource, RunStatus
+from orchestrator.core.queue import Dispatcher
+from orchestrator.core.settings import QueueConfig
+from orchestrator.core.store import RunStore
 
 with warnings.catch_warnings():  # starlette asks for httpx2, which its own client does not need
     warnings.simplefilter("ignore")

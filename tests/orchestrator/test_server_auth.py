@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 from pydantic import SecretStr, ValidationError
 
-from orchestrator.server.app import SECURITY_HEADERS, STATIC
-from orchestrator.server.auth import Authenticator, Principal, ServeSettings
-from orchestrator.server.limits import client_key
-from orchestrator.server.login import safe_next, wait_page
+from orchestrator.control.server.app import SECURITY_HEADERS, STATIC
+from orchestrator.control.server.auth import Authenticator, Principal, ServeSettings
+from orchestrator.control.server.limits import client_key
+from orchestrator.control.server.login import safe_next, wait_page
 
 ON_SITE = [
     "/",

@@ -13,9 +13,9 @@ import pytest
 import redis
 from pydantic import SecretStr
 
-from orchestrator.server.auth import Authenticator, Principal, ServeSettings
-from orchestrator.server.limits import Counter, LoginLimiter
-from orchestrator.server.sessions import TRUSTED_BROWSER_S, Sessions
+from orchestrator.control.server.auth import Authenticator, Principal, ServeSettings
+from orchestrator.control.server.limits import Counter, LoginLimiter
+from orchestrator.control.server.sessions import TRUSTED_BROWSER_S, Sessions
 
 WINDOW_S = 900.0
 SECRET = SecretStr("s" * 64)

@@ -5,10 +5,10 @@ from typing import Any
 
 import pytest
 
-from orchestrator import keys
-from orchestrator.errors import RunNotFoundError
-from orchestrator.models import Issue, IssueSource, RunRecord, StageRecord
-from orchestrator.store import MAX_AUDIT_ENTRY_CHARS, RunStore
+from orchestrator.core import keys
+from orchestrator.core.errors import RunNotFoundError
+from orchestrator.core.models import Issue, IssueSource, RunRecord, StageRecord
+from orchestrator.core.store import MAX_AUDIT_ENTRY_CHARS, RunStore
 
 
 def make_run(run_id: str = "r1") -> RunRecord:

@@ -13,8 +13,8 @@ import docker
 import pytest
 import redis
 
-from orchestrator.queue import celery_app
-from orchestrator.settings import QueueConfig
+from orchestrator.core.queue import celery_app
+from orchestrator.core.settings import QueueConfig
 from sandbox import SandboxStartError
 from sandbox.build import BuildSettings, build_environment, environment_tag
 from sandbox.environment import EnvironmentSpec

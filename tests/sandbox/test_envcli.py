@@ -71,7 +71,7 @@ def test_shell_is_a_stages_sandbox_with_the_tree_and_no_network(
     )
     settings = {"BATON_REDIS_URL": unit_redis_url, "BATON_REPO_CACHE_DIR": str(tmp_path / "c")}
     done = subprocess.run(
-        [sys.executable, "-m", "orchestrator.cli", "env", "shell", str(upstream.bare)],
+        [sys.executable, "-m", "orchestrator.control.cli", "env", "shell", str(upstream.bare)],
         input=typed, capture_output=True, text=True, timeout=300, cwd=ROOT,
         env={**os.environ, **settings},
     )  # fmt: skip

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from pydantic import SecretStr
 
-from orchestrator.pipeline import StageBudget
-from orchestrator.settings import ModelConfig, RetryConfig
+from orchestrator.core.pipeline import StageBudget
+from orchestrator.core.settings import ModelConfig, RetryConfig
 from testkit.gemini import FakeGemini
 from workers.agent import AgentSpec, StageSession, Usage, build_agent
 from workers.gemini import build_model, close_model

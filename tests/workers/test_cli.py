@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
-from orchestrator.cli import main
+from orchestrator.control.cli import main
 
 
 def test_a_worker_without_a_model_key_refuses_to_start_and_says_so(

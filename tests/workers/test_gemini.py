@@ -11,8 +11,8 @@ import httpx
 import pytest
 from google.genai import errors
 
-from orchestrator.models import StageRecord
-from orchestrator.settings import ModelConfig, RetryConfig
+from orchestrator.core.models import StageRecord
+from orchestrator.core.settings import ModelConfig, RetryConfig
 from workers import gemini
 from workers.errors import ModelRejectedError, ModelUnavailableError, RateLimitedError
 from workers.gemini import (

@@ -14,8 +14,8 @@ from google.adk.models.llm_request import LlmRequest
 from google.genai import errors, types
 from pydantic import SecretStr
 
-from orchestrator import keys
-from orchestrator.settings import ModelConfig, QuotaConfig, RetryConfig
+from orchestrator.core import keys
+from orchestrator.core.settings import ModelConfig, QuotaConfig, RetryConfig
 from testkit.gemini import FakeGemini
 from workers.errors import QuotaWaitError, RateLimitedError
 from workers.gemini import BatonGemini, build_model, close_model, model_error

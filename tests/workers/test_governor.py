@@ -18,8 +18,8 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from orchestrator import keys
-from orchestrator.settings import QuotaConfig
+from orchestrator.core import keys
+from orchestrator.core.settings import QuotaConfig
 from workers.errors import QuotaWaitError, RateLimitedError
 from workers.governor import JITTER_S, SETTLE_S, WINDOW_MARGIN_S, Governor, Permit
 
@@ -297,8 +297,8 @@ def test_a_429_for_a_model_without_a_quota_only_cools_the_fleet_down(
 WORKER = """
 import asyncio, json, sys
 import redis
-from orchestrator import keys
-from orchestrator.settings import QuotaConfig
+from orchestrator.core import keys
+from orchestrator.core.settings import QuotaConfig
 from workers.governor import Governor
 
 url, model, limit, window_s, calls = sys.argv[1:6]

@@ -25,8 +25,8 @@ from google.genai import types
 from pydantic import SecretStr
 
 from demo import SCENARIO
-from orchestrator.pipeline import load_pipeline
-from orchestrator.settings import ModelConfig, RetryConfig
+from orchestrator.core.pipeline import load_pipeline
+from orchestrator.core.settings import ModelConfig, RetryConfig
 from testkit.gemini import FakeGemini
 from testkit.sinks import MemoryArtifacts
 from testkit.workspace import LocalWorkspace

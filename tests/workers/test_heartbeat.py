@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import pytest
 
-from orchestrator.execution import Hold
+from orchestrator.core.execution import Hold
 from workers.heartbeat import Heartbeat, Interruptible
 
 

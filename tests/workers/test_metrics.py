@@ -24,8 +24,8 @@ from google.genai import errors as genai_errors
 from prometheus_client.parser import text_string_to_metric_families
 
 import sandbox
-from orchestrator.pipeline import VerifyRule, load_pipeline
-from orchestrator.schemas import Fact, Plan, TestRun
+from orchestrator.core.pipeline import VerifyRule, load_pipeline
+from orchestrator.core.schemas import Fact, Plan, TestRun
 from workers import errors as workers_errors
 from workers import output, stage
 from workers.errors import (
@@ -279,7 +279,7 @@ def test_prepare_switches_a_prometheus_client_imported_earlier_to_multiprocess_m
 def test_serving_on_a_port_in_use_says_which_setting_to_change(tmp_path: Path) -> None:
     shown = run_script(
         """
-        from orchestrator.errors import ConfigError
+        from orchestrator.core.errors import ConfigError
         metrics.prepare(Path(sys.argv[1]))
         port = metrics.serve(0, host="127.0.0.1")
         try:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.errors import RepoError
+from orchestrator.core.errors import RepoError
 from tests.repos import Git, Upstream
 from workers.mirrors import RepoCache
 

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.pipeline import load_pipeline
-from orchestrator.schemas import Fix, Plan, TestRun
+from orchestrator.core.pipeline import load_pipeline
+from orchestrator.core.schemas import Fix, Plan, TestRun
 from workers.inputs import PREVIOUS_ATTEMPT_CHARS, previous_attempt
 from workers.proof import (
     counts,

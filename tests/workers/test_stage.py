@@ -21,8 +21,8 @@ import pytest
 
 from demo import SCENARIO
 from demo.runner import make_sample_repo
-from orchestrator.git import resolve_commit
-from orchestrator.pipeline import ISSUE_KEY, PREVIOUS_ATTEMPT_KEY, StageBudget, load_pipeline
+from orchestrator.core.git import resolve_commit
+from orchestrator.core.pipeline import ISSUE_KEY, PREVIOUS_ATTEMPT_KEY, StageBudget, load_pipeline
 from testkit.inprocess import InProcessGemini
 from testkit.sandboxes import LocalSandboxes
 from testkit.sinks import MemoryArtifacts

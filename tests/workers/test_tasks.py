@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from orchestrator.conductor import Conductor
-from orchestrator.execution import Hold
-from orchestrator.models import Issue, IssueSource, RunRecord, StageRecord
-from orchestrator.pipeline import load_pipeline
-from orchestrator.settings import ModelConfig, RetryConfig
+from orchestrator.core.conductor import Conductor
+from orchestrator.core.execution import Hold
+from orchestrator.core.models import Issue, IssueSource, RunRecord, StageRecord
+from orchestrator.core.pipeline import load_pipeline
+from orchestrator.core.settings import ModelConfig, RetryConfig
 from workers import tasks
 from workers.errors import (
     InfrastructureError,

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from pathlib import PurePosixPath
 
-from orchestrator.git import COMMITTER, LOCAL_GIT_TIMEOUT_S, git_config_env
+from orchestrator.core.git import COMMITTER, LOCAL_GIT_TIMEOUT_S, git_config_env
 from sandbox import DockerSandbox, SandboxError
 from workers.tools.errors import ToolError
 from workers.tools.workspace import (

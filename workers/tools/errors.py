@@ -1,6 +1,6 @@
 """Errors raised by tools and workspaces.
 
-    BatonError (orchestrator.errors)
+    BatonError (orchestrator.core.errors)
     └── ToolError    (RuntimeError)
 
 `BatonError` holds the message; every argument reaches ``Exception.__init__``, so it pickles.
@@ -8,7 +8,7 @@
 
 from __future__ import annotations
 
-from orchestrator.errors import BatonError
+from orchestrator.core.errors import BatonError
 
 
 class ToolError(BatonError, RuntimeError):

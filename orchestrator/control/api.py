@@ -1,0 +1,181 @@
+"""Baton from Python: enqueue an issue against a repository, read a run back.
+
+from orchestrator import enqueue
+run_id = enqueue(sentry_event_json, repo="/srv/git/shop")
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from orchestrator.control.intake import parse_payload
+from orchestrator.core import git
+from orchestrator.core.conductor import Conductor
+from orchestrator.core.errors import EnvironmentFileError
+from orchestrator.core.models import IssueSource, RunRecord, RunStatus
+from orchestrator.core.pipeline import load_pipeline
+from orchestrator.core.queue import Dispatcher, check_time_limits
+from orchestrator.core.settings import Settings
+from orchestrator.core.store import RunStore
+
+CHECKS_GROUP = "baton.checks"
+"""Entry point group of the checks other packages lend the orchestrator: `environment` checks
+an environment spec given at enqueue (the orchestrator cannot import the sandbox package)."""
+
+
+@contextmanager
+def connect(settings: Settings) -> Iterator[Conductor]:
+    """A conductor on the configured Redis, closed afterwards."""
+    redis = settings.redis_section()
+    store = RunStore.from_url(redis, ttl_s=settings.queue.run_ttl_s)
+    dispatcher = Dispatcher.connect(redis, settings.queue)
+    try:
+        yield Conductor(store, dispatcher)
+    finally:
+        dispatcher.close()
+        store.redis.close()
+
+
+def submit(
+    payload: bytes | str | Mapping[str, Any],
+    *,
+    repo: str,
+    ref: str = "HEAD",
+    pipeline: str = "fixer",
+    source: IssueSource | str | None = None,
+    force: bool = False,
+    environment: Mapping[str, Any] | str | Path | None = None,
+    settings: Settings | None = None,
+) -> tuple[str, bool]:
+    """Like `enqueue`, and also says whether a new run was created (False: the issue already
+    had a run, whose id is returned)."""
+    settings = settings or Settings()
+    data = json.dumps(payload) if isinstance(payload, Mapping) else payload
+    issue = parse_payload(data, IssueSource(source) if source else None)
+    check_time_limits(load_pipeline(pipeline), settings.queue, settings.retry)
+    spec = read_environment(environment) if environment is not None else None
+    commit = git.resolve_commit(repo, ref)  # refuses a path that is not a repository's root
+    source = git.repo_source(repo)
+    with connect(settings) as conductor:
+        return conductor.submit(
+            issue, repo=source, commit=commit, pipeline=pipeline, force=force, environment=spec
+        )
+
+
+def read_environment(spec: Mapping[str, Any] | str | Path) -> dict[str, Any]:
+    """An environment spec to give a run: a TOML file's path, or its table already read;
+    checked as the worker will read it, when the sandbox package is installed.
+
+    Raises:
+        EnvironmentFileError: the file cannot be read or the spec is not valid; the message
+            names the file and each field that is wrong.
+    """
+    if isinstance(spec, Mapping):
+        table, origin = dict(spec), "the environment spec"
+    else:
+        origin = str(spec)
+        try:
+            table = tomllib.loads(Path(spec).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+            raise EnvironmentFileError(f"{origin}: not a readable TOML file: {exc}") from exc
+    for check in metadata.entry_points(group=CHECKS_GROUP, name="environment"):
+        try:
+            check.load()(table, origin=origin)
+        except ValueError as exc:
+            raise EnvironmentFileError(str(exc)) from exc
+    try:
+        json.dumps(table)
+    except TypeError as exc:  # TOML dates and times: nothing a spec holds
+        raise EnvironmentFileError(f"{origin}: {exc}") from exc
+    return table
+
+
+def enqueue(
+    payload: bytes | str | Mapping[str, Any],
+    *,
+    repo: str,
+    ref: str = "HEAD",
+    pipeline: str = "fixer",
+    source: IssueSource | str | None = None,
+    force: bool = False,
+    environment: Mapping[str, Any] | str | Path | None = None,
+    settings: Settings | None = None,
+) -> str:
+    """Parse `payload` (Sentry event or issue, GitHub issue, or text), pin the commit `ref`
+    names in the repository (a branch, a tag or a sha; its HEAD by default), create a run and
+    enqueue its first stage. Returns the run id. `environment`, a spec file's path (or its
+    table), replaces the repository's environment spec for this run.
+
+    Nothing is written when the payload, the pipeline or the repository is invalid.
+
+    Raises:
+        IntakeError: the payload is malformed; the message names the field.
+        PipelineError: the pipeline is unknown or invalid.
+        EnvironmentFileError: `environment` is not a valid spec; the message names the field.
+        RepoError: the repository cannot be read, or a local path is not the root of a git
+            repository (a folder inside one, a plain folder, a path that does not exist); the
+            message names the path first.
+        ConfigError: BATON_REDIS_URL is not set.
+    """
+    run_id, _ = submit(
+        payload, repo=repo, ref=ref, pipeline=pipeline, source=source, force=force,
+        environment=environment, settings=settings,
+    )  # fmt: skip
+    return run_id
+
+
+def get_run(run_id: str, *, settings: Settings | None = None) -> RunRecord:
+    """The run record. Raises `RunNotFoundError` for an unknown id."""
+    with connect(settings or Settings()) as conductor:
+        return conductor.store.get(run_id)
+
+
+def list_runs(
+    *,
+    status: RunStatus | str | None = None,
+    pipeline: str | None = None,
+    limit: int = 50,
+    settings: Settings | None = None,
+) -> list[RunRecord]:
+    """The newest runs first, optionally only those with a status or of a pipeline."""
+    wanted = RunStatus(status) if status else None
+    found = []
+    with connect(settings or Settings()) as conductor:
+        for _, run in conductor.store.get_each(conductor.store.recent(limit=10_000)):
+            if run is None:
+                continue  # expired
+            if (wanted is None or run.status == wanted) and pipeline in (None, run.pipeline):
+                found.append(run)
+                if len(found) >= limit:
+                    break
+    return found
+
+
+def cancel(run_id: str, *, settings: Settings | None = None) -> bool:
+    """Cancel a run: nothing more is enqueued, a running stage stops at its next safe point
+    and its sandbox is removed. False if the run had already ended.
+
+    Raises:
+        RunNotFoundError: no such run.
+    """
+    with connect(settings or Settings()) as conductor:
+        return conductor.cancel(run_id, "cancelled by request")
+
+
+def resume(run_id: str, *, from_stage: str | None = None, settings: Settings | None = None) -> str:
+    """Run a failed or cancelled run again from the stage that did not finish (or
+    `from_stage`), keeping every output recorded before it. Returns that stage's name.
+
+    Raises:
+        RunNotFoundError: no such run.
+        RunStateError: the run has not ended, or it has nothing left to run.
+        PipelineError: the pipeline has no stage `from_stage`.
+    """
+    with connect(settings or Settings()) as conductor:
+        return conductor.resume(run_id, from_stage)

@@ -1,0 +1,374 @@
+"""How a run is shown: a table for people, a JSON object for scripts."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from orchestrator.control import api
+from orchestrator.control.tables import Cell, Column, counted, fitted_table
+from orchestrator.core.models import RunRecord, RunStatus, StageRecord, StageStatus
+from orchestrator.core.settings import Settings
+from orchestrator.core.store import RunStore
+
+_STYLE = {
+    StageStatus.DONE: "green",
+    StageStatus.RUNNING: "cyan",
+    StageStatus.WAITING: "yellow",
+    StageStatus.QUEUED: "blue",
+    StageStatus.FAILED: "red",
+    StageStatus.SKIPPED: "dim",
+    StageStatus.PENDING: "dim",
+    StageStatus.CANCELLED: "magenta",
+}
+
+
+def stage_json(record: StageRecord) -> dict[str, Any]:
+    return {
+        "status": record.status.value,
+        "attempts": record.attempts,
+        "iteration": record.iteration,
+        "iterations": [i.model_dump(mode="json") for i in record.iterations],
+        "requests": record.requests,
+        "prompt_tokens_total": record.prompt_tokens_total,
+        "prompt_tokens_max": record.prompt_tokens_max,
+        "output_chars": record.output_chars,
+        "duration_s": record.duration_s,
+        "waiting_until": record.waiting_until,
+        "rate_limit_retries": record.rate_limit_retries,
+        "rate_limit_wait_s": record.rate_limit_wait_s,
+        "quota_wait_s": record.quota_wait_s,
+        "interrupted": record.interrupted,
+        "compacted": record.compacted,
+        "error": record.error,
+        "artifacts": {name: ref.uri for name, ref in record.artifacts.items()},
+    }
+
+
+def run_json(run: RunRecord, outputs: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The run for scripts (`status --json`, `runs --json`). Its times are epoch seconds, as a
+    stage's `waiting_until` and an iteration's times are: `created_at`, `updated_at` (its last
+    change) and `ended_at` (its last change once it has ended, else null). With `outputs`, the
+    stages' recorded outputs, each stage also holds what Baton measured and published
+    (`outcome`)."""
+    stages = {name: stage_json(record) for name, record in run.stages.items()}
+    for name, found in outcome(run, outputs or {}).items():
+        stages[name].update(found)
+    return {
+        "run_id": run.id,
+        "status": run.status.value,
+        "reason": run.reason,
+        "pipeline": run.pipeline,
+        "repo": run.repo,
+        "commit": run.commit,
+        "issue": run.issue.title,
+        "current_stage": run.current_stage,
+        "environment": run.environment,
+        "created_at": run.created_at,
+        "updated_at": run.updated_at,
+        "ended_at": run.updated_at if run.status.is_terminal else None,
+        "stages": stages,
+    }
+
+
+OUTCOME_FIGURES: dict[str, tuple[str, ...]] = {
+    "tests_before": ("exit_code", "passed", "failed"),
+    "tests_after": ("exit_code", "passed", "failed"),
+    "proof": ("passed", "reason", "fail_to_pass", "pass_to_fail"),
+    "branch": (),
+}
+"""The fields of a stage's output that Baton fills itself (`orchestrator.core.schemas.Measured`) and
+a run's JSON repeats, with the figures of each it keeps (none: the value as it is): the tests
+before and after a change, the verdict of its proof, the branch it was pushed to."""
+
+
+def outcome(run: RunRecord, outputs: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """By stage, what Baton measured of its work and what it published, read from the stages'
+    recorded `outputs` (`RunStore.outputs`): in the fixer pipeline, `fix`'s tests before and
+    after and its proof, `pr`'s branch. A stage whose output has none of them (or that has no
+    output yet) is left out."""
+    found: dict[str, dict[str, Any]] = {}
+    for name in run.stages:
+        output = outputs.get(name)
+        if not isinstance(output, dict):
+            continue
+        figures = {
+            field: {k: (output[field] or {}).get(k) for k in kept} if kept else output[field]
+            for field, kept in OUTCOME_FIGURES.items()
+            if field in output
+        }
+        if figures:
+            found[name] = figures
+    return found
+
+
+@dataclass(frozen=True)
+class Activity:
+    """What a running stage is doing now, read from its audit entries."""
+
+    model_calls: int
+    prompt_tokens: int
+    doing: str
+    """`calling read_file`, `thinking`, … — the newest event of its session."""
+
+
+def live_activity(run: RunRecord, tail: list[dict[str, str]]) -> dict[str, Activity]:
+    """The activity of each running stage of `run`, from the newest audit entries."""
+    found = {}
+    for name, record in run.stages.items():
+        if record.status != StageStatus.RUNNING or not record.session_id:
+            continue
+        mine = [e for e in tail if e.get("session") == record.session_id]
+        calls = tokens = 0
+        doing = "starting"
+        for entry in mine:
+            kind = entry.get("kind", "")
+            usage = _usage(entry)
+            if usage is not None:
+                calls, tokens = calls + 1, tokens + usage
+            doing = {
+                "tool_call": f"calling {_tool_name(entry)}",
+                "tool_result": "thinking",
+                "user_message": "thinking",
+                "model_reply": "replying",
+            }.get(kind, doing)
+        found[name] = Activity(calls, tokens, doing)
+    return found
+
+
+def _usage(entry: dict[str, str]) -> int | None:
+    try:
+        usage = json.loads(entry.get("data") or "{}").get("usage")
+    except (ValueError, AttributeError):
+        return None
+    return int(usage.get("prompt_token_count") or 0) if isinstance(usage, dict) else None
+
+
+def _tool_name(entry: dict[str, str]) -> str:
+    try:
+        parts = json.loads(entry.get("data") or "{}")["content"]["parts"]
+        return ", ".join(p["function_call"]["name"] for p in parts if "function_call" in p)
+    except (ValueError, KeyError, TypeError):
+        return "a tool"
+
+
+def runs_table(
+    runs: list[RunRecord], *, now: float | None = None, width: int | None = None
+) -> Table:
+    """One line per run, the newest first. Within `width`, the pipeline, the stage, the reason
+    and the age give way, in that order; the run id and status are always whole, the issue and
+    the reason on one line."""
+    now = time.time() if now is None else now
+    columns = [
+        Column("run"),
+        Column("status"),
+        Column("pipeline", drop=4),
+        Column("stage", drop=3),
+        Column("age", drop=1),
+        Column("issue", shrink_to=12),
+        Column("reason", shrink_to=12, drop=2),
+    ]
+    rows = [
+        [run.id, run.status.value, run.pipeline, run.current_stage or "",
+         _age(now - run.created_at), run.issue.title, run.reason or ""]
+        for run in runs
+    ]  # fmt: skip
+    return fitted_table(
+        columns, rows, width=width, title=counted(len(runs), "run"), title_justify="left"
+    )
+
+
+def _age(seconds: float) -> str:
+    for unit, size in (("d", 86_400), ("h", 3_600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f}{unit}"
+    return f"{seconds:.0f}s"
+
+
+def run_table(
+    run: RunRecord,
+    *,
+    now: float | None = None,
+    activity: dict[str, Activity] | None = None,
+    width: int | None = None,
+) -> Table:
+    """One line per stage, with the live figures of a running stage (`activity`); below it,
+    the waits, a failed stage's error and why the run ended. Within `width`, the request and
+    output sizes give way first, then the tries and the prompt tokens; the note stays on one
+    line."""
+    now = time.time() if now is None else now
+    columns = [
+        Column("stage"),
+        Column("status"),
+        Column("tries", justify="right", drop=3),
+        Column("calls", justify="right"),
+        Column("prompt tok", justify="right", drop=2),
+        Column("max req", justify="right", drop=5),
+        Column("out chars", justify="right", drop=4),
+        Column("time", justify="right"),
+        Column("note", shrink_to=16),
+    ]
+    rows = [
+        _stage_row(run, name, record, (activity or {}).get(name), now)
+        for name, record in run.stages.items()
+    ]
+    title = f"run {run.id} · {run.pipeline} · {run.status.value}"
+    return fitted_table(columns, rows, width=width, title=title, caption=_caption(run, now),
+                        title_justify="left", caption_justify="left")  # fmt: skip
+
+
+def _stage_row(
+    run: RunRecord, name: str, record: StageRecord, live: Activity | None, now: float
+) -> list[Cell]:
+    return [
+        _stage_label(name, record),
+        _status(run, record),
+        str(record.attempts),
+        str(live.model_calls if live else record.requests),
+        f"{live.prompt_tokens if live else record.prompt_tokens_total:,}",
+        f"{record.prompt_tokens_max:,}",
+        f"{record.output_chars:,}",
+        _duration(record, now),
+        _note(run, record, now) or _history(record) or (live.doing if live else ""),
+    ]
+
+
+def _stage_label(name: str, record: StageRecord) -> str:
+    """`fix`, or `fix.2` from a looped stage's second iteration on (as its task id says)."""
+    return f"{name}.{record.iteration}" if record.iteration > 1 else name
+
+
+_UNFINISHED = {StageStatus.QUEUED, StageStatus.WAITING, StageStatus.RUNNING}
+
+
+def _status(run: RunRecord, record: StageRecord) -> Text:
+    """The stage's status, or how its run's end left it. A cancel marks the queued and waiting
+    stages cancelled, but a running one stays `running` until its worker reaches a safe point
+    and stops it, after the run has ended: shown as `cancelled` meanwhile (`stopped` in a run
+    that ended otherwise), as the run's last frame should say."""
+    if run.status.is_terminal and record.status in _UNFINISHED:
+        ended = "cancelled" if run.status == RunStatus.CANCELLED else "stopped"
+        return Text(ended, style=_STYLE[StageStatus.CANCELLED])
+    return Text(record.status.value, style=_STYLE[record.status])
+
+
+def _caption(run: RunRecord, now: float) -> Text | None:
+    """What does not fit a table cell: when waiting stages try again, a failed stage's error
+    (cut: a test log can run to pages, and the table must stay on the screen), why the run
+    ended (unless that is the error already said) and the environment its code ran in."""
+    caption = Text()
+    for name, record in run.stages.items():
+        if record.status == StageStatus.WAITING and record.waiting_until:
+            caption.append(
+                f"{name} waiting: next attempt at {_clock(record.waiting_until)} "
+                f"(in {max(0.0, record.waiting_until - now):.0f}s) — {_cut(record.error or '')}\n"
+            )
+    failed = {
+        name: record.error
+        for name, record in run.stages.items()
+        if record.status == StageStatus.FAILED and record.error
+    }
+    for name, error in failed.items():
+        label = _stage_label(name, run.stages[name])
+        caption.append(f"{label} failed: {_cut(error)}\n", style=_STYLE[StageStatus.FAILED])
+    if run.reason and run.reason not in {f"{name}: {error}" for name, error in failed.items()}:
+        caption.append(_cut(run.reason) + "\n")
+    if run.environment:
+        caption.append(f"environment {run.environment}")
+    caption.rstrip()
+    return caption or None
+
+
+def _cut(text: str, *, max_chars: int = 300, max_lines: int = 3) -> str:
+    """`text` in at most `max_lines` lines and `max_chars` characters, and a marker saying how
+    much was left out and where it is whole."""
+    text = text.strip()
+    kept = "\n".join(text.splitlines()[:max_lines])[:max_chars].rstrip()
+    if kept == text:
+        return text
+    return f"{kept} … [{len(text) - len(kept):,} more characters; --json shows them all]"
+
+
+def _clock(epoch_s: float) -> str:
+    return datetime.fromtimestamp(epoch_s).strftime("%H:%M:%S")
+
+
+def _duration(record: StageRecord, now: float) -> str:
+    if record.duration_s is not None:
+        return f"{record.duration_s:.1f}s"
+    if record.status == StageStatus.RUNNING and record.started_at:
+        return f"{now - record.started_at:.1f}s…"
+    return ""
+
+
+def _note(run: RunRecord, record: StageRecord, now: float) -> str:
+    """What the stage's state says beyond its status."""
+    if run.status.is_terminal and record.status in _UNFINISHED:
+        return "stopping" if record.status == StageStatus.RUNNING else ""
+    if record.status == StageStatus.WAITING and record.waiting_until:
+        return f"retry at {_clock(record.waiting_until)}"
+    if record.status == StageStatus.RUNNING and record.waiting_until and record.waiting_until > now:
+        return f"{record.error or 'waiting'} until {_clock(record.waiting_until)}"
+    if record.status == StageStatus.FAILED and record.error:
+        return "error below"
+    if record.status == StageStatus.CANCELLED and record.error:
+        return record.error
+    return ""
+
+
+def _history(record: StageRecord) -> str:
+    """What the stage went through: waits, lost executions, its last failed iteration."""
+    notes = []
+    if record.rate_limit_retries:
+        notes.append(f"waited {record.rate_limit_wait_s:.1f}s on {record.rate_limit_retries} x 429")
+    if record.quota_wait_s:
+        notes.append(f"waited {record.quota_wait_s:.1f}s for quota")
+    if record.interrupted:
+        notes.append(f"lost {record.interrupted}x")
+    failed = [i for i in record.iterations if not i.passed]
+    if failed:
+        notes.append(f"iteration {failed[-1].number}: {failed[-1].reason}")
+    if record.compacted:
+        notes.append(f"output {record.compacted}")
+    return "; ".join(notes)
+
+
+def run_view(store: RunStore, run_id: str, *, width: int | None = None) -> tuple[RunRecord, Table]:
+    """The run as it is now, and its table with what each running stage is doing (read from
+    the audit log): what `baton status` prints and `baton watch` redraws."""
+    run = store.get(run_id)
+    return run, run_table(run, activity=live_activity(run, store.audit_tail(run_id)), width=width)
+
+
+def follow(
+    run_id: str,
+    settings: Settings,
+    *,
+    interval_s: float,
+    timeout_s: float,
+    console: Console,
+    transient: bool = False,
+) -> RunRecord:
+    """Redraw the run's table — with what each running stage is doing — until the run reaches
+    a terminal state (or the timeout)."""
+    deadline = time.monotonic() + timeout_s if timeout_s else None
+    with api.connect(settings) as conductor:
+        run, table = run_view(conductor.store, run_id, width=console.width)
+        with Live(table, console=console, refresh_per_second=4, transient=transient) as live:
+            while not run.status.is_terminal:
+                if deadline and time.monotonic() > deadline:
+                    break
+                time.sleep(interval_s)
+                run, table = run_view(conductor.store, run_id, width=console.width)
+                live.update(table)
+    if not console.is_terminal:
+        console.line()  # rich ends the last frame with a newline only on a terminal
+    return run

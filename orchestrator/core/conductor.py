@@ -1,0 +1,555 @@
+"""What a run is and where it goes next: submit, begin a stage, record it, advance, end.
+
+Every transition is one Redis transaction on the run record, and each one is idempotent: a
+redelivered stage whose output is already recorded only advances the run, and a stage is
+enqueued only by the transaction that moves it from `pending` to `queued`. Recording a stage's
+output and deciding what comes next happen in the same transaction, so the hand-off from one
+stage to the next costs one round of Redis writes and one broker message.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import secrets
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from orchestrator.core import keys
+from orchestrator.core.errors import RunStateError
+from orchestrator.core.execution import (
+    Completion,
+    Hold,
+    StageFigures,
+    StageResult,
+    StageStart,
+    StartAction,
+    branch_label,
+    session_id,
+)
+from orchestrator.core.models import (
+    Issue,
+    Iteration,
+    RunRecord,
+    RunStatus,
+    StageRecord,
+    StageStatus,
+)
+from orchestrator.core.pipeline import LoopRule, Pipeline, load_pipeline
+from orchestrator.core.queue import Dispatcher
+from orchestrator.core.store import RunStore
+
+logger = logging.getLogger(__name__)
+
+
+def _env_part(environment: Mapping[str, Any] | None) -> str:
+    """What an environment spec given at enqueue adds to a run's idempotency key: the same
+    issue run in another environment is another run."""
+    if environment is None:
+        return ""
+    canonical = json.dumps(environment, sort_keys=True, separators=(",", ":"))
+    return "|env:" + hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def new_run_id() -> str:
+    """Sortable and readable: `20261129-190833-3fa2c1`."""
+    return datetime.now(UTC).strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3)
+
+
+@dataclass(frozen=True)
+class Next:
+    """What a run does once a stage is recorded: enqueue a stage, end, or nothing more."""
+
+    send: str | None = None
+    ended: bool = False
+
+
+class Conductor:
+    """Moves runs through their pipelines."""
+
+    def __init__(self, store: RunStore, dispatcher: Dispatcher) -> None:
+        self.store = store
+        self.dispatcher = dispatcher
+
+    def submit(
+        self,
+        issue: Issue,
+        *,
+        repo: str,
+        commit: str,
+        pipeline: str,
+        force: bool = False,
+        environment: Mapping[str, Any] | None = None,
+    ) -> tuple[str, bool]:
+        """Create a run and enqueue its first stage; an issue seen before maps to its run.
+        `environment`: a spec (a TOML table, checked already) to use instead of the repository's.
+
+        Returns the run id and whether a new run was created.
+        """
+        spec = load_pipeline(pipeline)
+        stages = {stage.name: StageRecord() for stage in spec.stages}
+        stages[spec.first.name] = StageRecord(status=StageStatus.QUEUED, queued_at=time.time())
+        run = RunRecord(
+            id=new_run_id(),
+            pipeline=pipeline,
+            repo=repo,
+            commit=commit,
+            issue=issue,
+            idempotency_key=f"{issue.idempotency_key()}|{repo}|{pipeline}{_env_part(environment)}",
+            current_stage=spec.first.name,
+            environment_spec=dict(environment) if environment is not None else None,
+            stages=stages,
+        )
+        stored, created = self.store.create(run, force=force)
+        if created:
+            self.dispatcher.send_stage(stored.id, spec.first)
+            logger.info("run %s created for %s (%s)", stored.id, issue.source.value, pipeline)
+        else:
+            logger.info("issue already has run %s; not enqueued again", stored.id)
+        return stored.id, created
+
+    def begin(
+        self, run_id: str, stage: str, *, owner: str, lease_s: float, max_interrupted: int
+    ) -> StageStart:
+        """Claim a delivered stage for execution, or say why not.
+
+        A stage held by another execution whose lease is still fresh is `busy`: this delivery
+        is a duplicate (a redelivery after the visibility timeout, say) and must not run.
+        """
+
+        def mutate(run: RunRecord, pipe: Any) -> StageStart:
+            start = decide(run)
+            self._audit(run, stage, start.attempt, "stage_begin", pipe=pipe,
+                        action=start.action.value, owner=owner)  # fmt: skip
+            return start
+
+        def decide(run: RunRecord) -> StageStart:
+            record = run.stages.setdefault(stage, StageRecord())
+            now = time.time()
+            if run.status.is_terminal:
+                return StageStart(StartAction.DROP, run=run)
+            if record.status == StageStatus.DONE:
+                return StageStart(StartAction.ADVANCE, run=run)
+            if record.status == StageStatus.RUNNING and record.owner != owner:
+                if record.lease_until is not None and record.lease_until > now:
+                    return StageStart(StartAction.BUSY, run=run)
+                record.interrupted += 1
+            if record.interrupted >= max_interrupted:
+                return StageStart(StartAction.EXHAUSTED, run=run)
+            record.attempts += 1
+            record.status = StageStatus.RUNNING
+            record.started_at, record.finished_at = now, None
+            record.waiting_until = None
+            record.error = None
+            record.owner, record.lease_until = owner, now + lease_s
+            record.session_id = session_id(run_id, stage, record.attempts)
+            run.status, run.current_stage = RunStatus.RUNNING, stage
+            return StageStart(StartAction.RUN, attempt=record.attempts, run=run)
+
+        start: StageStart = self.store.transact(run_id, mutate)
+        return start
+
+    def renew(self, run_id: str, stage: str, *, owner: str, lease_s: float) -> Hold:
+        """Extend the owner's lease on a running stage, if it still holds it; says where the
+        execution stands."""
+
+        def mutate(run: RunRecord, pipe: Any) -> Hold:
+            hold = _hold(run.status, run.stages.get(stage), owner)
+            if hold == Hold.HELD:
+                run.stages[stage].lease_until = time.time() + lease_s
+            return hold
+
+        hold: Hold = self.store.transact(run_id, mutate)
+        return hold
+
+    def hold(self, run_id: str, stage: str, *, owner: str) -> Hold:
+        """Where an execution stands with its stage, read (not changed) in one round trip: the
+        check before a side effect (a push, say)."""
+        status, record = self.store.stage_state(run_id, stage)
+        return _hold(status, record, owner)
+
+    def complete(
+        self, run_id: str, stage: str, result: StageResult, *, owner: str | None = None
+    ) -> Completion:
+        """Record a stage's output and advance the run, in one transaction.
+
+        Nothing is recorded once the run is cancelled (the stage is marked stopped instead)
+        or, with `owner`, once another execution holds the stage: the check and the write are
+        the same transaction, so no output lands after a cancel, whatever the timing.
+        """
+        payload = json.dumps(result.output, ensure_ascii=False, separators=(",", ":"))
+
+        def mutate(run: RunRecord, pipe: Any) -> tuple[Completion, Next | None, RunRecord]:
+            self._record_execution(run, pipe, result.figures)
+            record = run.stages[stage]
+            if record.status == StageStatus.DONE:
+                return Completion.RECORDED, None, run  # recorded before: a redelivery
+            if owner is not None and record.owner != owner:
+                return Completion.LOST, None, run
+            if run.status == RunStatus.CANCELLED:
+                _stop(record, result.figures)
+                return Completion.CANCELLED, None, run
+            if run.status.is_terminal:
+                return Completion.LOST, None, run
+            return Completion.RECORDED, self._record(run, pipe, stage, result, payload), run
+
+        done, decision, run = self.store.transact(run_id, mutate)
+        attempt = run.stages[stage].attempts
+        if done == Completion.CANCELLED:
+            self._audit(run, stage, attempt, "stage_stopped", owner=owner, output_dropped=True)
+            return done
+        if done == Completion.LOST:
+            logger.info("not recording %s of run %s: %s no longer holds it", stage, run_id, owner)
+            return done
+        if decision is None:  # recorded by an earlier delivery
+            self.advance(run_id, stage)
+            return done
+        self._carry_out(run, decision)
+        return done
+
+    def _record(
+        self, run: RunRecord, pipe: Any, stage: str, result: StageResult, payload: str
+    ) -> Next:
+        """Within `complete`'s transaction: store the output, and decide what comes next."""
+        pipeline = load_pipeline(run.pipeline)
+        spec, record = pipeline.stage(stage), run.stages[stage]
+        pipe.hset(keys.outputs(run.id), spec.output_key, payload)
+        _record_figures(record, result.figures)
+        record.finished_at, record.waiting_until, record.error = time.time(), None, None
+        record.output_chars = len(payload)
+        record.compacted = result.compacted
+        record.lease_until = None
+        if spec.loop is not None:
+            pipe.hset(keys.outputs(run.id), f"{spec.output_key}.{record.iteration}", payload)
+            again = self._iterate(run, pipe, stage, spec.loop, result.output)
+            if again is not None:
+                return again
+        record.status = StageStatus.DONE
+        self._audit(run, stage, record.attempts, "stage_done", pipe=pipe, chars=len(payload))
+        return _decide(run, pipeline, stage, result.output)
+
+    def _iterate(
+        self, run: RunRecord, pipe: Any, stage: str, loop: LoopRule, output: dict[str, Any]
+    ) -> Next | None:
+        """Within `complete`'s transaction, for a looped stage: record the iteration that
+        ended; when its condition does not hold, queue the next one (`Next(send=stage)`) or,
+        once `max_iterations` have run, fail the run with the last one's reason. None: the
+        condition holds and the stage is done."""
+        record = run.stages[stage]
+        passed = loop.holds(output)
+        reason = "" if passed else loop.reason(output)
+        record.iterations.append(
+            Iteration(
+                number=record.iteration, attempt=record.attempts, passed=passed, reason=reason,
+                requests=record.requests, prompt_tokens_total=record.prompt_tokens_total,
+                output_tokens=record.output_tokens, started_at=record.started_at,
+                finished_at=record.finished_at,
+            )
+        )  # fmt: skip
+        self._audit(run, stage, record.attempts, "iteration_done", pipe=pipe,
+                    iteration=record.iteration, passed=passed, reason=reason)  # fmt: skip
+        if passed:
+            return None
+        if record.iteration >= loop.max_iterations:
+            ran = f"{record.iteration} iteration" + ("s" if record.iteration > 1 else "")
+            error = f"{reason} (after {ran})"
+            record.status, record.error = StageStatus.FAILED, error
+            run.status, run.reason, run.current_stage = RunStatus.FAILED, f"{stage}: {error}", None
+            self._audit(run, stage, record.attempts, "stage_failed", pipe=pipe, error=error)
+            return Next(ended=True)
+        record.iteration += 1
+        record.status, record.queued_at, record.owner = StageStatus.QUEUED, time.time(), None
+        run.current_stage = stage
+        return Next(send=stage)
+
+    def advance(self, run_id: str, completed: str) -> str | None:
+        """Enqueue the stage after `completed`, or end the run. Safe to call more than once."""
+        run = self.store.get(run_id)
+        pipeline = load_pipeline(run.pipeline)
+        output = self.store.output(run_id, pipeline.stage(completed).output_key) or {}
+        decision, run = self.store.transact(
+            run_id, lambda run, _pipe: (_decide(run, pipeline, completed, output), run)
+        )
+        return self._carry_out(run, decision)
+
+    def postpone(
+        self,
+        run_id: str,
+        stage: str,
+        *,
+        delay_s: float,
+        reason: str,
+        rate_limited: bool = True,
+        owner: str | None = None,
+        figures: StageFigures | None = None,
+    ) -> StageRecord | None:
+        """Put a stage back to wait until now + delay before its next attempt (a 429, or a
+        failure outside the stage when not `rate_limited`), recording what the ended attempt
+        cost. None, and nothing changed, if the run has ended (cancelled while the stage ran)
+        or, with `owner`, if that execution no longer holds the stage: the stage must then not
+        be retried."""
+
+        def mutate(run: RunRecord, pipe: Any) -> RunRecord | None:
+            self._record_execution(run, pipe, figures)
+            record = run.stages[stage]
+            if run.status.is_terminal or (owner is not None and record.owner != owner):
+                return None
+            if figures is not None:
+                _record_figures(record, figures)
+            record.status = StageStatus.WAITING
+            record.waiting_until = time.time() + delay_s
+            if rate_limited:
+                record.rate_limit_wait_s = round(record.rate_limit_wait_s + delay_s, 3)
+                record.rate_limit_retries += 1
+            else:
+                record.infrastructure_retries += 1
+            record.error = reason
+            run.status = RunStatus.WAITING
+            return run
+
+        run: RunRecord | None = self.store.transact(run_id, mutate)
+        if run is None:
+            logger.info(
+                "not retrying %s of run %s: the run ended or another holds it", stage, run_id
+            )
+            return None
+        record = run.stages[stage]
+        self._audit(run, stage, record.attempts, "stage_waiting", delay_s=delay_s, reason=reason)
+        return record
+
+    def show_wait(self, run_id: str, stage: str, seconds: float, reason: str) -> None:
+        """A running stage is about to sleep inside its execution (quota, cooldown): show it
+        until when, while the stage stays running (unlike `postpone`, which gives the stage
+        back to its queue). Never fails the stage."""
+
+        def mutate(run: RunRecord, pipe: Any) -> None:
+            record = run.stages[stage]
+            if record.status == StageStatus.RUNNING:
+                record.waiting_until, record.error = time.time() + seconds, f"waiting: {reason}"
+
+        try:
+            self.store.transact(run_id, mutate)
+        except Exception:
+            logger.warning("could not show the wait of %s of run %s", stage, run_id, exc_info=True)
+
+    def fail(
+        self,
+        run_id: str,
+        stage: str,
+        error: str,
+        *,
+        owner: str | None = None,
+        figures: StageFigures | None = None,
+    ) -> None:
+        """Fail a stage and end its run, keeping what the failed execution cost and left behind
+        (`figures`: its model calls, tokens, test logs, diff). With `owner`, only if that
+        execution still holds the stage (a lost execution that wakes up late changes nothing)."""
+
+        def mutate(run: RunRecord, pipe: Any) -> RunRecord | None:
+            self._record_execution(run, pipe, figures)
+            record = run.stages.setdefault(stage, StageRecord())
+            if run.status.is_terminal or (owner is not None and record.owner != owner):
+                return None
+            if figures is not None:
+                _record_figures(record, figures)
+            record.status, record.finished_at, record.error = StageStatus.FAILED, time.time(), error
+            record.lease_until = None
+            run.status, run.reason, run.current_stage = RunStatus.FAILED, f"{stage}: {error}", None
+            return run
+
+        run: RunRecord | None = self.store.transact(run_id, mutate)
+        if run is None:
+            logger.info("not failing %s of run %s: no longer held by %s", stage, run_id, owner)
+            return
+        self._audit(run, stage, run.stages[stage].attempts, "stage_failed", error=error)
+        self.store.retire(run)
+
+    def cancel(self, run_id: str, reason: str = "cancelled") -> bool:
+        """End a run as cancelled. Queued and waiting stages will not run; a running stage is
+        stopped by its worker at its next safe point. False if the run had already ended."""
+
+        def mutate(run: RunRecord, pipe: Any) -> RunRecord | None:
+            if run.status.is_terminal:
+                return None
+            for record in run.stages.values():
+                if record.status in (StageStatus.QUEUED, StageStatus.WAITING):
+                    record.status, record.waiting_until = StageStatus.CANCELLED, None
+            run.status, run.reason, run.current_stage = RunStatus.CANCELLED, reason, None
+            return run
+
+        run: RunRecord | None = self.store.transact(run_id, mutate)
+        if run is None:
+            return False
+        self._audit(run, "-", 0, "run_cancelled", reason=reason)
+        self.store.retire(run)
+        return True
+
+    def stopped(
+        self, run_id: str, stage: str, *, owner: str, figures: StageFigures | None = None
+    ) -> None:
+        """The owner stopped a running stage because its run was cancelled; what it cost and
+        left behind is kept."""
+
+        def mutate(run: RunRecord, pipe: Any) -> RunRecord:
+            self._record_execution(run, pipe, figures)
+            record = run.stages[stage]
+            if record.owner == owner and record.status == StageStatus.RUNNING:
+                _stop(record, figures)
+            return run
+
+        run: RunRecord = self.store.transact(run_id, mutate)
+        self._audit(run, stage, run.stages[stage].attempts, "stage_stopped", owner=owner)
+
+    def resume(self, run_id: str, from_stage: str | None = None) -> str:
+        """Run an ended run again from its failed or cancelled stage (or `from_stage`), keeping
+        every output recorded before it. Returns the stage enqueued.
+
+        Raises:
+            RunStateError: the run has not ended, or there is nothing to resume.
+        """
+        pipeline = load_pipeline(self.store.get(run_id).pipeline)
+        names = [stage.name for stage in pipeline.stages]
+        if from_stage is not None:
+            pipeline.stage(from_stage)
+
+        def mutate(run: RunRecord, pipe: Any) -> RunRecord:
+            if not run.status.is_terminal:
+                raise RunStateError(f"run {run_id} is still {run.status.value}; cancel it first")
+            now = time.time()
+            for name, record in run.stages.items():
+                left_s = (record.lease_until or 0) - now
+                if record.status == StageStatus.RUNNING and left_s > 0:
+                    # Cancelled, but its execution has not stopped yet: it would run beside
+                    # the resumed one.
+                    raise RunStateError(
+                        f"stage {name} of run {run_id} is still stopping; resume the run once "
+                        f"it has (within {left_s:.0f}s)"
+                    )
+            target = from_stage or _resume_point(run, names)
+            for name in names[names.index(target) :]:
+                run.stages[name] = _fresh(run.stages.get(name))
+            run.stages[target].status, run.stages[target].queued_at = (
+                StageStatus.QUEUED,
+                time.time(),
+            )
+            run.status, run.reason, run.current_stage = RunStatus.QUEUED, None, target
+            return run
+
+        run: RunRecord = self.store.transact(run_id, mutate)
+        target = run.current_stage
+        assert target is not None
+        redo = [pipeline.stage(name).output_key for name in names[names.index(target) :]]
+        self.store.revive(run, drop_outputs=redo)
+        self._audit(run, target, 0, "run_resumed", from_stage=target)
+        self.dispatcher.send_stage(run_id, pipeline.stage(target), run.stages[target].iteration)
+        return target
+
+    def _carry_out(self, run: RunRecord, decision: Next) -> str | None:
+        """Act on a decision, with the run as its transaction left it."""
+        if decision.ended:
+            self.store.retire(run)
+        if decision.send is None:
+            return None
+        spec = load_pipeline(run.pipeline).stage(decision.send)
+        self.dispatcher.send_stage(run.id, spec, run.stages[decision.send].iteration)
+        return decision.send
+
+    def _record_execution(self, run: RunRecord, pipe: Any, figures: StageFigures | None) -> None:
+        """What an ending execution leaves on its run whatever the transaction decides (they
+        are what happened): its audit entries not yet written, and the environment it ran in."""
+        if figures is None:
+            return
+        if figures.audit:
+            self.store.queue_audit(pipe, run.id, figures.audit)
+        if figures.environment:
+            run.environment = figures.environment
+
+    def _audit(
+        self, run: RunRecord, stage: str, attempt: int, kind: str, *, pipe: Any = None,
+        **data: Any,
+    ) -> None:  # fmt: skip
+        """Append a transition to the run's audit log; with `pipe`, in that transaction."""
+        entry = {
+            "ts": repr(time.time()),
+            "branch": branch_label(run.pipeline, stage),
+            "session": session_id(run.id, stage, attempt),
+            "kind": kind,
+            "data": data,
+        }
+        if pipe is not None:
+            self.store.queue_audit(pipe, run.id, [entry])
+        else:
+            self.store.audit(run.id, [entry])
+
+
+def _resume_point(run: RunRecord, names: list[str]) -> str:
+    """The first stage a resumed run must run again: the one that failed or was stopped."""
+    for name in names:
+        if run.stages[name].status not in (StageStatus.DONE, StageStatus.SKIPPED):
+            return name
+    raise RunStateError(
+        f"run {run.id} has nothing left to run: every stage ended {run.status.value} "
+        f"({', '.join(names)}); to run stages again, name the first with --from STAGE "
+        "(`from_stage=` from Python)"
+    )
+
+
+def _hold(status: RunStatus, record: StageRecord | None, owner: str) -> Hold:
+    """Where `owner` stands with a stage of a run in `status`."""
+    if status == RunStatus.CANCELLED:
+        return Hold.CANCELLED
+    if status.is_terminal or record is None or record.owner != owner:
+        return Hold.LOST
+    return Hold.HELD
+
+
+def _record_figures(record: StageRecord, figures: StageFigures) -> None:
+    """What an execution cost and left behind, on its stage's record (an attempt's own)."""
+    record.requests = figures.requests
+    record.prompt_tokens_total = figures.prompt_tokens_total
+    record.prompt_tokens_max = figures.prompt_tokens_max
+    record.output_tokens = figures.output_tokens
+    record.artifacts = dict(figures.artifacts)
+    record.quota_wait_s = round(record.quota_wait_s + figures.quota_wait_s, 3)
+
+
+def _stop(record: StageRecord, figures: StageFigures | None) -> None:
+    """Mark a running stage stopped because its run was cancelled."""
+    if figures is not None:
+        _record_figures(record, figures)
+    record.status, record.finished_at = StageStatus.CANCELLED, time.time()
+    record.error, record.lease_until = "stopped: the run was cancelled", None
+
+
+def _fresh(record: StageRecord | None) -> StageRecord:
+    """A stage record ready to run again; its attempt count carries on (session ids stay
+    unique)."""
+    return StageRecord(attempts=record.attempts if record else 0)
+
+
+def _decide(run: RunRecord, pipeline: Pipeline, completed: str, output: dict[str, Any]) -> Next:
+    """Within a transaction: skip the rest, end the run, or mark the next stage queued."""
+    if run.status.is_terminal:
+        return Next()
+    spec = pipeline.stage(completed)
+    following = pipeline.next_after(completed)
+    if spec.stop_when and spec.stop_when.matches(output):
+        while following is not None:
+            run.stages[following.name].status = StageStatus.SKIPPED
+            following = pipeline.next_after(following.name)
+        reason = f"{completed}: {spec.stop_when.reason(output)}"
+        run.status, run.reason, run.current_stage = RunStatus.SKIPPED, reason, None
+        return Next(ended=True)
+    if following is None:
+        run.status, run.current_stage = RunStatus.DONE, None
+        return Next(ended=True)
+    record = run.stages.setdefault(following.name, StageRecord())
+    if record.status != StageStatus.PENDING:
+        return Next()
+    record.status, record.queued_at = StageStatus.QUEUED, time.time()
+    run.current_stage = following.name
+    return Next(send=following.name)

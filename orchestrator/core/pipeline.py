@@ -1,0 +1,442 @@
+"""Pipelines as data: stages, their queues, instructions, tools, output schemas and budgets.
+
+A pipeline is a TOML file. Built-in pipelines live in `orchestrator/pipelines/`; any other
+file can be named by path. Instructions are templates with `{key}` placeholders that name the
+issue (`{issue}`) or an upstream stage's output key; `{key?}` renders as empty when the value is
+missing and `{{` / `}}` are literal braces. Baton renders templates itself, in one pass, so braces
+inside the values (code, diffs, issue bodies) are never interpreted.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import re
+import tomllib
+from collections.abc import Mapping
+from enum import StrEnum
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from orchestrator.core.errors import PipelineError
+from orchestrator.core.schemas import Fact, Reproduction, measured_fields
+
+ISSUE_KEY = "issue"
+"""State key of the issue digest every stage may reference."""
+PREVIOUS_ATTEMPT_KEY = "previous_attempt"
+"""State key a looped stage may reference: Baton's compact summary of its previous iteration
+(its diff stat, failing tests and the tail of their output); empty in the first."""
+MAX_ITERATIONS = 10
+
+_NAME = r"[a-z_][a-z0-9_]*"
+_SOURCE = f"^{_NAME}(?::{_NAME})?\\.{_NAME}$"
+"""`<upstream output key>.<field>`."""
+_TOKEN = re.compile(r"\{\{|\}\}|\{(" + _NAME + r"(?::" + _NAME + r")?)(\?)?\}")
+
+
+class StageBudget(BaseModel):
+    """Limits one stage execution must stay within."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_tool_output_chars: int = Field(8_000, gt=0)
+    """A tool result longer than this is cut, with a marker saying how much was cut."""
+    max_request_tokens: int = Field(12_000, gt=0)
+    """The outgoing request is trimmed to about this many tokens."""
+    max_model_calls: int = Field(12, gt=0)
+    """Model calls per attempt, the repair turn included."""
+    max_output_chars: int = Field(4_000, gt=0)
+    """A stage output longer than this (as JSON) is compacted before it is handed on."""
+    soft_time_limit_s: int = Field(540, gt=0)
+    time_limit_s: int = Field(600, gt=0)
+
+    @model_validator(mode="after")
+    def _soft_below_hard(self) -> StageBudget:
+        if self.soft_time_limit_s >= self.time_limit_s:
+            raise ValueError("soft_time_limit_s must be below time_limit_s")
+        return self
+
+
+class StopRule(BaseModel):
+    """Ends the run early, as skipped, when a field of the stage's output has a given value."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    field: str
+    equals: Any
+    reason_field: str | None = None
+    """Output field whose value becomes the run's reason."""
+
+    def matches(self, output: Mapping[str, Any]) -> bool:
+        return self.field in output and output[self.field] == self.equals
+
+    def reason(self, output: Mapping[str, Any]) -> str:
+        detail = output.get(self.reason_field) if self.reason_field else None
+        return str(detail) if detail else f"{self.field} was {self.equals!r}"
+
+
+class VerifyRule(BaseModel):
+    """Baton itself runs a test command before and after the stage's agent, in its sandbox.
+
+    The results become the output's `tests_before` and `tests_after`; with `require_pass`, a
+    stage whose tests still fail afterwards fails, so its change is never handed on.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    command_from: str = Field(pattern=_SOURCE)
+    """`<upstream output key>.<field>` that holds the test command, e.g. `plan.test_command`."""
+    require_pass: bool = True
+
+    @property
+    def source(self) -> tuple[str, str]:
+        return _split_source(self.command_from)
+
+
+class ChangeClass(StrEnum):
+    """Kinds of changed file that a publishing stage refuses unless its pipeline allows them:
+    issue text is untrusted, and a change steered by it could reach further than the fix."""
+
+    UNPLANNED = "unplanned"
+    """A file the plan did not name (`PublishRule.planned_from`)."""
+    CI = "ci"
+    """CI, workflow or repository configuration: `.github/`, `.gitlab-ci.yml`, `Jenkinsfile`,
+    `.gitattributes`, `CODEOWNERS`, …"""
+    DEPENDENCIES = "dependencies"
+    """A dependency manifest or lockfile (`pyproject.toml`, `requirements*.txt`,
+    `package-lock.json`, …) or the repository's environment spec."""
+    BINARY = "binary"
+    """A file git does not diff as text."""
+    EXECUTABLE = "executable"
+    """A file that becomes executable."""
+
+
+class PublishRule(BaseModel):
+    """What a stage's `publish` tool may put on a branch. The change is checked on the worker
+    host, as applied there, never as the sandbox that made it describes it; symlinks,
+    submodules and paths inside `.git` are refused whatever is allowed."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    planned_from: tuple[Annotated[str, Field(pattern=_SOURCE)], ...] = ()
+    """`<upstream output key>.<field>`s listing the files the change is meant to touch, e.g.
+    `plan.files_to_change` and `reproduce.test_files`; any other file is `unplanned`. Empty:
+    no file is unplanned."""
+    allow: tuple[ChangeClass, ...] = ()
+    """The classes of change published anyway (and listed in the pull request as such)."""
+
+    @field_validator("planned_from", mode="before")
+    @classmethod
+    def _one_or_many(cls, value: Any) -> Any:
+        return (value,) if isinstance(value, str) else value
+
+    @property
+    def sources(self) -> list[tuple[str, str]]:
+        return [_split_source(source) for source in self.planned_from]
+
+
+class ProofRule(BaseModel):
+    """Baton proves the stage's change itself, in clean sandboxes of the run's environment:
+    the reproducing tests fail with only the change's test files applied and pass with the
+    whole change, and no test of the repository's suite that passed before fails after. The
+    verdict fills the output's `Measured(Fact.PROOF)` field; a change without a passing proof
+    is never handed on (in a loop, the next iteration tries again)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    reproduction_from: str = Field(pattern=f"^{_NAME}(?::{_NAME})?$")
+    """The output key of the earlier stage that reproduced the report (a `reproduce` stage)."""
+    suite: bool = True
+    """Run the repository's whole test suite (its environment's test command) before and after
+    too, and refuse a change that makes a passing test fail."""
+
+
+class LoopRule(BaseModel):
+    """Run the stage again, in a fresh session, until a condition over its output holds or
+    `max_iterations` have run; each iteration is seeded with a compact summary of the one
+    before (`{previous_attempt?}`), never with its conversation."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    until: str = Field(pattern=f"^{_NAME}(?:\\.{_NAME})*$")
+    """A dotted path into the stage's output that must be true, e.g. `proof.passed`."""
+    max_iterations: int = Field(3, ge=1, le=MAX_ITERATIONS)
+    reason_from: str | None = Field(None, pattern=f"^{_NAME}(?:\\.{_NAME})*$")
+    """A dotted path into the output that says why the condition did not hold, e.g.
+    `proof.reason`: the run's reason when the iterations run out."""
+
+    def holds(self, output: Mapping[str, Any]) -> bool:
+        return _at(output, self.until) is True
+
+    def reason(self, output: Mapping[str, Any]) -> str:
+        said = _at(output, self.reason_from) if self.reason_from else None
+        return str(said) if said else f"{self.until} was not true"
+
+
+class StageSpec(BaseModel):
+    """One stage: what it is told, what it may use, what it must return."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(pattern=f"^{_NAME}$")
+    instruction: str
+    output_schema: str
+    """Import path `module:Class` of the pydantic model the output must validate against."""
+    queue: str = ""
+    """Celery queue; defaults to `baton.<name>`."""
+    output_key: str = ""
+    """State key the output is stored under; defaults to the stage name. A `temp:` key is
+    removed when the run ends."""
+    tools: tuple[str, ...] = ()
+    budget: StageBudget = StageBudget()
+    stop_when: StopRule | None = None
+    verify: VerifyRule | None = None
+    reproduce: bool = False
+    """Baton runs the output's `test_command` on the unchanged code, with only the stage's test
+    files applied, in a clean sandbox, and fails the stage unless the tests fail there with the
+    output's `expected_failure` (the output schema is an `orchestrator.core.schemas.Reproduction`).
+    """
+    proof: ProofRule | None = None
+    loop: LoopRule | None = None
+    publish: PublishRule = PublishRule()
+    """What its `publish` tool may publish (a stage without that tool ignores it)."""
+    sandbox_network: str | None = Field(None, pattern=r"^\w[\w.-]*$")
+    """The Docker network this stage's sandbox joins (an egress proxy's, say); by default it
+    has no network at all. Never `host` or another container's."""
+
+    @field_validator("sandbox_network")
+    @classmethod
+    def _not_a_shared_namespace(cls, value: str | None) -> str | None:
+        if value in ("host", "none"):
+            raise ValueError(f"sandbox_network may not be {value!r}: name a Docker network")
+        return value
+
+    @model_validator(mode="after")
+    def _defaults(self) -> StageSpec:
+        if not self.queue:
+            object.__setattr__(self, "queue", f"baton.{self.name}")
+        if not self.output_key:
+            object.__setattr__(self, "output_key", self.name)
+        return self
+
+    @property
+    def inputs(self) -> list[str]:
+        """State keys the instruction references, in order of first use."""
+        return list(dict.fromkeys(_placeholders(self.instruction)))
+
+    def schema_class(self) -> type[BaseModel]:
+        return _import_schema(self.output_schema)
+
+
+class Pipeline(BaseModel):
+    """An ordered list of stages."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    description: str = ""
+    stages: tuple[StageSpec, ...]
+
+    @model_validator(mode="after")
+    def _check(self) -> Pipeline:
+        if not self.stages:
+            raise ValueError("a pipeline needs at least one stage")
+        names = [s.name for s in self.stages]
+        if len(set(names)) != len(names):
+            raise ValueError(f"stage names repeat: {names}")
+        known = {ISSUE_KEY}
+        for stage in self.stages:
+            _check_inputs(stage, known)
+            if stage.verify and stage.verify.source[0] not in known:
+                raise ValueError(
+                    f"stage {stage.name!r} verifies with {stage.verify.command_from!r}, which "
+                    "names no earlier stage's output"
+                )
+            for key, _ in stage.publish.sources:
+                if key not in known:
+                    raise ValueError(
+                        f"stage {stage.name!r} takes its planned files from {key!r}, which "
+                        "names no earlier stage's output"
+                    )
+            _check_proof_and_loop(stage, known, self.stages)
+            if stage.output_key in known:
+                raise ValueError(f"stage {stage.name!r} reuses output key {stage.output_key!r}")
+            known.add(stage.output_key)
+            stage.schema_class()
+        return self
+
+    @property
+    def first(self) -> StageSpec:
+        return self.stages[0]
+
+    def stage(self, name: str) -> StageSpec:
+        for stage in self.stages:
+            if stage.name == name:
+                return stage
+        raise PipelineError(f"pipeline {self.name!r} has no stage {name!r}")
+
+    def next_after(self, name: str) -> StageSpec | None:
+        index = self._index(name)
+        return self.stages[index + 1] if index + 1 < len(self.stages) else None
+
+    def before(self, name: str) -> tuple[StageSpec, ...]:
+        """The stages before `name`, the nearest first."""
+        return self.stages[: self._index(name)][::-1]
+
+    def _index(self, name: str) -> int:
+        return [s.name for s in self.stages].index(self.stage(name).name)
+
+
+def _check_inputs(stage: StageSpec, known: set[str]) -> None:
+    for key in stage.inputs:
+        if key == PREVIOUS_ATTEMPT_KEY:
+            if stage.loop is None:
+                raise ValueError(
+                    f"stage {stage.name!r} references {{{key}}}, which only a stage with a "
+                    "`loop` has"
+                )
+        elif key not in known:
+            raise ValueError(
+                f"stage {stage.name!r} references {{{key}}}, which is neither "
+                f"{{{ISSUE_KEY}}} nor an earlier stage's output key (write {{{{ for a "
+                "literal brace)"
+            )
+
+
+def _check_proof_and_loop(stage: StageSpec, known: set[str], stages: tuple[StageSpec, ...]) -> None:
+    schema = stage.schema_class()
+    if stage.reproduce and not issubclass(schema, Reproduction):
+        raise ValueError(
+            f"stage {stage.name!r} reproduces, so its output schema must be a Reproduction "
+            f"(orchestrator.core.schemas:Reproduction), not {stage.output_schema!r}"
+        )
+    if stage.reproduce and not stage.tools:
+        raise ValueError(f"stage {stage.name!r} reproduces, so it needs code tools")
+    if stage.proof is not None:
+        source = stage.proof.reproduction_from
+        reproducers = [s for s in stages if s.output_key == source and s.reproduce]
+        if source not in known or not reproducers:
+            raise ValueError(
+                f"stage {stage.name!r} proves with {source!r}, which names no earlier stage "
+                "with `reproduce = true`"
+            )
+        if Fact.PROOF not in measured_fields(schema):
+            raise ValueError(
+                f"stage {stage.name!r} has a proof, but its output schema {stage.output_schema!r} "
+                "has no field for it (`Measured(Fact.PROOF)`)"
+            )
+    if stage.loop is not None:
+        head = stage.loop.until.split(".")[0]
+        if head not in schema.model_fields:
+            raise ValueError(
+                f"stage {stage.name!r} loops until {stage.loop.until!r}, but its output schema "
+                f"{stage.output_schema!r} has no field {head!r}"
+            )
+
+
+def _split_source(source: str) -> tuple[str, str]:
+    key, _, field = source.rpartition(".")
+    return key, field
+
+
+def _at(value: Any, path: str) -> Any:
+    """The value at a dotted path into nested mappings; None when any step is missing."""
+    for part in path.split("."):
+        if not isinstance(value, Mapping):
+            return None
+        value = value.get(part)
+    return value
+
+
+def render(template: str, values: Mapping[str, Any]) -> str:
+    """Substitute `{key}` placeholders in one pass; values are never re-scanned.
+
+    Raises:
+        KeyError: a required placeholder has no value.
+    """
+
+    def replace(match: re.Match[str]) -> str:
+        token = match.group(0)
+        if token in ("{{", "}}"):
+            return token[0]
+        key, optional = match.group(1), match.group(2)
+        if key not in values or values[key] is None:
+            if optional:
+                return ""
+            raise KeyError(key)
+        return _as_text(values[key])
+
+    return _TOKEN.sub(replace, template)
+
+
+def _as_text(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, indent=1, ensure_ascii=False)
+
+
+def _placeholders(template: str) -> list[str]:
+    return [m.group(1) for m in _TOKEN.finditer(template) if m.group(1)]
+
+
+MOVED_SCHEMA_MODULES = {"orchestrator.schemas": "orchestrator.core.schemas"}
+"""Modules that held output schemas under another name before: a spec that still names one is
+told the new path (issue 23 split `orchestrator/` into `core` and `control`)."""
+
+
+@cache
+def _import_schema(path: str) -> type[BaseModel]:
+    module_name, _, attr = path.partition(":")
+    if module_name in MOVED_SCHEMA_MODULES:
+        moved = MOVED_SCHEMA_MODULES[module_name]
+        raise PipelineError(
+            f"output schema {path!r}: the module {module_name} is now {moved}; write {moved}:{attr}"
+        )
+    try:
+        schema = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise PipelineError(f"output schema {path!r} cannot be imported: {exc}") from exc
+    if not (isinstance(schema, type) and issubclass(schema, BaseModel)):
+        raise PipelineError(f"output schema {path!r} is not a pydantic model")
+    return schema
+
+
+def builtin_pipelines() -> list[str]:
+    folder = resources.files("orchestrator") / "pipelines"
+    return sorted(
+        p.name.removesuffix(".toml") for p in folder.iterdir() if p.name.endswith(".toml")
+    )
+
+
+@cache
+def load_pipeline(name_or_path: str) -> Pipeline:
+    """A built-in pipeline by name, or a pipeline TOML file by path.
+
+    Raises:
+        PipelineError: the pipeline is unknown or its file is invalid; the message says where.
+    """
+    path = Path(name_or_path)
+    if path.suffix == ".toml" and path.exists():
+        text, origin = path.read_text(), str(path)
+    else:
+        resource = resources.files("orchestrator") / "pipelines" / f"{name_or_path}.toml"
+        if not resource.is_file():
+            raise PipelineError(
+                f"unknown pipeline {name_or_path!r}; built-in: {', '.join(builtin_pipelines())}"
+            )
+        text, origin = resource.read_text(), f"built-in pipeline {name_or_path!r}"
+    try:
+        return Pipeline.model_validate(tomllib.loads(text))
+    except (tomllib.TOMLDecodeError, ValidationError) as exc:
+        raise PipelineError(f"{origin} is invalid: {exc}") from exc
