@@ -31,6 +31,8 @@ from pydantic import (
 
 from orchestrator.errors import PipelineError
 from orchestrator.schemas import Fact, Reproduction, measured_fields
+from orchestrator.toolcheck import check_tools
+from orchestrator.tools import ToolDeclaration
 
 ISSUE_KEY = "issue"
 """State key of the issue digest every stage may reference."""
@@ -199,6 +201,7 @@ class StageSpec(BaseModel):
     """State key the output is stored under; defaults to the stage name. A `temp:` key is
     removed when the run ends."""
     tools: tuple[str, ...] = ()
+    """The tools its model may call: built-in ones and the pipeline's declared ones, by name."""
     budget: StageBudget = StageBudget()
     stop_when: StopRule | None = None
     verify: VerifyRule | None = None
@@ -245,6 +248,9 @@ class Pipeline(BaseModel):
 
     name: str
     description: str = ""
+    tools: dict[str, ToolDeclaration] = Field(default_factory=dict)
+    """Tools beyond the built-in ones, by name (`orchestrator.tools`); a stage names those it
+    may call in its own `tools`."""
     stages: tuple[StageSpec, ...]
 
     @model_validator(mode="after")
@@ -426,6 +432,11 @@ def load_pipeline(name_or_path: str) -> Pipeline:
             )
         text, origin = resource.read_text(), f"built-in pipeline {name_or_path!r}"
     try:
-        return Pipeline.model_validate(tomllib.loads(text))
+        pipeline = Pipeline.model_validate(tomllib.loads(text))
     except (tomllib.TOMLDecodeError, ValidationError) as exc:
         raise PipelineError(f"{origin} is invalid: {exc}") from exc
+    problems = check_tools(pipeline)
+    if problems:
+        lines = "\n".join(problem.describe(origin) for problem in problems)
+        raise PipelineError(f"{origin} is invalid: its tools cannot run:\n{lines}")
+    return pipeline
