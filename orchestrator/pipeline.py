@@ -1,10 +1,12 @@
 """Pipelines as data: stages, their queues, instructions, tools, output schemas and budgets.
 
 A pipeline is a TOML file. Built-in pipelines live in `orchestrator/pipelines/`; any other
-file can be named by path. Instructions are templates with `{key}` placeholders that name the
-issue (`{issue}`) or an upstream stage's output key; `{key?}` renders as empty when the value is
-missing and `{{` / `}}` are literal braces. Baton renders templates itself, in one pass, so braces
-inside the values (code, diffs, issue bodies) are never interpreted.
+file can be named by path. Besides its stages it may declare tools of its own (`[tools.<name>]`,
+`orchestrator.tools`), which `load_pipeline` checks (`orchestrator.toolcheck`). Instructions are
+templates with `{key}` placeholders that name the issue (`{issue}`) or an upstream stage's output
+key; `{key?}` renders as empty when the value is missing and `{{` / `}}` are literal braces.
+Baton renders templates itself, in one pass, so braces inside the values (code, diffs, issue
+bodies) are never interpreted.
 """
 
 from __future__ import annotations

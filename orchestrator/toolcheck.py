@@ -40,6 +40,11 @@ if TYPE_CHECKING:
 
 RESERVED_PARAMETERS = frozenset({"tool_context", "input_stream"})
 """Parameters ADK fills itself (the session's context): never a declared tool's."""
+ONE_ARGUMENT = (
+    "an element is either literal text (`{{`, `}}` for braces) or exactly one `{argument}`, "
+    "passed whole"
+)
+SPLICED_NAME = re.compile(r"\{(\w+)\}")
 
 
 @dataclass(frozen=True)
@@ -291,13 +296,8 @@ def _command_problems(tool: CommandTool) -> Iterator[tuple[str, str]]:
     for at, element in elements:
         argument = template_argument(element)
         if _spliced(element):
-            yield (
-                at,
-                (
-                    f"{element!r} splices into a string: an element is either literal "
-                    "text (`{{`, `}}` for braces) or exactly one `{argument}`, passed whole"
-                ),
-            )
+            used.update(SPLICED_NAME.findall(element))  # one problem for it, not two
+            yield at, f"{element!r} splices into a string: {ONE_ARGUMENT}"
         elif argument is not None and argument not in tool.args:
             yield at, f"names {{{argument}}}, which `args` does not declare"
         elif argument is not None:

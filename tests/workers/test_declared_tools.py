@@ -75,6 +75,15 @@ def test_a_host_tool_gets_its_settings_and_secret_and_returns_json_ready_data() 
     assert call(host("owner_model"), path="b.py") == {"team": "core", "reviewers": ["ana", "b.py"]}
 
 
+def test_the_model_cannot_replace_a_bound_setting_or_secret() -> None:
+    """Past the guard (which refuses such an argument), the declared values still win."""
+    tool = host("lookup_owner", settings={"region": "eu"}, secrets={"token": "TOKEN"})
+
+    answer = call(tool, path="a.py", token="chosen-by-the-model", region="us")
+
+    assert (answer["auth"], answer["team"]) == ("Bearer [secret TOKEN]", "core@eu")
+
+
 def test_an_exception_becomes_an_error_for_the_model_without_the_secret() -> None:
     tool = host("refuse", secrets={"token": "TOKEN"})
 
@@ -212,6 +221,10 @@ def test_a_value_outside_its_pattern_or_holding_nul_is_refused(commands: Functio
     assert commands.func(path="a\0b") == {
         "error": "argument 'path' holds a NUL character, which no command takes"
     }
+
+
+def test_an_argument_the_declaration_lacks_is_refused(commands: FunctionTool) -> None:
+    assert commands.func(path="a", extra="x") == {"error": "there is no argument 'extra'"}
 
 
 def test_the_guard_holds_command_arguments_to_their_declared_types(commands: FunctionTool) -> None:

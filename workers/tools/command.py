@@ -39,7 +39,7 @@ def command_tool(
 
     def run(**arguments: Any) -> dict[str, Any]:
         try:
-            values = {key: _as_text(key, value, declaration.args[key])
+            values = {key: _as_text(key, value, declaration.args.get(key))
                       for key, value in {**defaults, **arguments}.items()}  # fmt: skip
             argv = [_filled(element, values) for element in declaration.command]
             env = {key: _filled(value, values) for key, value in declaration.env.items()}
@@ -81,9 +81,11 @@ def _filled(element: str, values: dict[str, str]) -> str:
     return values[argument]
 
 
-def _as_text(key: str, value: Any, arg: CommandArg) -> str:
+def _as_text(key: str, value: Any, arg: CommandArg | None) -> str:
     """An argument's value as the text passed to the command; a string must match its pattern
     and no value may hold a NUL (an argv element cannot)."""
+    if arg is None:
+        raise ToolError(f"there is no argument {key!r}")
     text = ("true" if value else "false") if isinstance(value, bool) else str(value)
     if "\0" in text:
         raise ToolError(f"argument {key!r} holds a NUL character, which no command takes")
@@ -99,7 +101,8 @@ def _docstring(declaration: CommandTool) -> str:
     if declaration.args:
         lines += ["", "Args:"]
         for key, arg in declaration.args.items():
-            extra = f" One of {', '.join(map(repr, arg.enum))}." if arg.enum else ""
-            extra += f" Must match {arg.pattern!r}." if arg.pattern else ""
-            lines.append(f"    {key}: {arg.description.strip()}{extra}")
+            said = arg.description.strip().rstrip(".") + "."
+            said += f" One of {', '.join(map(repr, arg.enum))}." if arg.enum else ""
+            said += f" Must match {arg.pattern!r}." if arg.pattern else ""
+            lines.append(f"    {key}: {said}")
     return "\n".join(lines)

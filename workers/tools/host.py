@@ -73,10 +73,11 @@ def host_tool(
     async def call(**arguments: Any) -> dict[str, Any]:
         try:
             async with asyncio.timeout(timeout_s) as deadline:
+                given = {**arguments, **bound}  # the model can never replace a bound value
                 if inspect.iscoroutinefunction(function):
-                    result = await function(**arguments, **bound)
+                    result = await function(**given)
                 else:
-                    result = await asyncio.to_thread(function, **arguments, **bound)
+                    result = await asyncio.to_thread(function, **given)
         except PASSED_THROUGH:
             raise
         except Exception as exc:  # the tool's own failure: the model reads it and goes on

@@ -74,7 +74,9 @@ class StageToolModel:
                 types.Content(role="user", parts=[types.Part(text=self._secrets.redact(prompt))])
             ],
             config=types.GenerateContentConfig(
-                system_instruction=self._secrets.redact(system) or None
+                system_instruction=self._secrets.redact(system) or None,
+                # A tool's model call is one request: the client never calls functions itself.
+                automatic_function_calling=types.AutomaticFunctionCallingConfig(disable=True),
             ),
         )
         self._usage.requests += 1
@@ -88,7 +90,7 @@ class StageToolModel:
         )
         usage = reply.usage_metadata.model_dump(exclude_none=True) if reply.usage_metadata else None
         self._entry("model_reply", {"content": content, "usage": usage, "error": None})
-        parts = reply.content.parts or [] if reply.content else []
+        parts = (reply.content.parts or []) if reply.content else []
         return "".join(part.text or "" for part in parts if not part.thought)
 
     def generate_sync(self, prompt: str, *, system: str = "") -> str:
