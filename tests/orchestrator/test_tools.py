@@ -12,9 +12,10 @@ import pytest
 
 from orchestrator import api
 from orchestrator.errors import PipelineError
+from orchestrator.hostfunction import host_signature
 from orchestrator.pipeline import Pipeline, load_pipeline
 from orchestrator.settings import Settings
-from orchestrator.toolcheck import ToolProblem, check_tools, host_signature
+from orchestrator.toolcheck import ToolProblem, check_tools
 from orchestrator.tools import CommandTool, HostTool, McpServer
 
 SAMPLE = "tests.workers.sample_tools"

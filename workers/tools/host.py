@@ -30,7 +30,7 @@ from google.adk.tools.function_tool import FunctionTool
 from pydantic import SecretStr
 from pydantic_core import to_jsonable_python
 
-from orchestrator.toolcheck import host_signature
+from orchestrator.hostfunction import host_signature
 from orchestrator.tools import HostTool, ToolModel
 from workers.errors import ExecutionError, StageError
 from workers.tools.secrets import Secrets
