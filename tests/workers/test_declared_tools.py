@@ -4,6 +4,7 @@ working copy on this host), MCP servers (a real stdio server), and the secrets t
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -11,11 +12,12 @@ from typing import Any
 import pytest
 from google.adk.tools.function_tool import FunctionTool
 
+from orchestrator.pipeline import StageBudget
 from orchestrator.tools import CommandTool, HostTool, McpServer
 from testkit.inprocess import InProcessGemini
 from testkit.workspace import LocalWorkspace
 from tests.labeller import write_notes_server
-from workers.agent import Usage
+from workers.agent import AgentSpec, StageSession, Usage, build_agent
 from workers.errors import RateLimitedError, StageCancelledError, StageError
 from workers.guard import ToolGuard
 from workers.tools.command import command_tool
@@ -327,3 +329,34 @@ def test_a_stage_naming_an_undeclared_tool_or_a_command_without_sandbox_fails() 
     with pytest.raises(StageError, match="tool 'show' of stage 'label' runs in a sandbox; it has "
                        "none"):  # fmt: skip
         asyncio.run(in_toolbox(["show"], {"show": COMMAND}, lambda _: asyncio.sleep(0)))
+
+
+def test_a_declared_tool_s_result_loses_its_secret_and_is_cut_to_the_stage_s_budget() -> None:
+    """Through the agent's one after-tool path: the review (secrets out), then the budget."""
+    fake = InProcessGemini({"agents": {"label": [
+        {"call": {"name": "lookup_owner", "args": {"path": "p" * 5_000}}}, {"text": "done"},
+    ]}})  # fmt: skip
+    declaration = HostTool(kind="host", function=f"{SAMPLE}:lookup_owner",
+                           settings={"region": "eu"}, secrets={"token": "TOKEN"})  # fmt: skip
+    audit: list[dict[str, Any]] = []
+
+    async def run() -> str:
+        bench = ToolBench(stage="label", environ={"TOKEN": TOKEN})
+        async with open_toolbox(["lookup_owner"], {"lookup_owner": declaration}, bench) as box:
+            spec = AgentSpec(name="label", instruction="Label it.", contract="Reply.",
+                             budget=StageBudget(max_tool_output_chars=600), tools=box.tools,
+                             review_tool_result=box.review)  # fmt: skip
+            usage = Usage()
+            agent = build_agent(spec, fake.model(transient_attempts=1), usage)
+            opened = StageSession.open(agent, session_id="r1:label:1", state={},
+                                       audit=audit.extend, labels={}, usage=usage)  # fmt: skip
+            async with opened as session:
+                return await session.turn("Go.", max_model_calls=4)
+
+    assert asyncio.run(run()) == "done"
+    sent = fake.requests()[1]["request"]["contents"][-1]["parts"][0]["functionResponse"]
+    response = sent["response"]
+    assert response["auth"] == "Bearer [secret TOKEN]"
+    assert response["truncated"].startswith("tool output cut to fit the budget: ")
+    assert len(response["path"]) < 600
+    assert TOKEN not in json.dumps(fake.requests()) + json.dumps(audit)
