@@ -99,5 +99,8 @@ def _connection(
             timeout=server.timeout_s,
         )
     return StreamableHTTPConnectionParams(
-        url=server.url, headers={**server.headers, **given} or None, timeout=server.timeout_s
+        url=server.url,
+        headers={**server.headers, **given} or None,
+        timeout=server.timeout_s,
+        sse_read_timeout=server.timeout_s,  # each call's, as a stdio server's read timeout is
     )
