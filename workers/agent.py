@@ -29,6 +29,7 @@ from google.adk.models.llm_response import LlmResponse
 from google.adk.runners import Runner
 from google.adk.sessions import InMemorySessionService
 from google.adk.telemetry.context import ContentCapturingMode, TelemetryConfig
+from google.adk.tools.base_tool import BaseTool
 from google.genai import types
 
 from orchestrator.core.pipeline import StageBudget, render
@@ -72,7 +73,7 @@ class Usage:
     prompt_tokens_max: int = 0
     output_tokens: int = 0
 
-    def add_event(self, event: Event) -> None:
+    def add_event(self, event: LlmResponse) -> None:
         usage = event.usage_metadata
         if usage is None or event.partial:
             return
@@ -99,7 +100,11 @@ class AgentSpec:
     contract: str
     """Appended verbatim after the rendered instruction: how to reply."""
     budget: StageBudget
-    tools: Sequence[Callable[..., Any]] = ()
+    tools: Sequence[Callable[..., Any] | BaseTool] = ()
+    """Functions (ADK makes each a `FunctionTool`) or ADK tools (`workers.tools.declared`)."""
+    review_tool_result: Callable[[BaseTool, Any], dict[str, Any]] | None = None
+    """What every tool result passes before the output budget (`Toolbox.review`); it may
+    raise to end the stage."""
     json_reply: bool = False
     """Ask the API for `application/json` (only for stages without tools)."""
     checkpoint: Callable[[], None] | None = None
@@ -138,7 +143,18 @@ def build_agent(spec: AgentSpec, model: BaseLlm, usage: Usage) -> LlmAgent:
         else None
     )
     trim = request_trimmer(spec.budget.max_request_tokens)
-    guard = ToolGuard(spec.tools, stage=spec.name)
+    guard = ToolGuard([_tool_name(tool) for tool in spec.tools], stage=spec.name)
+    limit = tool_output_limiter(spec.budget.max_tool_output_chars)
+
+    def after_tool(
+        tool: BaseTool, args: dict[str, Any], tool_context: Any, tool_response: Any
+    ) -> dict[str, Any] | None:
+        """The review, then the budget: one callback, as ADK stops at the first that answers."""
+        if spec.review_tool_result is None:
+            return limit(tool, args, tool_context, tool_response)
+        reviewed = spec.review_tool_result(tool, tool_response)
+        return limit(tool, args, tool_context, reviewed) or reviewed
+
     return LlmAgent(
         name=spec.name,
         model=model,
@@ -148,8 +164,12 @@ def build_agent(spec: AgentSpec, model: BaseLlm, usage: Usage) -> LlmAgent:
         before_model_callback=before_model,
         after_model_callback=guard.after_model,
         before_tool_callback=[safe_point, guard.before_tool],
-        after_tool_callback=tool_output_limiter(spec.budget.max_tool_output_chars),
+        after_tool_callback=after_tool,
     )
+
+
+def _tool_name(tool: Callable[..., Any] | BaseTool) -> str:
+    return tool.name if isinstance(tool, BaseTool) else tool.__name__
 
 
 class StageSession:

@@ -13,7 +13,8 @@ import asyncio
 import json
 import logging
 import time
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from celery.exceptions import SoftTimeLimitExceeded
@@ -78,6 +79,8 @@ class WorkerServices:
     connections belong to it); None: each execution gets a new loop."""
     keep_model_requests: bool = False
     """Save every model request as the artifact `REQUESTS_ARTIFACT`."""
+    environ: Mapping[str, str] = field(default_factory=dict)
+    """The worker's environment, where the secrets declared tools name are read."""
 
     @property
     def store(self) -> RunStore:
@@ -156,7 +159,7 @@ class Execution:
         )
         try:
             inputs = resolve(self.run, self.pipeline, self.spec, self.attempt, self.services.store)
-            if self.spec.tools:
+            if inputs.needs_workspace:
                 inputs = inputs.in_environment(await self._environment())
             self._model = self._build_model()
             return await execute_stage(
@@ -168,6 +171,7 @@ class Execution:
                 fence=self.fence,
                 checkpoint=self.checkpoint,
                 streaming=self.services.streaming,
+                environ=self.services.environ,
             )
         finally:
             if self._model is not None:

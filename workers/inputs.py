@@ -16,6 +16,7 @@ from orchestrator.core.execution import branch_label, session_id
 from orchestrator.core.models import RunRecord
 from orchestrator.core.pipeline import ISSUE_KEY, PREVIOUS_ATTEMPT_KEY, Pipeline, StageSpec
 from orchestrator.core.store import RunStore
+from orchestrator.core.tools import BUILTIN_TOOLS, CommandTool, ToolDeclaration
 from workers import proof
 from workers.environments import Environment
 from workers.errors import StageError
@@ -57,6 +58,13 @@ class StageInputs:
     suite_command: str | None = None
     """The repository's own test command, which a proof runs before and after the change; the
     worker takes it from the run's environment."""
+    tools: Mapping[str, ToolDeclaration] = field(default_factory=dict)
+    """The declarations of the pipeline's tools this stage names (built-in ones have none)."""
+
+    @property
+    def needs_workspace(self) -> bool:
+        """Whether the stage works in a sandbox (it has code or command tools)."""
+        return works_in_sandbox(self.spec, self.tools)
 
     def in_environment(self, environment: Environment | None) -> StageInputs:
         """These inputs for a code stage in the run's environment: its image for the sandbox,
@@ -106,6 +114,16 @@ def resolve(
         planned_files=_planned_files(run, spec, store),
         iteration=iteration,
         reproduction=_reproduction(run, spec, store),
+        tools={name: pipeline.tools[name] for name in spec.tools if name in pipeline.tools},
+    )
+
+
+def works_in_sandbox(spec: StageSpec, declarations: Mapping[str, ToolDeclaration]) -> bool:
+    """Whether a stage with these tool declarations needs a sandbox: a built-in (code) tool or
+    a command tool does; host tools and MCP servers run outside it."""
+    return any(
+        name in BUILTIN_TOOLS or isinstance(declarations.get(name), CommandTool)
+        for name in spec.tools
     )
 
 
@@ -150,7 +168,7 @@ def _upstream_diff(
     run: RunRecord, pipeline: Pipeline, spec: StageSpec, store: RunStore
 ) -> str | None:
     """The newest change recorded by a stage before this one (code stages only)."""
-    if not spec.tools:
+    if not works_in_sandbox(spec, pipeline.tools):
         return None
     for stage in pipeline.before(spec.name):
         record = run.stages.get(stage.name)

@@ -13,10 +13,11 @@ model said.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +28,7 @@ from pydantic import BaseModel, ValidationError
 
 from orchestrator.core.pipeline import StageSpec
 from orchestrator.core.schemas import Fact, Proof, Reproduced, TestRun, measured_fields
+from orchestrator.core.tools import BUILTIN_TOOLS
 from workers import output as outputs
 from workers import proof
 from workers.agent import AgentSpec, AuditSink, StageSession, Usage, build_agent
@@ -38,7 +40,10 @@ from workers.publish import Publisher
 from workers.sandboxes import Sandboxes, WorkspaceRequest
 from workers.tools.artifacts import ArtifactSink
 from workers.tools.code import DIFF_ARTIFACT, build_tools
+from workers.tools.declared import ToolBench, open_toolbox
 from workers.tools.errors import ToolError
+from workers.tools.model import StageToolModel
+from workers.tools.secrets import Secrets
 from workers.tools.workspace import Workspace
 
 logger = logging.getLogger(__name__)
@@ -91,12 +96,14 @@ async def execute_stage(
     fence: Fence = _open_fence,
     checkpoint: Fence | None = None,
     streaming: bool = False,
+    environ: Mapping[str, str] | None = None,
 ) -> StageOutput:
     """Run the stage's agent once, validate (one repair turn), verify and size its output.
 
-    A stage with tools works in a workspace from `sandboxes`; a stage with the `publish` tool
-    publishes through `publisher`. `fence` is called right before every push; `checkpoint`
-    (by default `fence`) at every model and tool call.
+    A stage with code or command tools works in a workspace from `sandboxes`; a stage with the
+    `publish` tool publishes through `publisher`. `fence` is called right before every push;
+    `checkpoint` (by default `fence`) at every model and tool call. `environ` is where its
+    declared tools' secrets are read (the worker's environment).
 
     Raises:
         ExecutionError: a subclass saying why the stage has no output (see `workers.errors`).
@@ -108,31 +115,40 @@ async def execute_stage(
     with _workspace(inputs, sandboxes) as workspace:
         if workspace is not None and inputs.verify_command:
             facts[Fact.TESTS_BEFORE] = _verify(inputs, workspace, sinks.artifacts, "before")
-        tools = _tools(inputs, workspace, sinks.artifacts, facts, publisher, fence)
-        agent = build_agent(
-            AgentSpec(
-                name=spec.name,
-                instruction=spec.instruction,
-                contract=outputs.contract(schema),
-                budget=spec.budget,
-                tools=tools,
-                json_reply=not tools,
-                checkpoint=checkpoint or fence,
-                record_request=_recorder(sinks),
-            ),
-            model,
-            sinks.usage,
+        bench = ToolBench(
+            stage=spec.name,
+            workspace=workspace,
+            builtins=_tools(inputs, workspace, sinks.artifacts, facts, publisher, fence),
+            environ=environ or {},
+            command_timeout_s=_command_timeout_s(spec),
+            model=_tool_models(inputs, model, sinks, checkpoint or fence),
         )
-        async with StageSession.open(
-            agent,
-            session_id=inputs.labels["session"],
-            state=inputs.state,
-            audit=sinks.audit,
-            labels=inputs.labels,
-            usage=sinks.usage,
-            streaming=streaming,
-        ) as session:
-            result = await _reply(session, spec, schema)
+        async with open_toolbox(spec.tools, inputs.tools, bench) as toolbox:
+            agent = build_agent(
+                AgentSpec(
+                    name=spec.name,
+                    instruction=spec.instruction,
+                    contract=outputs.contract(schema),
+                    budget=spec.budget,
+                    tools=toolbox.tools,
+                    review_tool_result=toolbox.review,
+                    json_reply=not toolbox.tools,
+                    checkpoint=checkpoint or fence,
+                    record_request=_recorder(sinks),
+                ),
+                model,
+                sinks.usage,
+            )
+            async with StageSession.open(
+                agent,
+                session_id=inputs.labels["session"],
+                state=inputs.state,
+                audit=sinks.audit,
+                labels=inputs.labels,
+                usage=sinks.usage,
+                streaming=streaming,
+            ) as session:
+                result = await _reply(session, spec, schema)
         if workspace is not None and inputs.verify_command:
             facts[Fact.TESTS_AFTER] = _verify(inputs, workspace, sinks.artifacts, "after")
         if workspace is not None and WRITE_TOOLS & set(spec.tools):
@@ -171,8 +187,8 @@ def _request(inputs: StageInputs) -> WorkspaceRequest:
 @contextmanager
 def _workspace(inputs: StageInputs, sandboxes: Sandboxes | None) -> Iterator[Workspace | None]:
     """A workspace at the pinned commit with the upstream change applied, for a stage with
-    tools; none for one without."""
-    if not inputs.spec.tools:
+    code or command tools; none for one without."""
+    if not inputs.needs_workspace:
         yield None
         return
     if sandboxes is None:
@@ -351,12 +367,34 @@ def _tools(
         return answer
 
     return build_tools(
-        inputs.spec.tools,
+        [name for name in inputs.spec.tools if name in BUILTIN_TOOLS],
         workspace,
         artifacts,
-        test_timeout_s=min(300, inputs.spec.budget.soft_time_limit_s // 2),
+        test_timeout_s=_command_timeout_s(inputs.spec),
         publish=publish,
     )
+
+
+def _command_timeout_s(spec: StageSpec) -> float:
+    """The most one command of the stage's tools (its tests, a command tool) may run."""
+    return min(300, spec.budget.soft_time_limit_s // 2)
+
+
+def _tool_models(
+    inputs: StageInputs, model: BaseLlm, sinks: StageSinks, checkpoint: Fence
+) -> Callable[[str, Secrets], StageToolModel]:
+    """Makes the model a host tool asks for: the stage's own, within its budget and audit."""
+    loop = asyncio.get_running_loop()
+
+    def tool_model(tool: str, secrets: Secrets) -> StageToolModel:
+        return StageToolModel(
+            tool, model=model, usage=sinks.usage,
+            max_model_calls=inputs.spec.budget.max_model_calls, audit=sinks.audit,
+            labels=inputs.labels, secrets=secrets, loop=loop, checkpoint=checkpoint,
+            record_request=_recorder(sinks),
+        )  # fmt: skip
+
+    return tool_model
 
 
 async def _fit_budget(

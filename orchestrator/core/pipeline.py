@@ -1,10 +1,12 @@
 """Pipelines as data: stages, their queues, instructions, tools, output schemas and budgets.
 
 A pipeline is a TOML file. Built-in pipelines live in `orchestrator/pipelines/`; any other
-file can be named by path. Instructions are templates with `{key}` placeholders that name the
-issue (`{issue}`) or an upstream stage's output key; `{key?}` renders as empty when the value is
-missing and `{{` / `}}` are literal braces. Baton renders templates itself, in one pass, so braces
-inside the values (code, diffs, issue bodies) are never interpreted.
+file can be named by path. Besides its stages it may declare tools of its own (`[tools.<name>]`,
+`orchestrator.core.tools`), which `load_pipeline` checks (`orchestrator.core.toolcheck`).
+Instructions are templates with `{key}` placeholders that name the issue (`{issue}`) or an
+upstream stage's output key; `{key?}` renders as empty when the value is missing and `{{` / `}}`
+are literal braces. Baton renders templates itself, in one pass, so braces inside the values
+(code, diffs, issue bodies) are never interpreted.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ from pydantic import (
 
 from orchestrator.core.errors import PipelineError
 from orchestrator.core.schemas import Fact, Reproduction, measured_fields
+from orchestrator.core.toolcheck import check_tools
+from orchestrator.core.tools import ToolDeclaration
 
 ISSUE_KEY = "issue"
 """State key of the issue digest every stage may reference."""
@@ -199,6 +203,7 @@ class StageSpec(BaseModel):
     """State key the output is stored under; defaults to the stage name. A `temp:` key is
     removed when the run ends."""
     tools: tuple[str, ...] = ()
+    """The tools its model may call: built-in ones and the pipeline's declared ones, by name."""
     budget: StageBudget = StageBudget()
     stop_when: StopRule | None = None
     verify: VerifyRule | None = None
@@ -246,6 +251,9 @@ class Pipeline(BaseModel):
 
     name: str
     description: str = ""
+    tools: dict[str, ToolDeclaration] = Field(default_factory=dict)
+    """Tools beyond the built-in ones, by name (`orchestrator.core.tools`); a stage names those it
+    may call in its own `tools`."""
     stages: tuple[StageSpec, ...]
 
     @model_validator(mode="after")
@@ -437,6 +445,11 @@ def load_pipeline(name_or_path: str) -> Pipeline:
             )
         text, origin = resource.read_text(), f"built-in pipeline {name_or_path!r}"
     try:
-        return Pipeline.model_validate(tomllib.loads(text))
+        pipeline = Pipeline.model_validate(tomllib.loads(text))
     except (tomllib.TOMLDecodeError, ValidationError) as exc:
         raise PipelineError(f"{origin} is invalid: {exc}") from exc
+    problems = check_tools(pipeline)
+    if problems:
+        lines = "\n".join(problem.describe(origin) for problem in problems)
+        raise PipelineError(f"{origin} is invalid: its tools cannot run:\n{lines}")
+    return pipeline

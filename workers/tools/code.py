@@ -14,22 +14,14 @@ import shlex
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from orchestrator.core.tools import BUILTIN_TOOLS
 from workers.tools.artifacts import ArtifactSink
 from workers.tools.errors import ToolError
 from workers.tools.workspace import Workspace
 
 Tool = Callable[..., dict[str, Any]]
 
-TOOL_NAMES = (
-    "list_files",
-    "search_code",
-    "read_file",
-    "edit_file",
-    "apply_patch",
-    "run_tests",
-    "show_diff",
-    "publish",
-)
+TOOL_NAMES = BUILTIN_TOOLS
 MAX_FILES = 200
 """Paths one `list_files` call shows."""
 MAX_MATCHES = 50
