@@ -91,12 +91,14 @@ async def execute_stage(
     fence: Fence = _open_fence,
     checkpoint: Fence | None = None,
     streaming: bool = False,
+    summarizer: BaseLlm | None = None,
 ) -> StageOutput:
     """Run the stage's agent once, validate (one repair turn), verify and size its output.
 
     A stage with tools works in a workspace from `sandboxes`; a stage with the `publish` tool
     publishes through `publisher`. `fence` is called right before every push; `checkpoint`
-    (by default `fence`) at every model and tool call.
+    (by default `fence`) at every model and tool call. `summarizer` writes the summaries of a
+    stage with `compaction` when it names another model than the stage's.
 
     Raises:
         ExecutionError: a subclass saying why the stage has no output (see `workers.errors`).
@@ -119,6 +121,9 @@ async def execute_stage(
                 json_reply=not tools,
                 checkpoint=checkpoint or fence,
                 record_request=_recorder(sinks),
+                compaction=spec.compaction,
+                summarizer=summarizer,
+                audit=lambda entries: sinks.audit([{**inputs.labels, **e} for e in entries]),
             ),
             model,
             sinks.usage,
