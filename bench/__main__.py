@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from bench import (
+    compaction,
     docs,
     environment,
     governor,
@@ -44,6 +45,7 @@ BENCHMARKS = {
     "soak": soak,
     "inspection": inspection,
     "upstream": upstream,
+    "compaction": compaction,
 }
 
 

@@ -32,8 +32,9 @@ from google.adk.telemetry.context import ContentCapturingMode, TelemetryConfig
 from google.adk.tools.base_tool import BaseTool
 from google.genai import types
 
-from orchestrator.core.pipeline import StageBudget, render
+from orchestrator.core.pipeline import CompactionRule, StageBudget, render
 from workers.budget import request_trimmer, tool_output_limiter
+from workers.compaction import Compactor
 from workers.errors import ModelCallLimitError
 from workers.guard import ToolGuard
 
@@ -111,6 +112,12 @@ class AgentSpec:
     """Called before every model and tool call: the stage's safe points (it raises to stop)."""
     record_request: Callable[[dict[str, Any]], None] | None = None
     """Given every model request as it is sent (after trimming), as JSON-ready data."""
+    compaction: CompactionRule | None = None
+    """Summarise the older part of a long history (`workers.compaction`); None: trim only."""
+    summarizer: BaseLlm | None = None
+    """The model that writes those summaries; None: the stage's own."""
+    audit: AuditSink | None = None
+    """Where Baton's own entries about the session (a compaction's) go, labelled."""
 
 
 def build_agent(spec: AgentSpec, model: BaseLlm, usage: Usage) -> LlmAgent:
@@ -124,17 +131,23 @@ def build_agent(spec: AgentSpec, model: BaseLlm, usage: Usage) -> LlmAgent:
         if spec.checkpoint is not None:
             spec.checkpoint()
 
-    def before_model(callback_context: Any, llm_request: LlmRequest) -> LlmResponse | None:
-        """The safe point, the trim, then the count of what is sent: one callback rather than
-        a list of three, as ADK inspects each callback's signature at every call."""
+    def sent(llm_request: LlmRequest, agent: str) -> None:
+        """Count a model request of the stage and record it as it goes out."""
+        usage.requests += 1
+        if spec.record_request is not None:
+            dumped = llm_request.model_dump(mode="json", include=REQUEST_FIELDS, exclude_none=True)
+            spec.record_request({"agent": agent, "number": usage.requests, **dumped})
+
+    async def before_model(callback_context: Any, llm_request: LlmRequest) -> LlmResponse | None:
+        """The safe point, compaction, the trim, then the count of what is sent: one callback
+        rather than a list, as ADK inspects each callback's signature at every call."""
         safe_point()
+        if compact is not None:
+            await compact(callback_context, llm_request)
         trimmed = trim(callback_context, llm_request)
         if trimmed is not None:
             return trimmed
-        usage.requests += 1
-        if spec.record_request is not None:
-            sent = llm_request.model_dump(mode="json", include=REQUEST_FIELDS, exclude_none=True)
-            spec.record_request({"agent": spec.name, "number": usage.requests, **sent})
+        sent(llm_request, spec.name)
         return None
 
     config = (
@@ -143,18 +156,21 @@ def build_agent(spec: AgentSpec, model: BaseLlm, usage: Usage) -> LlmAgent:
         else None
     )
     trim = request_trimmer(spec.budget.max_request_tokens)
+    compact = (
+        Compactor(
+            spec.compaction,
+            stage=spec.name,
+            budget_tokens=spec.budget.max_request_tokens,
+            model=spec.summarizer or model,
+            usage=usage,
+            checkpoint=safe_point,
+            sent=sent,
+            audit=spec.audit,
+        )
+        if spec.compaction is not None
+        else None
+    )
     guard = ToolGuard([_tool_name(tool) for tool in spec.tools], stage=spec.name)
-    limit = tool_output_limiter(spec.budget.max_tool_output_chars)
-
-    def after_tool(
-        tool: BaseTool, args: dict[str, Any], tool_context: Any, tool_response: Any
-    ) -> dict[str, Any] | None:
-        """The review, then the budget: one callback, as ADK stops at the first that answers."""
-        if spec.review_tool_result is None:
-            return limit(tool, args, tool_context, tool_response)
-        reviewed = spec.review_tool_result(tool, tool_response)
-        return limit(tool, args, tool_context, reviewed) or reviewed
-
     return LlmAgent(
         name=spec.name,
         model=model,
@@ -164,8 +180,23 @@ def build_agent(spec: AgentSpec, model: BaseLlm, usage: Usage) -> LlmAgent:
         before_model_callback=before_model,
         after_model_callback=guard.after_model,
         before_tool_callback=[safe_point, guard.before_tool],
-        after_tool_callback=after_tool,
+        after_tool_callback=_after_tool(spec),
     )
+
+
+def _after_tool(spec: AgentSpec) -> Callable[..., dict[str, Any] | None]:
+    """The review, then the budget: one callback, as ADK stops at the first that answers."""
+    limit = tool_output_limiter(spec.budget.max_tool_output_chars)
+
+    def after_tool(
+        tool: BaseTool, args: dict[str, Any], tool_context: Any, tool_response: Any
+    ) -> dict[str, Any] | None:
+        if spec.review_tool_result is None:
+            return limit(tool, args, tool_context, tool_response)
+        reviewed = spec.review_tool_result(tool, tool_response)
+        return limit(tool, args, tool_context, reviewed) or reviewed
+
+    return after_tool
 
 
 def _tool_name(tool: Callable[..., Any] | BaseTool) -> str:

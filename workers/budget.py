@@ -124,7 +124,7 @@ def request_tokens(request: LlmRequest) -> int:
     config = request.config
     chars = sum(_content_chars(c) for c in request.contents)
     if config and config.system_instruction:
-        chars += len(str(config.system_instruction))
+        chars += _system_chars(config.system_instruction)
     if config and config.tools:
         chars += sum(
             len(t.model_dump_json(exclude_none=True))
@@ -136,6 +136,14 @@ def request_tokens(request: LlmRequest) -> int:
 
 def _content_chars(content: types.Content) -> int:
     return len(content.model_dump_json(exclude_none=True))
+
+
+def _system_chars(instruction: Any) -> int:
+    """The system instruction as the request carries it: a content holding its text, as JSON
+    (so every newline and quote of the text counts twice, as it does on the wire)."""
+    if isinstance(instruction, types.Content):
+        return _content_chars(instruction)
+    return json_chars({"parts": [{"text": str(instruction)}]})
 
 
 def request_trimmer(max_tokens: int) -> Callable[..., LlmResponse | None]:
@@ -151,8 +159,8 @@ def request_trimmer(max_tokens: int) -> Callable[..., LlmResponse | None]:
     def before_model(callback_context: Any, llm_request: LlmRequest) -> LlmResponse | None:
         if request_tokens(llm_request) <= max_tokens or len(llm_request.contents) < 3:
             return None
-        head, units = llm_request.contents[0], _exchanges(llm_request.contents[1:])
-        kept = _newest_user_message(units)
+        head, units = llm_request.contents[0], exchanges(llm_request.contents[1:])
+        kept = newest_user_message(units)
         turns = 0
         while request_tokens(llm_request) > max_tokens:
             droppable = [u for u in units[:-1] if u is not kept]
@@ -175,7 +183,7 @@ def request_trimmer(max_tokens: int) -> Callable[..., LlmResponse | None]:
     return before_model
 
 
-def _newest_user_message(units: list[list[types.Content]]) -> list[types.Content] | None:
+def newest_user_message(units: list[list[types.Content]]) -> list[types.Content] | None:
     """The newest unit that is a user's text message (not a function's response), if any."""
     for unit in reversed(units):
         parts = [p for c in unit if c.role == "user" for p in c.parts or []]
@@ -184,7 +192,7 @@ def _newest_user_message(units: list[list[types.Content]]) -> list[types.Content
     return None
 
 
-def _exchanges(contents: list[types.Content]) -> list[list[types.Content]]:
+def exchanges(contents: list[types.Content]) -> list[list[types.Content]]:
     """Group contents so that a function call and the responses to it stay together."""
     units: list[list[types.Content]] = []
     for content in contents:

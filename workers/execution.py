@@ -145,6 +145,8 @@ class Execution:
         self.environment: str | None = None
         """The key of the environment the execution's sandboxes started from."""
         self._model: BatonGemini | None = None
+        self._summarizer: BatonGemini | None = None
+        """The model of the stage's compaction when it names another than the stage's."""
         self._held_at = time.monotonic()
         """When the store last said this execution holds its stage (`begin` just did)."""
 
@@ -162,6 +164,7 @@ class Execution:
             if inputs.needs_workspace:
                 inputs = inputs.in_environment(await self._environment())
             self._model = self._build_model()
+            self._summarizer = self._build_summarizer()
             return await execute_stage(
                 inputs,
                 model=self._model,
@@ -172,10 +175,12 @@ class Execution:
                 checkpoint=self.checkpoint,
                 streaming=self.services.streaming,
                 environ=self.services.environ,
+                summarizer=self._summarizer,
             )
         finally:
-            if self._model is not None:
-                await close_model(self._model)
+            for model in (self._model, self._summarizer):
+                if model is not None:
+                    await close_model(model)
             if sinks.requests:  # kept whether the stage finished or not
                 self._keep_requests(sinks.requests)
 
@@ -234,7 +239,7 @@ class Execution:
             prompt_tokens_total=self.usage.prompt_tokens_total,
             prompt_tokens_max=self.usage.prompt_tokens_max,
             output_tokens=self.usage.output_tokens,
-            quota_wait_s=self._model.waited_s if self._model is not None else 0.0,
+            quota_wait_s=sum(m.waited_s for m in (self._model, self._summarizer) if m),
             artifacts=dict(self.artifacts.saved),
             audit=tuple(self.audit.pending),
             environment=self.environment,
@@ -247,11 +252,19 @@ class Execution:
             logger.error("stage %s of run %s crashed", self.spec.name, self.run.id, exc_info=exc)
         return error
 
-    def _build_model(self) -> BatonGemini:
+    def _build_summarizer(self) -> BatonGemini | None:
+        """The model a compacting stage summarises with, when it names one of its own."""
+        rule = self.spec.compaction
+        if rule is None or not rule.model or rule.model == self.services.model.name:
+            return None
+        return self._build_model(self.services.model.model_copy(update={"name": rule.model}))
+
+    def _build_model(self, cfg: ModelConfig | None = None) -> BatonGemini:
         svc, run_id, stage = self.services, self.run.id, self.spec.name
-        shared = svc.clients.get(svc.model, svc.retry) if svc.clients is not None else None
+        cfg = cfg or svc.model
+        shared = svc.clients.get(cfg, svc.retry) if svc.clients is not None else None
         return build_model(
-            svc.model,
+            cfg,
             svc.retry,
             governor=svc.governor,
             on_wait=lambda seconds, why: svc.conductor.show_wait(run_id, stage, seconds, why),

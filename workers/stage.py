@@ -97,13 +97,15 @@ async def execute_stage(
     checkpoint: Fence | None = None,
     streaming: bool = False,
     environ: Mapping[str, str] | None = None,
+    summarizer: BaseLlm | None = None,
 ) -> StageOutput:
     """Run the stage's agent once, validate (one repair turn), verify and size its output.
 
     A stage with code or command tools works in a workspace from `sandboxes`; a stage with the
     `publish` tool publishes through `publisher`. `fence` is called right before every push;
     `checkpoint` (by default `fence`) at every model and tool call. `environ` is where its
-    declared tools' secrets are read (the worker's environment).
+    declared tools' secrets are read (the worker's environment). `summarizer` writes the
+    summaries of a stage with `compaction` when it names another model than the stage's.
 
     Raises:
         ExecutionError: a subclass saying why the stage has no output (see `workers.errors`).
@@ -135,6 +137,9 @@ async def execute_stage(
                     json_reply=not toolbox.tools,
                     checkpoint=checkpoint or fence,
                     record_request=_recorder(sinks),
+                    compaction=spec.compaction,
+                    summarizer=summarizer,
+                    audit=lambda entries: sinks.audit([{**inputs.labels, **e} for e in entries]),
                 ),
                 model,
                 sinks.usage,

@@ -217,6 +217,7 @@ _KIND_STYLE = {
     "model_reply": "green",
     "tool_call": "cyan",
     "tool_result": "dim",
+    "compaction": "magenta",
     "error": "red",
     "stage_failed": "red",
     "stage_waiting": "yellow",

@@ -404,8 +404,8 @@ class Entry(BaseModel):
     """None for an entry about the whole run (cancelled, resumed)."""
     attempt: int | None
     kind: str
-    """`user_message`, `model_reply`, `tool_call`, `tool_result`, `error`, or a transition:
-    `stage_begin`, `stage_done`, `stage_waiting`, `stage_failed`, `iteration_done`, …"""
+    """`user_message`, `model_reply`, `tool_call`, `tool_result`, `compaction`, `error`, or a
+    transition: `stage_begin`, `stage_done`, `stage_waiting`, `stage_failed`, …"""
     author: str | None = None
     parts: list[Part] = Field(default_factory=list)
     usage: Usage | None = None
@@ -562,8 +562,9 @@ def _stage_of(fields: dict[str, str]) -> str | None:
     return fields.get("stage") or _session(fields.get("session", ""))[1]
 
 
-MODEL_TURNS = frozenset({"tool_call", "model_reply", "error"})
-"""The kinds of audit entry a model call returns (and whose usage says what it cost)."""
+MODEL_TURNS = frozenset({"tool_call", "model_reply", "error", "compaction"})
+"""The kinds of audit entry a model call returns (and whose usage says what it cost); a
+`compaction` is the summary of a stage's older history (`workers.compaction`)."""
 WAITS = frozenset({"stage_waiting"})
 """The kind of audit entry that records a rate-limit wait."""
 
@@ -578,7 +579,8 @@ class ModelCall(BaseModel):
     attempt: int | None
     ts: float
     made: str
-    """What the reply did: `read_file, search_code` (tool calls) or `reply`."""
+    """What the reply did: `read_file, search_code` (tool calls), `reply`, or `summary` (a
+    compaction's)."""
     prompt_tokens: int
     output_tokens: int
     cached_tokens: int
@@ -618,7 +620,8 @@ def tokens(run: RunRecord, entries: list[Entry]) -> Tokens:
             stage=entry.stage or "-",
             attempt=entry.attempt,
             ts=entry.ts,
-            made=", ".join(p.tool or "?" for p in entry.parts if p.kind == "call") or "reply",
+            made=", ".join(p.tool or "?" for p in entry.parts if p.kind == "call")
+            or ("summary" if entry.kind == "compaction" else "reply"),
             prompt_tokens=entry.usage.prompt_tokens,
             output_tokens=entry.usage.output_tokens,
             cached_tokens=entry.usage.cached_tokens,

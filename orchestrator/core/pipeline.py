@@ -72,6 +72,26 @@ class StageBudget(BaseModel):
         return self
 
 
+class CompactionRule(BaseModel):
+    """Summarise the older part of the stage's own history when a request grows too large,
+    instead of dropping it: a model writes one summary of the oldest exchanges, the newest
+    `overlap` stay as they are, and trimming is left for what even that does not fit
+    (`workers.compaction`). Off unless a stage sets it: each summary is a model call."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    trigger_tokens: int | None = Field(None, gt=0)
+    """Compact when the outgoing request would be larger than this; None: the stage's
+    `max_request_tokens`, so compaction comes in where trimming would."""
+    overlap: int = Field(2, ge=1)
+    """The newest exchanges (a model turn with its tool results) kept verbatim: at least the
+    one the model is answering."""
+    model: str = Field("", pattern=r"^([A-Za-z0-9][\w.:/-]*)?$")
+    """The model that writes the summaries (a cheap one will do); empty: the stage's own."""
+    max_summary_tokens: int = Field(1_000, gt=0)
+    """A summary longer than this is cut, with a marker."""
+
+
 class StopRule(BaseModel):
     """Ends the run early, as skipped, when a field of the stage's output has a given value."""
 
@@ -216,6 +236,9 @@ class StageSpec(BaseModel):
     loop: LoopRule | None = None
     publish: PublishRule = PublishRule()
     """What its `publish` tool may publish (a stage without that tool ignores it)."""
+    compaction: CompactionRule | None = None
+    """Summarise the older part of a long history rather than only trimming it; off by
+    default."""
     sandbox_network: str | None = Field(None, pattern=r"^\w[\w.-]*$")
     """The Docker network this stage's sandbox joins (an egress proxy's, say); by default it
     has no network at all. Never `host` or another container's."""
@@ -226,6 +249,27 @@ class StageSpec(BaseModel):
         if value in ("host", "none"):
             raise ValueError(f"sandbox_network may not be {value!r}: name a Docker network")
         return value
+
+    @model_validator(mode="after")
+    def _compaction_within_budget(self) -> StageSpec:
+        if self.compaction is None:
+            return self
+        budget = self.budget.max_request_tokens
+        trigger = self.compaction.trigger_tokens or budget
+        if trigger > budget:
+            raise ValueError(
+                f"stage {self.name!r}: compaction.trigger_tokens ({trigger}) is above "
+                f"budget.max_request_tokens ({budget}), where requests are trimmed first; "
+                "lower it or leave it out"
+            )
+        if self.compaction.max_summary_tokens > trigger // 2:
+            raise ValueError(
+                f"stage {self.name!r}: compaction.max_summary_tokens "
+                f"({self.compaction.max_summary_tokens}) is more than half of the {trigger} "
+                "tokens that trigger a compaction; a summary must leave room for the "
+                "exchanges it keeps"
+            )
+        return self
 
     @model_validator(mode="after")
     def _defaults(self) -> StageSpec:

@@ -19,14 +19,22 @@ A scenario is JSON::
 Agents. The agent of a request is the name ADK puts in the system instruction, else the
 `x-baton-agent` header, else `"default"`; an agent with no script plays `"*"`. A script is
 `{"steps": [...]}` or just the list. Each step is exactly one of `text` (a text reply), `json`
-(a text reply holding that value as JSON), `call` (one function call) or `calls` (several
-function calls in one reply), and may set `thought`, its thought summary (default: "I will
-call NAME, NAME." or "I will answer in text."). Past the end of the script the last step
+(a text reply holding that value as JSON), `call` (one function call), `calls` (several
+function calls in one reply) or `extract` (a summariser's reply, below), and may set `thought`,
+its thought summary (default: "I will call NAME, NAME." or "I will answer in text."). Past the
+end of the script the last step
 repeats. A script may have `"variants": [{"when": TEXT, "steps": [...]}]`: a request whose
 system instruction holds TEXT plays the first such variant's steps instead (a looped stage's
 second iteration, whose instruction tells of the first, gets other replies). In a `text` or
 `json` step, `{{fn:NAME.FIELD}}` is replaced by FIELD of the newest response of function NAME in
 the request (e.g. the commit a tool made).
+
+Summaries. `{"extract": "FACT:"}` plays a summariser with a deterministic, extractive policy:
+the reply is every line of the request's text parts (its contents', not its system
+instruction's) that holds the marker, from the marker to the end of the line, each once, in
+order; "(no line holds FACT:)" when none does. What such a reply says therefore came from the
+request and nowhere else: a test can follow a fact from a tool's result, through the summary a
+client asked for, into a later request.
 
 Steps. The step a request gets depends on its contents alone, so a retried or redelivered
 request replays the same step: one past the step of its newest model content that carries a
@@ -71,6 +79,7 @@ so `{"every": 2, "scope": "all", "status": 429}` refuses half of all calls. Effe
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -105,7 +114,7 @@ class FunctionCall(_Model):
 
 
 class Step(_Model):
-    """One scripted reply: exactly one of `text`, `json`, `call` or `calls`."""
+    """One scripted reply: exactly one of `text`, `json`, `call`, `calls` or `extract`."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
@@ -117,6 +126,8 @@ class Step(_Model):
     """A reply with one function call."""
     calls: list[FunctionCall] | None = Field(None, min_length=1)
     """A reply with several function calls."""
+    extract: str | None = Field(None, min_length=1)
+    """A text reply of the request's lines that hold this marker (see the module docstring)."""
     thought: str | None = None
     """The thought summary of this step; None: one sentence saying what the reply does."""
 
@@ -127,15 +138,21 @@ class Step(_Model):
             "json": self.json_value,
             "call": self.call,
             "calls": self.calls,
+            "extract": self.extract,
         }
         given = [kind for kind, value in values.items() if value is not None]
         if len(given) != 1:
             named = ", ".join(given) or "none"
-            raise ValueError(f"a step is exactly one of text, json, call, calls (given: {named})")
+            raise ValueError(
+                f"a step is exactly one of text, json, call, calls, extract (given: {named})"
+            )
         return self
 
-    def parts(self) -> list[dict[str, Any]]:
-        """The reply's `parts` in the wire format (fresh objects on every call)."""
+    def parts(self, request: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+        """The reply's `parts` in the wire format (fresh objects on every call); an `extract`
+        step's are drawn from `request`, the body it answers."""
+        if self.extract is not None:
+            return [{"text": extracted_lines(request or {}, self.extract)}]
         if self.json_value is not None:
             return [{"text": compact_json(self.json_value)}]
         if self.text is not None:
@@ -151,6 +168,20 @@ class Step(_Model):
 
     def _calls(self) -> list[FunctionCall]:
         return [self.call] if self.call is not None else (self.calls or [])
+
+
+def extracted_lines(request: Mapping[str, Any], marker: str) -> str:
+    """The lines of the request's text parts that hold `marker`, each from the marker on,
+    once, in order."""
+    found: dict[str, None] = {}
+    for content in request.get("contents") or []:
+        parts = content.get("parts") if isinstance(content, dict) else None
+        for part in parts if isinstance(parts, list) else []:
+            text = part.get("text") if isinstance(part, dict) and not part.get("thought") else None
+            for line in text.splitlines() if isinstance(text, str) else []:
+                if marker in line:
+                    found[line[line.index(marker) :].strip()] = None
+    return "\n".join(found) or f"(no line holds {marker})"
 
 
 class Variant(_Model):

@@ -210,7 +210,7 @@ class FakeServer:
 
     def _reply(self, step: Step, asked: _Request) -> tuple[list[dict[str, Any]], tokens.Usage]:
         """The reply's parts (thought part, answer, signature) and its token counts."""
-        answer = fill_references(step.parts(), asked.body)
+        answer = fill_references(step.parts(asked.body), asked.body)
         thought = step.thought_summary()
         parts = [{"text": thought, "thought": True}] if wants_thoughts(asked.body) else []
         parts += answer

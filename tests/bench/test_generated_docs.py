@@ -47,6 +47,9 @@ def test_the_docs_have_the_sections_the_task_asks_for() -> None:
     assert (SANDBOXES, "sandbox.warm", "bench/results/sandbox.json") in found
     assert ("docs/eval.md", "eval.report", "eval/results/eval.json") in found
     assert ("docs/upstream.md", "upstream.walks", "bench/results/upstream.json") in found
+    assert ("docs/pipelines.md", "compaction.latest", "bench/results/compaction.json") in found
+    history = "bench/results/history/compaction.jsonl"
+    assert ("docs/benchmarks.md", "compaction.history", history) in found
     for name in ("isolation", "overhead", "sandbox", "environment", "governor", "throughput",
                  "saturation", "soak", "inspection"):  # fmt: skip
         assert ("docs/benchmarks.md", f"{name}.latest", f"bench/results/{name}.json") in found

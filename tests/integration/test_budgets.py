@@ -1,4 +1,5 @@
-"""Budgets inside a stage, end to end: tool outputs cut, outputs compacted, SSE token counts."""
+"""Budgets inside a stage, end to end: tool outputs cut, outputs compacted, long histories
+summarised, SSE token counts."""
 
 from __future__ import annotations
 
@@ -7,11 +8,14 @@ from pathlib import Path
 from typing import Any
 
 from demo import SENTRY_EVENT
+from orchestrator.control.inspection import tokens, whole_audit
 from orchestrator.core.models import RunStatus
 from orchestrator.core.store import RunStore
 from tests.repos import Git
 
 from .conftest import Stack, demo_scenario, stack_settings, start_worker
+
+FIXER = Path(__file__).resolve().parents[2] / "orchestrator" / "pipelines" / "fixer.toml"
 
 
 def with_agents(**scripts: list[dict[str, Any]]) -> dict[str, Any]:
@@ -85,6 +89,44 @@ def test_a_failed_summary_falls_back_to_cutting_with_markers(
     assert "…[cut " in kept["approach"]
     assert kept["test_command"] == plan["test_command"]
     assert run.stages["plan"].output_chars <= 3_000
+
+
+def test_a_long_search_is_summarised_by_its_own_model_and_audited(
+    stack: Stack, run_store: RunStore, tmp_path: Path
+) -> None:
+    head, triage, search = FIXER.read_text().split("[[stages]]")[:3]  # the run ends after search
+    compacting = search.replace(
+        "budget = { max_model_calls = 10, max_request_tokens = 12000, max_output_chars = 3000 }",
+        "budget = { max_model_calls = 20, max_request_tokens = 2500, max_output_chars = 3000 }\n"
+        'compaction = { overlap = 1, model = "gemini-summariser-lite", max_summary_tokens = 300 }',
+    )
+    pipeline = tmp_path / "fixer-compacting.toml"
+    pipeline.write_text("[[stages]]".join([head, triage, compacting]))
+    read = {"call": {"name": "read_file", "args": {"path": "shopcart/cart.py"}}}
+    read_tests = {"call": {"name": "read_file", "args": {"path": "tests/test_cart.py"}}}
+    answer = demo_scenario()["agents"]["search"]["steps"][-1]
+    stack.fake.set_scenario(
+        with_agents(
+            search=[read, *[read_tests] * 6, answer],
+            **{"search.compaction": [{"extract": "def average_price_cents"}]},
+        )
+    )
+
+    run = stack.wait(
+        stack.enqueue(SENTRY_EVENT.read_bytes(), stack.sample_repo(), pipeline=str(pipeline))
+    )
+
+    assert run.status == RunStatus.DONE, run.reason
+    summaries = stack.requests("search.compaction")
+    assert summaries and {entry["model"] for entry in summaries} == {"gemini-summariser-lite"}
+    last = stack.requests("search")[-1]["request"]
+    assert "def average_price_cents(self) -> int:" in json.dumps(last["contents"][0])
+    assert run.stages["search"].requests == len(stack.requests("search")) + len(summaries)
+    audited = [e for e in whole_audit(run_store, run.id, stage="search") if e.kind == "compaction"]
+    assert [e.author for e in audited] == ["search.compaction"] * len(summaries)
+    assert all(e.parts[0].text == "def average_price_cents(self) -> int:" for e in audited)
+    made = [c.made for c in tokens(run, audited).calls]
+    assert made == ["summary"] * len(summaries)
 
 
 def test_streamed_replies_count_tokens_once(

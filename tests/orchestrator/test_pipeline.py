@@ -89,6 +89,14 @@ def _pipeline(**stage_overrides: object) -> dict[str, object]:
         ({"proof": {"reproduction_from": "triage"}},
          "proves with 'triage', which names no earlier stage with `reproduce = true`"),
         ({"publish": {"allow": ["workflows"]}}, "publish.allow.0"),
+        ({"compaction": {"trigger_tokens": 13_000}},
+         r"stage 'one': compaction.trigger_tokens \(13000\) is above budget.max_request_tokens "
+         r"\(12000\)"),
+        ({"compaction": {"max_summary_tokens": 7_000}},
+         r"stage 'one': compaction.max_summary_tokens \(7000\) is more than half"),
+        ({"compaction": {"overlap": 0}}, "compaction.overlap"),
+        ({"compaction": {"interval": 3}}, "compaction.interval"),
+        ({"compaction": {"model": "gemini flash?"}}, "compaction.model"),
     ],
 )  # fmt: skip
 def test_invalid_pipelines_are_refused_with_the_reason(
@@ -112,6 +120,24 @@ def test_pipeline_loads_from_a_toml_file(tmp_path) -> None:
     pipeline = load_pipeline(str(path))
     assert pipeline.first.queue == "custom"
     assert pipeline.first.output_key == "only"
+
+
+def test_compaction_is_off_unless_a_stage_sets_it(tmp_path) -> None:
+    path = tmp_path / "mine.toml"
+    path.write_text(
+        'name = "mine"\n'
+        '[[stages]]\nname = "one"\ninstruction = "x {issue}"\n'
+        'output_schema = "orchestrator.core.schemas:Plan"\n'
+        '[[stages]]\nname = "two"\ninstruction = "y {one}"\n'
+        'output_schema = "orchestrator.core.schemas:Plan"\n'
+        'compaction = { overlap = 3, model = "gemini-2.5-flash-lite" }\n'
+    )
+    one, two = load_pipeline(str(path)).stages
+    assert one.compaction is None
+    assert two.compaction is not None
+    assert (two.compaction.overlap, two.compaction.model) == (3, "gemini-2.5-flash-lite")
+    assert (two.compaction.trigger_tokens, two.compaction.max_summary_tokens) == (None, 1_000)
+    assert all(stage.compaction is None for stage in load_pipeline("fixer").stages)
 
 
 def test_time_limits_must_stay_below_the_visibility_timeout() -> None:

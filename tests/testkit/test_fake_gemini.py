@@ -164,6 +164,26 @@ def test_a_calls_step_replies_with_several_function_calls(
     assert calls == [("read_file", {"path": "a.py"}), ("grep", {})]
 
 
+def test_an_extract_step_replies_with_the_requests_lines_that_hold_its_marker(
+    start_fake: StartFake, client_for: ClientFor
+) -> None:
+    fake = start_fake({"agents": {"summariser": [{"extract": "FACT:"}]}})
+    instruction = 'Keep every FACT: line.\n\nYou are an agent. Your internal name is "summariser".'
+    config = types.GenerateContentConfig(system_instruction=instruction)
+    history = (
+        "read_page returned:\npage: 0\ntext: 00-001 nothing unusual\n"
+        "- FACT: refunds are settled by team Kestrel\n00-002 nothing unusual\n"
+        "model: FACT: refunds are settled by team Kestrel\nfooter FACT: pages end at 39"
+    )
+
+    client = client_for(fake)
+    reply = client.models.generate_content(model=MODEL, contents=history, config=config)
+    empty = client.models.generate_content(model=MODEL, contents="no facts here", config=config)
+
+    assert reply.text == "FACT: refunds are settled by team Kestrel\nFACT: pages end at 39"
+    assert empty.text == "(no line holds FACT:)"
+
+
 def test_the_agent_header_names_the_agent_when_adk_did_not(
     start_fake: StartFake, client_for: ClientFor
 ) -> None:
@@ -466,8 +486,10 @@ def test_concurrent_requests_never_interleave_record_lines(
 
 
 def test_a_step_is_exactly_one_kind_of_reply() -> None:
-    with pytest.raises(ValidationError, match="exactly one of text, json, call, calls"):
+    with pytest.raises(ValidationError, match="exactly one of text, json, call, calls, extract"):
         Scenario.model_validate({"agents": {"*": [{"text": "a", "json": {"b": 1}}]}})
+    with pytest.raises(ValidationError, match=r"\(given: text, extract\)"):
+        Scenario.model_validate({"agents": {"*": [{"text": "a", "extract": "FACT:"}]}})
 
 
 def test_a_fault_rule_needs_an_effect() -> None:

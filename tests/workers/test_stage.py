@@ -22,7 +22,13 @@ import pytest
 from demo import SCENARIO
 from demo.runner import make_sample_repo
 from orchestrator.core.git import resolve_commit
-from orchestrator.core.pipeline import ISSUE_KEY, PREVIOUS_ATTEMPT_KEY, StageBudget, load_pipeline
+from orchestrator.core.pipeline import (
+    ISSUE_KEY,
+    PREVIOUS_ATTEMPT_KEY,
+    CompactionRule,
+    StageBudget,
+    load_pipeline,
+)
 from testkit.inprocess import InProcessGemini
 from testkit.sandboxes import LocalSandboxes
 from testkit.sinks import MemoryArtifacts
@@ -200,6 +206,48 @@ def test_requests_are_trimmed_to_the_stage_budget(harness: Harness) -> None:
     assert len(sizes) == 9
     assert max(sizes) <= 2_500 * 1.1, sizes
     assert sizes[-1] < sum(sizes[:4])  # without trimming the last request carries them all
+
+
+def test_a_compacting_stage_keeps_in_a_summary_what_trimming_would_drop(
+    harness: Harness,
+) -> None:
+    def read(path: str) -> dict[str, Any]:
+        return {"call": {"name": "read_file", "args": {"path": path}}}
+
+    spec = PIPELINE.stage("search")
+    compacting = spec.model_copy(
+        update={
+            "budget": StageBudget(max_request_tokens=2_000, max_model_calls=20),
+            "compaction": CompactionRule(overlap=1, max_summary_tokens=200),
+        }
+    )
+    inputs = harness.inputs("search", spec=compacting)
+    reads = [read("shopcart/cart.py")] + [read("tests/test_cart.py")] * 8
+    scripts = {
+        "search": [*reads, steps("search")[-1]],
+        "search.compaction": [{"extract": "def average_price_cents"}],
+    }
+
+    out = harness.run(inputs, scripts)
+
+    sent = harness.fake.requests()
+    last = [entry["request"] for entry in sent if entry["agent"] == "search"][-1]
+    first_message = " ".join(part.get("text", "") for part in last["contents"][0]["parts"])
+    read_paths = [
+        part["functionResponse"]["response"]["path"]
+        for content in last["contents"]
+        for part in content["parts"]
+        if "functionResponse" in part
+    ]
+    compactions = [entry for entry in harness.audit if entry["kind"] == "compaction"]
+    assert out.output["root_cause"] == output_of("search")["root_cause"]
+    assert max(entry["prompt_tokens"] for entry in sent) <= 2_000
+    assert "def average_price_cents(self) -> int:" in first_message
+    assert "shopcart/cart.py" not in read_paths
+    assert compactions and all(
+        {key: entry[key] for key in inputs.labels} == inputs.labels for entry in compactions
+    )
+    assert harness.sinks.usage.requests == len(sent) == len(reads) + 1 + len(compactions)
 
 
 def test_the_fix_is_verified_before_and_after_and_measured_fields_replace_claims(

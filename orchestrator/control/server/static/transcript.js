@@ -1,6 +1,7 @@
 // A stage's session read from the audit stream, in order: the user message, the model's
 // replies, its tool calls with their arguments, the tools' results (cut to a few lines, with a
-// button to see them whole) and the stage's transitions.
+// button to see them whole), the summaries that stood in for its older history (compaction)
+// and the stage's transitions.
 
 import { api, el, formatClock, formatCount, formatDuration } from "./common.js";
 
@@ -12,6 +13,7 @@ const TURNS = {
   model_reply: "model",
   tool_call: "tool call",
   tool_result: "tool result",
+  compaction: "summary",
   error: "error",
 };
 
