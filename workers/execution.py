@@ -13,7 +13,8 @@ import asyncio
 import json
 import logging
 import time
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from celery.exceptions import SoftTimeLimitExceeded
@@ -24,7 +25,8 @@ from orchestrator.errors import RepoError
 from orchestrator.execution import Hold, StageFigures
 from orchestrator.models import ArtifactRef, RunRecord
 from orchestrator.pipeline import Pipeline, StageSpec
-from orchestrator.settings import ModelConfig, RetryConfig
+from orchestrator.providers import parse_model
+from orchestrator.settings import ModelConfig, ProviderConfig, RetryConfig
 from orchestrator.store import RunStore
 from sandbox.build import EnvironmentBuildError, EnvironmentValidationError
 from sandbox.errors import EnvironmentSpecError
@@ -40,6 +42,7 @@ from workers.errors import (
     StageTimeLimitError,
 )
 from workers.gemini import BatonGemini, ModelClients, build_model, close_model, model_error
+from workers.governed import GovernedLlm
 from workers.governor import Governor
 from workers.inputs import resolve
 from workers.publish import Publisher
@@ -67,6 +70,8 @@ class WorkerServices:
     governor: Governor | None
     model: ModelConfig
     retry: RetryConfig
+    providers: Mapping[str, ProviderConfig] = field(default_factory=dict)
+    """How to reach each LiteLLM provider a stage may name (`Settings.provider_section`)."""
     streaming: bool = False
     environments: Environments | None = None
     """Builds and finds the runs' environments; None: code stages use the plain sandbox
@@ -141,7 +146,7 @@ class Execution:
         """Set by the heartbeat when it finds the execution must stop."""
         self.environment: str | None = None
         """The key of the environment the execution's sandboxes started from."""
-        self._model: BatonGemini | None = None
+        self._model: GovernedLlm | None = None
         self._held_at = time.monotonic()
         """When the store last said this execution holds its stage (`begin` just did)."""
 
@@ -170,7 +175,7 @@ class Execution:
                 streaming=self.services.streaming,
             )
         finally:
-            if self._model is not None:
+            if isinstance(self._model, BatonGemini):
                 await close_model(self._model)
             if sinks.requests:  # kept whether the stage finished or not
                 self._keep_requests(sinks.requests)
@@ -243,16 +248,26 @@ class Execution:
             logger.error("stage %s of run %s crashed", self.spec.name, self.run.id, exc_info=exc)
         return error
 
-    def _build_model(self) -> BatonGemini:
+    def _build_model(self) -> GovernedLlm:
+        """The stage's model (`Pipeline.model_of`): Gemini through google-genai, or another
+        provider through LiteLLM, which is imported only then."""
         svc, run_id, stage = self.services, self.run.id, self.spec.name
-        shared = svc.clients.get(svc.model, svc.retry) if svc.clients is not None else None
+        ref = parse_model(self.pipeline.model_of(self.spec, svc.model.name))
+
+        def on_wait(seconds: float, why: str) -> None:
+            svc.conductor.show_wait(run_id, stage, seconds, why)
+
+        if ref.via_litellm:
+            from workers import lite_llm
+
+            cfg = svc.providers.get(ref.provider) or ProviderConfig(provider=ref.provider)
+            return lite_llm.build_model(
+                ref, cfg, svc.retry, governor=svc.governor, on_wait=on_wait, stage=stage
+            )
+        gemini = svc.model.model_copy(update={"name": ref.id})
+        shared = svc.clients.get(gemini, svc.retry) if svc.clients is not None else None
         return build_model(
-            svc.model,
-            svc.retry,
-            governor=svc.governor,
-            on_wait=lambda seconds, why: svc.conductor.show_wait(run_id, stage, seconds, why),
-            stage=stage,
-            client=shared,
+            gemini, svc.retry, governor=svc.governor, on_wait=on_wait, stage=stage, client=shared
         )
 
 
