@@ -80,7 +80,10 @@ def read_file(path: str) -> dict[str, Any]:
     return {"path": path, "content": "total = cents / 100 / 100"}
 
 
-def test_a_stage_runs_its_tool_loop_and_counts_the_providers_tokens(fake: FakeOpenAI) -> None:
+@pytest.mark.parametrize("streaming", [False, True])
+def test_a_stage_runs_its_tool_loop_and_counts_the_providers_tokens(
+    fake: FakeOpenAI, streaming: bool
+) -> None:
     spec = AgentSpec(name="triage", instruction="Triage.", contract="Reply with JSON.",
                      budget=StageBudget(), tools=[read_file])  # fmt: skip
     usage, audit = Usage(), []
@@ -89,7 +92,7 @@ def test_a_stage_runs_its_tool_loop_and_counts_the_providers_tokens(fake: FakeOp
         model = model_for(fake)
         async with StageSession.open(
             build_agent(spec, model, usage), session_id="r:triage:1", state={},
-            audit=audit.extend, labels={"stage": "triage"}, usage=usage,
+            audit=audit.extend, labels={"stage": "triage"}, usage=usage, streaming=streaming,
         ) as session:  # fmt: skip
             return await session.turn("Do the triage stage now.", max_model_calls=5)
 
@@ -98,8 +101,8 @@ def test_a_stage_runs_its_tool_loop_and_counts_the_providers_tokens(fake: FakeOp
     served = fake.requests()
     second = served[1]["request"]["messages"]
     assert json.loads(reply) == ANSWER
-    assert [(e["agent"], e["step"], e["status"]) for e in served] == [
-        ("triage", 0, 200), ("triage", 1, 200),
+    assert [(e["agent"], e["step"], e["status"], e["stream"]) for e in served] == [
+        ("triage", 0, 200, streaming), ("triage", 1, 200, streaming),
     ]  # fmt: skip
     assert [m["role"] for m in second][-2:] == ["assistant", "tool"]
     assert json.loads(second[-1]["content"])["path"] == "cart.py"
