@@ -118,11 +118,9 @@ def build_model(
     Raises:
         ModelRejectedError: the provider's key, or a base URL it needs, is not configured.
     """
-    if cfg.key_variable is not None and cfg.api_key is None and ref.provider != "hosted_vllm":
-        raise ModelRejectedError(missing_key_message(ref, cfg))
-    needed = NEEDS_BASE_URL.get(ref.provider)
-    if needed is not None and not cfg.base_url:
-        raise ModelRejectedError(f"{ref.id} needs its server's URL: set {needed}")
+    problem = unusable(ref, cfg)
+    if problem is not None:
+        raise ModelRejectedError(problem)
     import_litellm()
     from google.adk.models.lite_llm import LiteLlm
 
@@ -147,6 +145,17 @@ def build_model(
     )
     model._secret = secret
     return model
+
+
+def unusable(ref: ModelRef, cfg: ProviderConfig) -> str | None:
+    """What keeps `ref` from being called with `cfg` (a key or a server not configured), as a
+    person should read it; None when nothing does. A vLLM server's key is optional."""
+    if cfg.key_variable is not None and cfg.api_key is None and ref.provider != "hosted_vllm":
+        return missing_key_message(ref, cfg)
+    needed = NEEDS_BASE_URL.get(ref.provider)
+    if needed is not None and not cfg.base_url:
+        return f"{ref.id} needs its server's URL: set {needed}"
+    return None
 
 
 def missing_key_message(ref: ModelRef, cfg: ProviderConfig) -> str:
