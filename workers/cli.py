@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import NoReturn
 
 import click
 
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.pipeline import load_pipeline
+from orchestrator.core.providers import parse_model
 from orchestrator.core.queue import check_time_limits
 from orchestrator.core.settings import Settings
+from workers import lite_llm
 from workers.gemini import missing_key_message
 
 APP = "workers.app"
@@ -49,8 +51,7 @@ def worker(stages: str, pipeline: str, concurrency: int, loglevel: str, builder:
     )
     settings = Settings()
     settings.require_redis_url()
-    if settings.google_api_key is None:
-        raise ConfigError(missing_key_message(settings.model_section()))
+    _require_model_settings(settings, {spec.model_of(spec.stage(n), settings.model) for n in names})
     check_time_limits(spec, settings.queue, settings.retry)
     _check_concurrency(settings, concurrency)
     label = "-".join(names) if stages != "all" else "all"
@@ -88,3 +89,19 @@ def _check_concurrency(settings: Settings, concurrency: int) -> None:
             f"({settings.queue.eta_task_limit}), the most messages a worker may hold: raise "
             "the limit to at least the concurrency, or run fewer processes"
         )
+
+
+def _require_model_settings(settings: Settings, model_ids: Iterable[str]) -> None:
+    """Each model the served stages run on has its key (and, for a vLLM server, its URL).
+
+    Raises:
+        ConfigError: naming the first setting missing.
+    """
+    for model_id in sorted(model_ids):
+        ref = parse_model(model_id)
+        if ref.via_litellm:
+            problem = lite_llm.unusable(ref, settings.provider_section(ref.provider))
+            if problem is not None:
+                raise ConfigError(problem)
+        elif settings.google_api_key is None:
+            raise ConfigError(missing_key_message(settings.model_section()))

@@ -25,7 +25,8 @@ from orchestrator.core.errors import RepoError
 from orchestrator.core.execution import Hold, StageFigures
 from orchestrator.core.models import ArtifactRef, RunRecord
 from orchestrator.core.pipeline import Pipeline, StageSpec
-from orchestrator.core.settings import ModelConfig, RetryConfig
+from orchestrator.core.providers import parse_model
+from orchestrator.core.settings import ModelConfig, ProviderConfig, RetryConfig
 from orchestrator.core.store import RunStore
 from sandbox.build import EnvironmentBuildError, EnvironmentValidationError
 from sandbox.errors import EnvironmentSpecError
@@ -41,6 +42,7 @@ from workers.errors import (
     StageTimeLimitError,
 )
 from workers.gemini import BatonGemini, ModelClients, build_model, close_model, model_error
+from workers.governed import GovernedLlm
 from workers.governor import Governor
 from workers.inputs import resolve
 from workers.publish import Publisher
@@ -68,6 +70,8 @@ class WorkerServices:
     governor: Governor | None
     model: ModelConfig
     retry: RetryConfig
+    providers: Mapping[str, ProviderConfig] = field(default_factory=dict)
+    """How to reach each LiteLLM provider a stage may name (`Settings.provider_section`)."""
     streaming: bool = False
     environments: Environments | None = None
     """Builds and finds the runs' environments; None: code stages use the plain sandbox
@@ -144,8 +148,8 @@ class Execution:
         """Set by the heartbeat when it finds the execution must stop."""
         self.environment: str | None = None
         """The key of the environment the execution's sandboxes started from."""
-        self._model: BatonGemini | None = None
-        self._summarizer: BatonGemini | None = None
+        self._model: GovernedLlm | None = None
+        self._summarizer: GovernedLlm | None = None
         """The model of the stage's compaction when it names another than the stage's."""
         self._held_at = time.monotonic()
         """When the store last said this execution holds its stage (`begin` just did)."""
@@ -179,7 +183,7 @@ class Execution:
             )
         finally:
             for model in (self._model, self._summarizer):
-                if model is not None:
+                if isinstance(model, BatonGemini):
                     await close_model(model)
             if sinks.requests:  # kept whether the stage finished or not
                 self._keep_requests(sinks.requests)
@@ -252,24 +256,34 @@ class Execution:
             logger.error("stage %s of run %s crashed", self.spec.name, self.run.id, exc_info=exc)
         return error
 
-    def _build_summarizer(self) -> BatonGemini | None:
+    def _build_summarizer(self) -> GovernedLlm | None:
         """The model a compacting stage summarises with, when it names one of its own."""
         rule = self.spec.compaction
-        if rule is None or not rule.model or rule.model == self.services.model.name:
+        own = self.pipeline.model_of(self.spec, self.services.model.name)
+        if rule is None or not rule.model or rule.model == own:
             return None
-        return self._build_model(self.services.model.model_copy(update={"name": rule.model}))
+        return self._build_model(rule.model)
 
-    def _build_model(self, cfg: ModelConfig | None = None) -> BatonGemini:
+    def _build_model(self, model_id: str | None = None) -> GovernedLlm:
+        """The stage's model (`Pipeline.model_of`), or `model_id`: Gemini through google-genai,
+        or another provider through LiteLLM, which is imported only then."""
         svc, run_id, stage = self.services, self.run.id, self.spec.name
-        cfg = cfg or svc.model
-        shared = svc.clients.get(cfg, svc.retry) if svc.clients is not None else None
+        ref = parse_model(model_id or self.pipeline.model_of(self.spec, svc.model.name))
+
+        def on_wait(seconds: float, why: str) -> None:
+            svc.conductor.show_wait(run_id, stage, seconds, why)
+
+        if ref.via_litellm:
+            from workers import lite_llm
+
+            cfg = svc.providers.get(ref.provider) or ProviderConfig(provider=ref.provider)
+            return lite_llm.build_model(
+                ref, cfg, svc.retry, governor=svc.governor, on_wait=on_wait, stage=stage
+            )
+        gemini = svc.model.model_copy(update={"name": ref.id})
+        shared = svc.clients.get(gemini, svc.retry) if svc.clients is not None else None
         return build_model(
-            cfg,
-            svc.retry,
-            governor=svc.governor,
-            on_wait=lambda seconds, why: svc.conductor.show_wait(run_id, stage, seconds, why),
-            stage=stage,
-            client=shared,
+            gemini, svc.retry, governor=svc.governor, on_wait=on_wait, stage=stage, client=shared
         )
 
 

@@ -1,31 +1,17 @@
-"""Gemini through google-genai, with every retry decision made by Baton.
+"""Gemini through google-genai, with every retry decision made by Baton (`workers.governed`).
 
 google-genai's and ADK's own retries are switched off: they ignore the server's `retryDelay`.
-Instead:
-
-* Before every attempt, the fleet's `Governor` (optional) waits for the model's quota and any
-  cooldown; after a reply it learns the real token count.
-* 429 → the whole fleet cools down for the server's delay (`Governor.cooldown`). A stage that
-  has made progress (a call already answered) waits a short delay out inside the call and
-  sends it again, a few times at most; otherwise → `RateLimitedError(delay_s)`, and the Celery
-  task puts the stage back on its queue with a countdown of that delay
-  (shared/notes/adk-genai.md §5).
-* 5xx, timeouts and dropped connections (what `model_error` calls `ModelUnavailableError`) →
-  retried here with tenacity (exponential backoff with jitter, bounded), but only before the
-  first chunk of a reply arrived.
-* 400/401/403/404 → `ModelRejectedError`, at once.
+A 429's delay is its `google.rpc.RetryInfo.retryDelay`, else its `Retry-After`
+(shared/notes/adk-genai.md §5); 5xx, timeouts and dropped connections are transient; other
+4xx are final (`model_error`).
 """
 
 from __future__ import annotations
 
-import asyncio
-import email.utils
 import functools
 import logging
 import os
-import random
 import ssl
-import time
 from collections.abc import AsyncGenerator
 from typing import Any
 
@@ -36,182 +22,38 @@ from google.adk.models.llm_request import LlmRequest
 from google.adk.models.llm_response import LlmResponse
 from google.genai import Client, types
 from google.genai import errors as genai_errors
-from pydantic import Field, PrivateAttr, SkipValidation
-from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
 
-from orchestrator.core.models import StageRecord
 from orchestrator.core.settings import ModelConfig, RetryConfig
-from workers import metrics
-from workers.budget import request_tokens
 from workers.errors import (
     ExecutionError,
     ModelRejectedError,
     ModelUnavailableError,
     RateLimitedError,
 )
-from workers.governor import JITTER_S, REASONS, Governor, Permit, WaitCallback
+from workers.governed import GovernedLlm
+from workers.governor import Governor, WaitCallback
+from workers.ratelimits import retry_after_s, seconds
 
 logger = logging.getLogger(__name__)
 
 _TRANSIENT_HTTP = (httpx.TimeoutException, httpx.TransportError, TimeoutError)
-RATE_LIMIT_BACKOFF_CAP_S = 120.0
-COOLDOWN_FALLBACK_S = 5.0
-"""The fleet's cooldown after a 429 that names no delay."""
-MAX_INLINE_429S = 3
-"""429s one stage waits out inside its model calls before it goes back on its queue."""
 
 
-class BatonGemini(Gemini):
-    """`Gemini` whose transient failures are retried with bounded, jittered backoff, and whose
-    calls wait for the fleet's quota. One instance serves one stage execution."""
+class BatonGemini(GovernedLlm, Gemini):
+    """`Gemini` whose calls wait for the fleet's quota and whose failures Baton retries
+    (`GovernedLlm`). One instance serves one stage execution."""
 
-    transient_attempts: int = 4
-    transient_initial_s: float = 0.5
-    transient_max_s: float = 20.0
-    governor: SkipValidation[Governor | None] = Field(default=None, exclude=True)
-    """The fleet's quota and cooldown; None: calls go out at once, 429s cool only this stage."""
-    inline_wait_max_s: float = 10.0
-    """The longest wait slept inside a call; a longer one puts the stage back on its queue."""
-    max_inline_429s: int = MAX_INLINE_429S
-    on_wait: SkipValidation[WaitCallback | None] = Field(default=None, exclude=True)
-    """Told the seconds about to be slept and why, so that the stage can show it."""
-    stage: str = ""
-    """The stage this model serves, for the metrics."""
-    _waited_s: float = PrivateAttr(0.0)
-    _answered: int = PrivateAttr(0)
-    _inline_429s: int = PrivateAttr(0)
+    def failure(self, exc: BaseException) -> ExecutionError | None:
+        return model_error(exc)
 
-    @property
-    def waited_s(self) -> float:
-        """Time this model's calls have slept for quota, cooldowns and 429s so far."""
-        return round(self._waited_s, 3)
+    def send(self, llm_request: LlmRequest, stream: bool) -> AsyncGenerator[LlmResponse, None]:
+        return Gemini.generate_content_async(self, llm_request, stream)
 
-    async def generate_content_async(
-        self, llm_request: LlmRequest, stream: bool = False
-    ) -> AsyncGenerator[LlmResponse, None]:
-        while True:
-            yielded = False
-            try:
-                async for response in self._call_with_retries(llm_request, stream):
-                    yielded = True
-                    yield response
-            except genai_errors.APIError as exc:
-                if exc.code == 429:
-                    metrics.rate_limited(self.model)
-                if exc.code != 429 or yielded or not await self._wait_out_429(exc):
-                    raise
-            else:
-                self._answered += 1
-                return
+    def describe(self, exc: BaseException) -> str:
+        return _describe(exc)
 
-    async def _call_with_retries(
-        self, llm_request: LlmRequest, stream: bool
-    ) -> AsyncGenerator[LlmResponse, None]:
-        """One model call: permitted by the governor before every attempt, transient failures
-        retried, the real token count reported after the reply."""
-        started = False
-
-        def retryable(exc: BaseException) -> bool:
-            return not started and isinstance(model_error(exc), ModelUnavailableError)
-
-        retrying = AsyncRetrying(
-            stop=stop_after_attempt(self.transient_attempts),
-            wait=wait_exponential_jitter(
-                initial=self.transient_initial_s,
-                max=self.transient_max_s,
-                jitter=self.transient_initial_s,
-            ),
-            retry=retry_if_exception(retryable),
-            before_sleep=_log_retry,
-            reraise=True,
-        )
-        async for attempt in retrying:
-            with attempt:
-                permit = await self._acquire(llm_request)
-                metrics.model_call(self.model, self.stage)
-                final: LlmResponse | None = None
-                async for response in super().generate_content_async(llm_request, stream):
-                    started = True
-                    if response.usage_metadata is not None and not response.partial:
-                        final = response
-                    yield response
-                if final is not None and final.usage_metadata is not None:
-                    usage = final.usage_metadata
-                    metrics.tokens_used(
-                        self.model, self.stage,
-                        prompt=usage.prompt_token_count or 0,
-                        output=(usage.candidates_token_count or 0)
-                        + (usage.thoughts_token_count or 0),
-                    )  # fmt: skip
-                if self.governor is not None and permit is not None and final is not None:
-                    self.governor.reconcile(permit, _tokens(final))
-
-    async def _acquire(self, llm_request: LlmRequest) -> Permit | None:
-        """Wait for the fleet's quota and any cooldown (None without a governor)."""
-        if self.governor is None:
-            return None
-        # The HTTP client is built first, so that the permit is taken as close as possible to
-        # the request going out (the provider's window counts from its arrival).
+    def prepare(self) -> None:
         _ = self.api_client
-        counted = self.governor.quota(self.model).tokens_per_minute is not None
-        permit = await self.governor.acquire(
-            self.model,
-            request_tokens(llm_request) if counted else 0,  # estimated only where it counts
-            max_sleep_s=self.inline_wait_max_s,
-            on_wait=self.on_wait,
-        )
-        self._waited_s += permit.slept_s
-        metrics.quota_wait(self.model, permit.slept_s)
-        return permit
-
-    async def _wait_out_429(self, exc: genai_errors.APIError) -> bool:
-        """Cool the fleet down; True when this stage waits inside the call and sends it again
-        (the next permit sleeps out the cooldown), False when the 429 should go to Celery."""
-        delay_s = retry_delay_s(exc)
-        cooldown_s = COOLDOWN_FALLBACK_S if delay_s is None else delay_s
-        if self.governor is not None:
-            self.governor.cooldown(self.model, cooldown_s)
-        inline = (
-            self._answered > 0
-            and cooldown_s <= self.inline_wait_max_s
-            and self._inline_429s < self.max_inline_429s
-        )
-        if not inline:
-            return False
-        self._inline_429s += 1
-        logger.info(
-            "model %s answered 429 mid-stage; waiting %.1fs inside the stage (%d of %d)",
-            self.model, cooldown_s, self._inline_429s, self.max_inline_429s,
-        )  # fmt: skip
-        if self.governor is None:
-            wait_s = cooldown_s + random.uniform(*JITTER_S)
-            if self.on_wait is not None:
-                self.on_wait(wait_s, REASONS["cooldown"])
-            await asyncio.sleep(wait_s)
-            self._waited_s += wait_s
-            metrics.quota_wait(self.model, wait_s)
-        return True
-
-
-def _tokens(response: LlmResponse) -> int:
-    """What a reply counts against a tokens-per-minute quota: its total (prompt, reply and
-    thoughts), else the sum of the parts it gives."""
-    usage = response.usage_metadata
-    if usage is None:
-        return 0
-    if usage.total_token_count:
-        return usage.total_token_count
-    parts = (usage.prompt_token_count, usage.candidates_token_count, usage.thoughts_token_count)
-    return sum(count or 0 for count in parts)
-
-
-def _log_retry(state: Any) -> None:
-    exc = state.outcome.exception() if state.outcome else None
-    logger.warning(
-        "model call failed transiently (%s); attempt %d, retrying",
-        _describe(exc),
-        state.attempt_number,
-    )
 
 
 def build_model(
@@ -246,9 +88,15 @@ def build_model(
     tls = tls_context()
     http_options: dict[str, Any] = {
         "timeout": int(cfg.timeout_s * 1000),
-        # httpx takes the context as `verify`, the client's websocket side as `ssl`.
+        # httpx takes the context as `verify`, the client's websocket side as `ssl`. A transport
+        # of its own keeps google-genai on httpx where aiohttp is installed too (LiteLLM brings
+        # it), so its failures stay the httpx errors `model_error` knows.
         "client_args": {"verify": tls},
-        "async_client_args": {"verify": tls, "ssl": tls},
+        "async_client_args": {
+            "verify": tls,
+            "ssl": tls,
+            "transport": httpx.AsyncHTTPTransport(verify=tls),
+        },
     }
     if http_client is not None:
         http_options["httpx_async_client"] = http_client
@@ -357,32 +205,11 @@ def retry_delay_s(exc: genai_errors.APIError) -> float | None:
         if isinstance(detail, dict) and str(detail.get("@type", "")).endswith(
             "google.rpc.RetryInfo"
         ):
-            delay = _seconds(str(detail.get("retryDelay", "")).removesuffix("s"))
+            delay = seconds(str(detail.get("retryDelay", "")).removesuffix("s"))
             if delay is not None:
                 return delay
     headers = getattr(getattr(exc, "response", None), "headers", None) or {}
-    return _retry_after(headers.get("retry-after") or headers.get("Retry-After"))
-
-
-def _retry_after(value: str | None) -> float | None:
-    if not value:
-        return None
-    seconds = _seconds(value)
-    if seconds is not None:
-        return seconds
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    return max(0.0, when.timestamp() - time.time())
-
-
-def _seconds(text: str) -> float | None:
-    try:
-        value = float(text)
-    except ValueError:
-        return None
-    return value if value >= 0 else None
+    return retry_after_s(headers.get("retry-after") or headers.get("Retry-After"))
 
 
 def _describe(exc: BaseException | None) -> str:
@@ -394,24 +221,3 @@ def _describe(exc: BaseException | None) -> str:
 def _short(text: str | None, limit: int = 300) -> str:
     text = (text or "").strip()
     return text if len(text) <= limit else text[:limit] + "…"
-
-
-def rate_limit_countdown(
-    exc: RateLimitedError, record: StageRecord, cfg: RetryConfig
-) -> float | None:
-    """Seconds until the next attempt: the server's delay (or backoff) plus positive jitter.
-
-    None when the stage has used up its retries or its total wait.
-    """
-    if record.rate_limit_retries >= cfg.rate_limit_max_retries:
-        return None
-    if exc.delay_s is not None:
-        delay = exc.delay_s
-    else:
-        delay = min(
-            RATE_LIMIT_BACKOFF_CAP_S, cfg.rate_limit_fallback_s * 2**record.rate_limit_retries
-        )
-    countdown = delay + random.uniform(0, cfg.rate_limit_jitter_s)
-    if record.rate_limit_wait_s + countdown > cfg.rate_limit_max_wait_s:
-        return None
-    return round(countdown, 3)

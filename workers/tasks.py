@@ -20,6 +20,7 @@ from celery.signals import worker_process_shutdown, worker_shutdown
 
 from orchestrator.core.conductor import Completion, Conductor, StageResult, StageStart, StartAction
 from orchestrator.core.pipeline import load_pipeline
+from orchestrator.core.providers import LITELLM_PROVIDERS
 from orchestrator.core.queue import STAGE_TASK, Dispatcher
 from orchestrator.core.store import RunStore
 from sandbox.build import EnvironmentBuildError, EnvironmentValidationError
@@ -39,7 +40,8 @@ from workers.errors import (
     StageCancelledError,
 )
 from workers.execution import Execution, WorkerServices
-from workers.gemini import ModelClients, rate_limit_countdown
+from workers.gemini import ModelClients
+from workers.governed import rate_limit_countdown
 from workers.governor import Governor
 from workers.heartbeat import Heartbeat, Interruptible
 from workers.mirrors import RepoCache
@@ -74,6 +76,7 @@ def services() -> WorkerServices:
         governor=Governor(store.redis, settings.quotas, settings.default_quota),
         model=settings.model_section(),
         retry=settings.retry,
+        providers={name: settings.provider_section(name) for name in LITELLM_PROVIDERS},
         streaming=settings.streaming,
         clients=ModelClients(),
         loop=asyncio.new_event_loop(),

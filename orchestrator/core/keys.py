@@ -50,7 +50,11 @@ def stage_field(stage: str) -> str:
 
 
 def quota(model: str) -> str:
-    """Sorted set: the model calls of the last minute, fleet-wide (member `<id>:<tokens>`)."""
+    """Sorted set: the model calls of the last minute, fleet-wide (member `<id>:<tokens>`).
+
+    `model` is the model id as stages name it (`orchestrator.core.providers`): a LiteLLM id carries
+    its provider (`baton:quota:openai/gpt-4.1-mini`), a Gemini name holds no `/`, so two
+    providers never share a quota; the same goes for `cooldown` and `quota_scale`."""
     return f"{PREFIX}quota:{model}"
 
 

@@ -27,11 +27,13 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
 
 from orchestrator.core.errors import PipelineError
+from orchestrator.core.providers import parse_model
 from orchestrator.core.schemas import Fact, Reproduction, measured_fields
 from orchestrator.core.toolcheck import check_tools
 from orchestrator.core.tools import ToolDeclaration
@@ -214,6 +216,10 @@ class StageSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str = Field(pattern=f"^{_NAME}$")
+    model: str | None = None
+    """The model this stage runs on (`orchestrator.core.providers`): `gemini-…` through
+    google-genai, or a LiteLLM id such as `openai/gpt-4.1-mini`; unset, the pipeline's `model`,
+    else `BATON_MODEL`."""
     instruction: str
     output_schema: str
     """Import path `module:Class` of the pydantic model the output must validate against."""
@@ -242,6 +248,16 @@ class StageSpec(BaseModel):
     sandbox_network: str | None = Field(None, pattern=r"^\w[\w.-]*$")
     """The Docker network this stage's sandbox joins (an egress proxy's, say); by default it
     has no network at all. Never `host` or another container's."""
+
+    @field_validator("model")
+    @classmethod
+    def _known_model(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is None:
+            return None
+        try:
+            return parse_model(value).id
+        except ValueError as exc:
+            raise ValueError(f"stage {info.data.get('name', '?')!r}: {exc}") from None
 
     @field_validator("sandbox_network")
     @classmethod
@@ -298,7 +314,19 @@ class Pipeline(BaseModel):
     tools: dict[str, ToolDeclaration] = Field(default_factory=dict)
     """Tools beyond the built-in ones, by name (`orchestrator.core.tools`); a stage names those it
     may call in its own `tools`."""
+    model: str | None = None
+    """The model of every stage that names none (`StageSpec.model`); unset, `BATON_MODEL`."""
     stages: tuple[StageSpec, ...]
+
+    @field_validator("model")
+    @classmethod
+    def _known_model(cls, value: str | None) -> str | None:
+        return None if value is None else parse_model(value).id
+
+    def model_of(self, stage: StageSpec, default: str) -> str:
+        """The model id `stage` runs on: its own, else the pipeline's, else `default`
+        (`BATON_MODEL`)."""
+        return stage.model or self.model or default
 
     @model_validator(mode="after")
     def _check(self) -> Pipeline:

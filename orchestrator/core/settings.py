@@ -8,11 +8,20 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, PositiveInt, SecretStr
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PositiveInt,
+    SecretStr,
+    field_validator,
+)
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from orchestrator.core.connection import RedisConfig, checked_config
 from orchestrator.core.errors import ConfigError
+from orchestrator.core.providers import parse_model
 from orchestrator.core.secret_settings import FromFile, SecretFilesSource
 from orchestrator.core.secret_settings import refuse_placeholders as refuse_placeholders
 
@@ -43,6 +52,34 @@ class ModelConfig(_Section):
     """Per-request HTTP timeout."""
     streaming: bool = False
     """Use `streamGenerateContent` (SSE) instead of `generateContent`."""
+
+
+class ProviderConfig(_Section):
+    """How stages reach one LiteLLM provider (`orchestrator.core.providers.LITELLM_PROVIDERS`)."""
+
+    provider: str
+    """The provider's prefix in model ids: `openai`, `anthropic`, …"""
+    base_url: str | None = None
+    """Where its API is (LiteLLM's `api_base`); None: the provider's own."""
+    api_key: SecretStr | None = None
+    """Its API key; used on the worker host only, never logged, never put in a prompt, a
+    sandbox or an artifact."""
+    timeout_s: float = 120.0
+    """Per-request HTTP timeout."""
+
+    @property
+    def key_variable(self) -> str | None:
+        """The environment variable its key is read from (None: it takes no key)."""
+        return PROVIDER_KEYS.get(self.provider)
+
+
+PROVIDER_KEYS = {
+    "openai": "OPENAI_API_KEY",
+    "anthropic": "ANTHROPIC_API_KEY",
+    "hosted_vllm": "HOSTED_VLLM_API_KEY",
+}
+"""The variable each provider's key is read from (each also as `BATON_<VARIABLE>` and, for a
+file, `<VARIABLE>_FILE`); a provider not named takes none (a local Ollama)."""
 
 
 class RetryConfig(_Section):
@@ -144,7 +181,31 @@ class Settings(BatonSettings):
     """`BATON_GEMINI_BASE_URL`; where the google-genai client sends requests (unset: Google's
     `GEMINI_API_URL`)."""
     model: str = DEFAULT_MODEL
-    """`BATON_MODEL`."""
+    """`BATON_MODEL`: the model of every stage whose pipeline names none, `gemini-…` or a
+    LiteLLM id such as `openai/gpt-4.1-mini` (`orchestrator.core.providers`)."""
+    openai_api_key: SecretStr | None = Field(
+        None, validation_alias=AliasChoices("OPENAI_API_KEY", "BATON_OPENAI_API_KEY")
+    )
+    """`OPENAI_API_KEY`: the key of `openai/…` models (any non-empty value for a local
+    OpenAI-compatible server that checks none)."""
+    openai_base_url: str | None = None
+    """`BATON_OPENAI_BASE_URL`: an OpenAI-compatible API for `openai/…` models (with its `/v1`);
+    unset, OpenAI's."""
+    anthropic_api_key: SecretStr | None = Field(
+        None, validation_alias=AliasChoices("ANTHROPIC_API_KEY", "BATON_ANTHROPIC_API_KEY")
+    )
+    """`ANTHROPIC_API_KEY`: the key of `anthropic/…` models."""
+    anthropic_base_url: str | None = None
+    """`BATON_ANTHROPIC_BASE_URL`; unset, Anthropic's API."""
+    ollama_base_url: str | None = None
+    """`BATON_OLLAMA_BASE_URL` for `ollama_chat/…` models; unset, LiteLLM's default
+    (`http://localhost:11434`)."""
+    vllm_api_key: SecretStr | None = Field(
+        None, validation_alias=AliasChoices("HOSTED_VLLM_API_KEY", "BATON_VLLM_API_KEY")
+    )
+    """`HOSTED_VLLM_API_KEY`: the key a vLLM server was started with (`--api-key`), if any."""
+    vllm_base_url: str | None = None
+    """`BATON_VLLM_BASE_URL`: the vLLM server of `hosted_vllm/…` models (with its `/v1`)."""
     model_timeout_s: float = 120.0
     """`BATON_MODEL_TIMEOUT_S`."""
     streaming: bool = False
@@ -160,6 +221,11 @@ class Settings(BatonSettings):
     default_quota: QuotaConfig = QuotaConfig()
     """The quota of a model `quotas` does not name (`BATON_DEFAULT_QUOTA__REQUESTS_PER_MINUTE`)."""
 
+    @field_validator("model")
+    @classmethod
+    def _known_model(cls, value: str) -> str:
+        return parse_model(value).id
+
     def model_section(self) -> ModelConfig:
         return ModelConfig(
             name=self.model,
@@ -167,6 +233,20 @@ class Settings(BatonSettings):
             api_key=self.google_api_key,
             timeout_s=self.model_timeout_s,
             streaming=self.streaming,
+        )
+
+    def provider_section(self, provider: str) -> ProviderConfig:
+        """How stages reach the LiteLLM `provider`
+        (`orchestrator.core.providers.LITELLM_PROVIDERS`)."""
+        given: dict[str, tuple[str | None, SecretStr | None]] = {
+            "openai": (self.openai_base_url, self.openai_api_key),
+            "anthropic": (self.anthropic_base_url, self.anthropic_api_key),
+            "ollama_chat": (self.ollama_base_url, None),
+            "hosted_vllm": (self.vllm_base_url, self.vllm_api_key),
+        }
+        base_url, api_key = given.get(provider, (None, None))
+        return ProviderConfig(
+            provider=provider, base_url=base_url, api_key=api_key, timeout_s=self.model_timeout_s
         )
 
     def redis_section(self) -> RedisConfig:

@@ -4,11 +4,22 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
+from typing import Generic, Protocol, TypeVar
 
-from testkit.gemini.scenario import FaultRule
+
+class Selecting(Protocol):
+    """A fault rule as the book reads it (the fake Gemini's, the fake OpenAI server's)."""
+
+    @property
+    def times(self) -> int | None: ...
+
+    def selects(self, agent: str, agent_number: int, overall_number: int) -> bool: ...
 
 
-class FaultBook:
+FaultRule = TypeVar("FaultRule", bound=Selecting)
+
+
+class FaultBook(Generic[FaultRule]):
     """Fault rules, the number of requests per agent and in all, and the number of uses per rule.
 
     Not thread-safe: the server touches it only from its event loop.

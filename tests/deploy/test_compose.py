@@ -238,12 +238,14 @@ def test_compose_serves_the_api_on_loopback_with_a_health_check_and_nothing_but_
 def test_secrets_and_the_docker_socket_reach_only_the_services_that_use_them(
     tmp_path: Path,
 ) -> None:
-    """The model key goes to every stage's worker, the GitHub token to the one stage that
-    publishes (pr), the Docker socket to the sandbox gate alone; the stages with tools reach
-    dockerd only through the gate, under gVisor unless told otherwise."""
+    """The model keys go to every stage's worker (and nowhere else), the GitHub token to the
+    one stage that publishes (pr), the Docker socket to the sandbox gate alone; the stages with
+    tools reach dockerd only through the gate, under gVisor unless told otherwise."""
     config = _config(
         tmp_path,
         GOOGLE_API_KEY="model-key",
+        OPENAI_API_KEY="openai-key",
+        ANTHROPIC_API_KEY="anthropic-key",
         BATON_GITHUB_TOKEN="gh-token",
         BATON_GITHUB_API_URL="https://github.example.com/api/v3",
     )
@@ -252,8 +254,9 @@ def test_secrets_and_the_docker_socket_reach_only_the_services_that_use_them(
     for name, service in config["services"].items():
         environment = service.get("environment", {})
         stage = fixer.stage(name) if name in STAGES else None
-        model_key = environment.get("GOOGLE_API_KEY")
-        assert model_key == ("model-key" if stage else None), name
+        model_keys = [environment.get(k) for k in ("GOOGLE_API_KEY", "OPENAI_API_KEY",
+                                                   "ANTHROPIC_API_KEY")]  # fmt: skip
+        assert model_keys == (["model-key", "openai-key", "anthropic-key"] if stage else [None] * 3)
         publishes = stage is not None and "publish" in stage.tools
         assert publishes == (name == "pr")
         token = environment.get("BATON_GITHUB_TOKEN")

@@ -42,6 +42,7 @@ def client_for() -> ClientFor:
     """A google-genai client for a fake server, with the client's own retries off and the
     process's one TLS context, as a worker makes it (`workers.gemini.build_model`): left alone,
     each client loads the CA bundle twice, a tenth of a second."""
+    import httpx
     from google import genai
     from google.genai import types
 
@@ -57,7 +58,11 @@ def client_for() -> ClientFor:
             headers=headers,
             retry_options=types.HttpRetryOptions(attempts=1),
             client_args={"verify": tls},
-            async_client_args={"verify": tls, "ssl": tls},
+            async_client_args={
+                "verify": tls,
+                "ssl": tls,
+                "transport": httpx.AsyncHTTPTransport(verify=tls),
+            },
         )
         return genai.Client(api_key=api_key, http_options=options)
 

@@ -15,13 +15,8 @@ from orchestrator.core.models import StageRecord
 from orchestrator.core.settings import ModelConfig, RetryConfig
 from workers import gemini
 from workers.errors import ModelRejectedError, ModelUnavailableError, RateLimitedError
-from workers.gemini import (
-    build_model,
-    close_model,
-    model_error,
-    rate_limit_countdown,
-    retry_delay_s,
-)
+from workers.gemini import build_model, close_model, model_error, retry_delay_s
+from workers.governed import rate_limit_countdown
 
 
 def rate_limited(
@@ -189,3 +184,34 @@ def test_a_missing_key_with_a_base_url_says_the_url_is_set_and_what_it_needs() -
     assert "BATON_GEMINI_BASE_URL is http://127.0.0.1:8765" in str(caught.value)
     assert "(or BATON_GEMINI_BASE_URL" not in str(caught.value)
     assert gemini.missing_key_message(ModelConfig()) == "no Gemini API key: set GOOGLE_API_KEY"
+
+
+def test_gemini_calls_go_through_httpx_though_aiohttp_is_installed() -> None:
+    """LiteLLM brings aiohttp, which google-genai would take for its async calls; Baton keeps it
+    on httpx, whose dropped connection is the transient failure `model_error` knows."""
+    import aiohttp  # installed: the case this test is about
+    from google.adk.models.llm_request import LlmRequest
+    from google.genai import types
+
+    from testkit.gemini import FakeGemini
+
+    assert aiohttp.__version__
+    with FakeGemini.start({"agents": {"*": [{"text": "ok"}]}, "faults": [{"drop": True}]}) as fake:
+        cfg = ModelConfig(base_url=fake.url, api_key="k")  # type: ignore[arg-type]
+        model = build_model(cfg, RetryConfig(transient_attempts=1))
+        request = LlmRequest(
+            model=cfg.name, contents=[types.Content(role="user", parts=[types.Part(text="hi")])]
+        )
+
+        async def call() -> None:
+            try:
+                [_ async for _ in model.generate_content_async(request)]
+            finally:
+                await close_model(model)
+
+        with pytest.raises(httpx.TransportError) as dropped:
+            asyncio.run(call())
+        statuses = [entry["status"] for entry in fake.requests()]
+
+    assert isinstance(model_error(dropped.value), ModelUnavailableError)
+    assert statuses == [0]
