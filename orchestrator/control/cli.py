@@ -188,9 +188,25 @@ def cancel(run_id: str) -> None:
 @click.argument("run_id")
 @click.option("--from", "from_stage", help="Run again from this stage (default: the one that "
               "failed or was cancelled).")  # fmt: skip
-def resume(run_id: str, from_stage: str | None) -> None:
+@click.option(
+    "--pipeline-version",
+    type=click.Choice(["pinned", "latest"]),
+    default="pinned",
+    show_default=True,
+    help="The version of the pipeline the run pinned at enqueue, "
+    "or the latest: what --pipeline (default: the run's pipeline, by name) says now.",
+)
+@click.option("--pipeline", "pipeline", help="With --pipeline-version latest: the pipeline's "
+              "file (or installed name) to read the latest version from.")  # fmt: skip
+def resume(
+    run_id: str, from_stage: str | None, pipeline_version: str, pipeline: str | None
+) -> None:
     """Run a failed or cancelled run again, keeping every output recorded before that stage."""
-    stage = api.resume(run_id, from_stage=from_stage)
+    if pipeline is not None and pipeline_version != "latest":
+        raise click.UsageError("--pipeline is only for --pipeline-version latest")
+    if pipeline_version == "latest" and pipeline is None:
+        pipeline = api.get_run(run_id).pipeline
+    stage = api.resume(run_id, from_stage=from_stage, pipeline=pipeline)
     click.echo(f"run {run_id} resumed from {stage}")
 
 
@@ -218,15 +234,20 @@ def top(interval: float, once: bool, as_json: bool) -> None:
 
 @main.command()
 def reconcile() -> None:
-    """Put stages of stuck runs back on their queues now (workers also do it periodically)."""
+    """Put stages of stuck runs back on their queues now (workers also do it periodically); fail
+    the runs whose pinned pipeline cannot be read."""
     from orchestrator.core.reconciler import Reconciler
 
     settings = Settings()
     with api.connect(settings) as conductor:
-        repairs = Reconciler(conductor, settings.queue).sweep()
-    for repair in repairs:
+        sweep = Reconciler(conductor, settings.queue).sweep()
+    for repair in sweep.repairs:
         click.echo(f"{repair.run_id}: {repair.stage} was stuck {repair.was}; sent again")
-    if not repairs:
+    for run_id, reason in sweep.failed.items():
+        click.echo(f"{run_id}: failed: {reason}")
+    for run_id, error in sweep.errors.items():
+        err.print(f"{run_id}: could not be reconciled: {escape(error)}", highlight=False)
+    if not (sweep.repairs or sweep.failed or sweep.errors):
         click.echo("no stuck runs")
 
 

@@ -1,7 +1,10 @@
 """Pipelines as data: stages, their queues, instructions, tools, output schemas and budgets.
 
-A pipeline is a TOML file. Built-in pipelines live in `orchestrator/pipelines/`; any other
-file can be named by path. Instructions are templates with `{key}` placeholders that name the
+A pipeline is a TOML file, named by its path or, once installed, by an entry point of the
+`baton.pipelines` group (the fixer is one: pyproject.toml). A run pins the spec it was enqueued
+with: its name and the digest of its content (`Pipeline.digest`) are in the run record, the
+content beside it, and every stage of the run executes that version (`pinned_pipeline`), whatever
+the file says by then. Instructions are templates with `{key}` placeholders that name the
 issue (`{issue}`) or an upstream stage's output key; `{key?}` renders as empty when the value is
 missing and `{{` / `}}` are literal braces. Baton renders templates itself, in one pass, so braces
 inside the values (code, diffs, issue bodies) are never interpreted.
@@ -9,14 +12,17 @@ inside the values (code, diffs, issue bodies) are never interpreted.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import json
 import re
+import threading
 import tomllib
-from collections.abc import Mapping
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
 from enum import StrEnum
 from functools import cache
-from importlib import resources
+from importlib import metadata
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -24,6 +30,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     ValidationError,
     field_validator,
     model_validator,
@@ -40,6 +47,14 @@ PREVIOUS_ATTEMPT_KEY = "previous_attempt"
 MAX_ITERATIONS = 10
 
 _NAME = r"[a-z_][a-z0-9_]*"
+PIPELINE_NAME = r"^[a-z][a-z0-9_-]{0,62}$"
+"""A pipeline's name: it names its queues (`baton.<pipeline>.<stage>`), log labels and metrics."""
+QUEUE_PREFIX = "baton."
+"""Every stage queue starts with it: the Redis users' ACLs (k8s/baton/redis-users.acl), the
+reconciler and `baton top` know the queues by it."""
+PIPELINES_GROUP = "baton.pipelines"
+"""Entry point group naming installed pipelines: `name = "package.module:SPEC"`, where `SPEC` is
+the TOML file's path (a `pathlib.Path` or an `importlib.resources` file)."""
 _SOURCE = f"^{_NAME}(?::{_NAME})?\\.{_NAME}$"
 """`<upstream output key>.<field>`."""
 _TOKEN = re.compile(r"\{\{|\}\}|\{(" + _NAME + r"(?::" + _NAME + r")?)(\?)?\}")
@@ -193,8 +208,9 @@ class StageSpec(BaseModel):
     instruction: str
     output_schema: str
     """Import path `module:Class` of the pydantic model the output must validate against."""
-    queue: str = ""
-    """Celery queue; defaults to `baton.<name>`."""
+    queue: str = Field("", pattern=r"^(baton\.[A-Za-z0-9_.-]+)?$")
+    """Celery queue; defaults to `baton.<pipeline>.<stage>` (`stage_queue`), so that no two
+    pipelines share one. Any other must start with `baton.`."""
     output_key: str = ""
     """State key the output is stored under; defaults to the stage name. A `temp:` key is
     removed when the run ends."""
@@ -224,8 +240,6 @@ class StageSpec(BaseModel):
 
     @model_validator(mode="after")
     def _defaults(self) -> StageSpec:
-        if not self.queue:
-            object.__setattr__(self, "queue", f"baton.{self.name}")
         if not self.output_key:
             object.__setattr__(self, "output_key", self.name)
         return self
@@ -244,14 +258,18 @@ class Pipeline(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    name: str
+    name: str = Field(pattern=PIPELINE_NAME)
     description: str = ""
     stages: tuple[StageSpec, ...]
+    _table: dict[str, Any] | None = PrivateAttr(None)
 
     @model_validator(mode="after")
     def _check(self) -> Pipeline:
         if not self.stages:
             raise ValueError("a pipeline needs at least one stage")
+        for stage in self.stages:
+            if not stage.queue:
+                object.__setattr__(stage, "queue", stage_queue(self.name, stage.name))
         names = [s.name for s in self.stages]
         if len(set(names)) != len(names):
             raise ValueError(f"stage names repeat: {names}")
@@ -275,6 +293,22 @@ class Pipeline(BaseModel):
             known.add(stage.output_key)
             stage.schema_class()
         return self
+
+    @property
+    def table(self) -> dict[str, Any]:
+        """The spec as written (its TOML table), what a run pins; for a pipeline made from
+        Python, as the model dumps it."""
+        return self._table if self._table is not None else self.model_dump(mode="json")
+
+    @property
+    def content(self) -> str:
+        """The pinned form of the spec: its table as canonical JSON."""
+        return canonical_json(self.table)
+
+    @property
+    def digest(self) -> str:
+        """The SHA-256 of `content`: which version of the pipeline a run runs."""
+        return spec_digest(self.content)
 
     @property
     def first(self) -> StageSpec:
@@ -386,6 +420,11 @@ def _as_text(value: Any) -> str:
     return json.dumps(value, indent=1, ensure_ascii=False)
 
 
+def placeholders(template: str) -> list[str]:
+    """The state keys a template's `{key}` placeholders name, in order, repeats included."""
+    return _placeholders(template)
+
+
 def _placeholders(template: str) -> list[str]:
     return [m.group(1) for m in _TOKEN.finditer(template) if m.group(1)]
 
@@ -393,6 +432,15 @@ def _placeholders(template: str) -> list[str]:
 MOVED_SCHEMA_MODULES = {"orchestrator.schemas": "orchestrator.core.schemas"}
 """Modules that held output schemas under another name before: a spec that still names one is
 told the new path (issue 23 split `orchestrator/` into `core` and `control`)."""
+
+
+def import_schema(path: str) -> type[BaseModel]:
+    """The output schema `module:Class` names, imported (once per process).
+
+    Raises:
+        PipelineError: it cannot be imported or is not a pydantic model; the message says why.
+    """
+    return _import_schema(path)
 
 
 @cache
@@ -412,31 +460,173 @@ def _import_schema(path: str) -> type[BaseModel]:
     return schema
 
 
-def builtin_pipelines() -> list[str]:
-    folder = resources.files("orchestrator") / "pipelines"
-    return sorted(
-        p.name.removesuffix(".toml") for p in folder.iterdir() if p.name.endswith(".toml")
-    )
+def stage_queue(pipeline: str, stage: str) -> str:
+    """The queue of a stage that names none: `baton.<pipeline>.<stage>`."""
+    return f"{QUEUE_PREFIX}{pipeline}.{stage}"
 
 
-@cache
+def canonical_json(table: Mapping[str, Any]) -> str:
+    """A spec's table as the one JSON text its digest is taken of (sorted keys, no spaces).
+
+    Raises:
+        PipelineError: the table holds a value JSON cannot (a TOML date or time).
+    """
+    try:
+        return json.dumps(table, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    except TypeError as exc:
+        raise PipelineError(f"a pipeline spec holds a value it cannot carry: {exc}") from exc
+
+
+def spec_digest(content: str) -> str:
+    """The SHA-256 (hex) of a spec's canonical JSON."""
+    return hashlib.sha256(content.encode()).hexdigest()
+
+
+def pipeline_from_table(table: Mapping[str, Any], *, origin: str) -> Pipeline:
+    """Validate a spec's table; the pipeline keeps the table as written (what a run pins).
+
+    Raises:
+        PipelineError: the spec is invalid; the message starts with `origin`.
+    """
+    try:
+        pipeline = Pipeline.model_validate(table)
+    except ValidationError as exc:
+        raise PipelineError(f"{origin} is invalid: {exc}") from exc
+    except PipelineError as exc:
+        raise PipelineError(f"{origin} is invalid: {exc}") from exc
+    pipeline._table = json.loads(canonical_json(table))
+    return pipeline
+
+
+def parse_pipeline(text: str, *, origin: str) -> Pipeline:
+    """A pipeline from its TOML text. Raises `PipelineError`, naming `origin`."""
+    try:
+        table = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise PipelineError(f"{origin} is not valid TOML: {exc}") from exc
+    return pipeline_from_table(table, origin=origin)
+
+
+def installed_pipelines() -> dict[str, metadata.EntryPoint]:
+    """The pipelines named by entry points of `PIPELINES_GROUP`, by name."""
+    return {entry.name: entry for entry in metadata.entry_points(group=PIPELINES_GROUP)}
+
+
+def pipeline_source(name_or_path: str) -> tuple[str, str]:
+    """The TOML text of a pipeline named by file path or by entry point, and where it came from
+    (for messages).
+
+    Raises:
+        PipelineError: neither a readable `.toml` file nor an installed pipeline's name.
+    """
+    path = Path(name_or_path)
+    if path.suffix == ".toml" or "/" in name_or_path:
+        try:
+            return path.read_text(encoding="utf-8"), str(path)
+        except (OSError, UnicodeDecodeError) as exc:
+            raise PipelineError(f"{path}: cannot read the pipeline file: {exc}") from exc
+    installed = installed_pipelines()
+    entry = installed.get(name_or_path)
+    if entry is None:
+        known = ", ".join(sorted(installed)) or "none"
+        raise PipelineError(
+            f"unknown pipeline {name_or_path!r}: not a .toml file, nor an installed pipeline "
+            f"(entry points of {PIPELINES_GROUP}: {known})"
+        )
+    origin = f"pipeline {name_or_path!r} ({entry.value})"
+    try:
+        spec = entry.load()
+        text: str = (Path(spec) if isinstance(spec, str) else spec).read_text(encoding="utf-8")
+    except (ImportError, AttributeError, OSError) as exc:
+        raise PipelineError(f"{origin} cannot be read: {exc}") from exc
+    return text, origin
+
+
 def load_pipeline(name_or_path: str) -> Pipeline:
-    """A built-in pipeline by name, or a pipeline TOML file by path.
+    """A pipeline by file path (a name with `.toml` or a `/`) or by the name of an installed
+    one, read now (an edited file is
+    read as it is now; a run keeps the version it pinned).
 
     Raises:
         PipelineError: the pipeline is unknown or its file is invalid; the message says where.
     """
-    path = Path(name_or_path)
-    if path.suffix == ".toml" and path.exists():
-        text, origin = path.read_text(), str(path)
-    else:
-        resource = resources.files("orchestrator") / "pipelines" / f"{name_or_path}.toml"
-        if not resource.is_file():
-            raise PipelineError(
-                f"unknown pipeline {name_or_path!r}; built-in: {', '.join(builtin_pipelines())}"
-            )
-        text, origin = resource.read_text(), f"built-in pipeline {name_or_path!r}"
+    text, origin = pipeline_source(name_or_path)
+    return parse_pipeline(text, origin=origin)
+
+
+PINNED_CACHE_SIZE = 64
+"""Pinned specs a process keeps parsed, by digest."""
+_tables: OrderedDict[str, dict[str, Any]] = OrderedDict()
+_pipelines: OrderedDict[str, Pipeline] = OrderedDict()
+_pinned_lock = threading.Lock()
+
+
+def pinned_table(digest: str, content: Callable[[], str | None], *, origin: str) -> dict[str, Any]:
+    """The table of the spec a run pinned, by its digest: read from `content()` (its canonical
+    JSON) once per process and checked against the digest.
+
+    Raises:
+        PipelineError: the content is gone, does not match the digest, or is not a table; the
+            message starts with `origin`.
+    """
+    with _pinned_lock:
+        if digest in _tables:
+            return _tables[digest]
+    text = content()
+    if text is None:
+        raise PipelineError(f"{origin}: the pinned pipeline spec is missing")
+    if spec_digest(text) != digest:
+        raise PipelineError(f"{origin}: the pinned pipeline spec does not match its digest")
     try:
-        return Pipeline.model_validate(tomllib.loads(text))
-    except (tomllib.TOMLDecodeError, ValidationError) as exc:
-        raise PipelineError(f"{origin} is invalid: {exc}") from exc
+        table = json.loads(text)
+    except ValueError as exc:
+        raise PipelineError(f"{origin}: the pinned pipeline spec is not JSON: {exc}") from exc
+    if not isinstance(table, dict):
+        raise PipelineError(f"{origin}: the pinned pipeline spec is not a table")
+    _remember(_tables, digest, table)
+    return table
+
+
+def pinned_pipeline(digest: str, content: Callable[[], str | None], *, origin: str) -> Pipeline:
+    """The pipeline a run pinned, by its digest: validated once per process (cached by digest,
+    never by name, so an edited spec is another entry).
+
+    Raises:
+        PipelineError: as `pinned_table`, or the spec is not a valid pipeline here (a schema
+            this process cannot import, say).
+    """
+    with _pinned_lock:
+        if digest in _pipelines:
+            return _pipelines[digest]
+    pipeline = pipeline_from_table(pinned_table(digest, content, origin=origin), origin=origin)
+    _remember(_pipelines, digest, pipeline)
+    return pipeline
+
+
+def stage_in_table(table: Mapping[str, Any], stage: str, *, origin: str) -> StageSpec:
+    """One stage of a spec's table, validated alone, its queue filled in: what routing it takes,
+    without the pipeline's checks across stages (which import every output schema).
+
+    Raises:
+        PipelineError: the table has no such stage, or it is not valid.
+    """
+    stages = table.get("stages")
+    listed = stages if isinstance(stages, list) else []
+    found = [s for s in listed if isinstance(s, dict) and s.get("name") == stage]
+    if not found:
+        raise PipelineError(f"{origin}: the pipeline has no stage {stage!r}")
+    try:
+        spec = StageSpec.model_validate(found[0])
+    except ValidationError as exc:
+        raise PipelineError(f"{origin}: stage {stage!r} is invalid: {exc}") from exc
+    if not spec.queue:
+        object.__setattr__(spec, "queue", stage_queue(str(table.get("name")), spec.name))
+    return spec
+
+
+def _remember(cache: OrderedDict[str, Any], digest: str, value: Any) -> None:
+    with _pinned_lock:
+        cache[digest] = value
+        cache.move_to_end(digest)
+        while len(cache) > PINNED_CACHE_SIZE:
+            cache.popitem(last=False)

@@ -183,7 +183,7 @@ def test_flower_shows_each_iteration_of_a_looped_stage_as_its_own_task(
                           auth=(flower.user, flower.password), timeout=10).json()  # fmt: skip
         time.sleep(0.5)
 
-    fixes = {uuid: task for uuid, task in found.items() if task["name"] == "baton.fix"}
+    fixes = {uuid: task for uuid, task in found.items() if task["name"] == "baton.fixer.fix"}
     assert sorted(fixes) == [f"{run.id}.fix", f"{run.id}.fix.2"]
     assert {task["state"] for task in fixes.values()} == {"SUCCESS"}
 

@@ -43,7 +43,7 @@ from .conftest import CANARY_KEY, demo_scenario
 K8S_BATON = Path(__file__).resolve().parents[2] / "k8s" / "baton"
 ACL_FILE, USERS_SCRIPT = K8S_BATON / "redis-users.acl", K8S_BATON / "redis-users.sh"
 ROLES = ("worker", "serve", "flower", "cli", "keda")
-QUEUE = "baton.triage"
+QUEUE = "baton.fixer.triage"
 
 DANGEROUS = [
     ("FLUSHALL",),

@@ -20,7 +20,7 @@ def rendered(fleet: Fleet, width: int) -> str:
 @pytest.mark.parametrize("width", [60, 80, 120])
 def test_top_shows_every_task_id_whole_beside_a_long_worker_name(width: int) -> None:
     fleet = Fleet(
-        queues=[QueueView("baton.fix", waiting=3, delivered=1)],
+        queues=[QueueView("baton.fixer.fix", waiting=3, delivered=1)],
         workers=[
             WorkerView("celery@baton-fix-7d9c8b6f5-x2x4q.workers.baton.svc.cluster.local", TASKS),
             WorkerView("celery@laptop", []),
