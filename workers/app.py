@@ -112,8 +112,7 @@ def _start_housekeeping(sender: Any = None, **_: Any) -> None:
     global _housekeeper, _served
     if sender is not None:
         consumed = getattr(sender.app.amqp.queues, "consume_from", None) or {}
-        stages = sorted(q for q in consumed if not q.startswith(BUILD_QUEUE_PREFIX))
-        _served = (sender.hostname, stages)
+        _served = (sender.hostname, sorted(consumed))
     _touch_health_file()
     _reap()
     _housekeeper = threading.Thread(target=_housekeeping, name="baton-housekeeping", daemon=True)

@@ -149,14 +149,21 @@ def enqueue(
               help="Print one JSON object, with what Baton measured and published.")  # fmt: skip
 def status(run_id: str, as_json: bool) -> None:
     """Show a run: status and per-stage attempts, timings, tokens and waits, and what a running
-    stage is doing now (as `watch` shows it)."""
+    stage is doing now (as `watch` shows it); and if it waits on a queue no worker serves."""
+    from orchestrator.control.fleet import unserved_note, unserved_queue
+
     with api.connect(Settings()) as conductor:
         store = conductor.store
         if as_json:
             run = store.get(run_id)
-            click.echo(json.dumps(run_json(run, store.outputs(run_id, run.stages)), indent=2))
-        else:
-            out.print(run_view(store, run_id, width=out.width)[1])
+            shown = run_json(run, store.outputs(run_id, run.stages))
+            shown["unserved_queue"] = unserved_queue(store, run)
+            click.echo(json.dumps(shown, indent=2))
+            return
+        run, table = run_view(store, run_id, width=out.width)
+        out.print(table)
+        if (queue := unserved_queue(store, run)) is not None:
+            out.print(f"[red]{escape(unserved_note(run, queue))}[/]", highlight=False)
 
 
 @main.command()

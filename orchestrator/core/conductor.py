@@ -128,19 +128,8 @@ class Conductor:
         return pipeline_of(self.store, run)
 
     def stage_of(self, run: RunRecord, stage: str) -> StageSpec:
-        """A stage of the pipeline `run` pinned, read from its spec alone: what sending it takes
-        (queue, time limits), without importing the pipeline's schemas, which a process that
-        serves other pipelines may not have.
-
-        Raises:
-            PipelineError: the pinned spec is missing, altered, or has no valid stage `stage`.
-        """
-        if run.pipeline_hash is None:
-            return load_pipeline(run.pipeline).stage(stage)
-        table = pinned_table(
-            run.pipeline_hash, lambda: self.store.pipeline_content(run.id), origin=_origin(run)
-        )
-        return stage_in_table(table, stage, origin=_origin(run))
+        """A stage of the pipeline `run` pinned, for routing (`stage_of`)."""
+        return stage_of(self.store, run, stage)
 
     def begin(
         self, run_id: str, stage: str, *, owner: str, lease_s: float, max_interrupted: int
@@ -548,6 +537,22 @@ def pipeline_of(store: RunStore, run: RunRecord) -> Pipeline:
     return pinned_pipeline(
         run.pipeline_hash, lambda: store.pipeline_content(run.id), origin=_origin(run)
     )
+
+
+def stage_of(store: RunStore, run: RunRecord, stage: str) -> StageSpec:
+    """A stage of the pipeline `run` pinned, read from its spec alone: what sending it takes
+    (queue, time limits), without importing the pipeline's schemas, which a process that
+    serves other pipelines may not have.
+
+    Raises:
+        PipelineError: the pinned spec is missing, altered, or has no valid stage `stage`.
+    """
+    if run.pipeline_hash is None:
+        return load_pipeline(run.pipeline).stage(stage)
+    table = pinned_table(
+        run.pipeline_hash, lambda: store.pipeline_content(run.id), origin=_origin(run)
+    )
+    return stage_in_table(table, stage, origin=_origin(run))
 
 
 def _origin(run: RunRecord) -> str:

@@ -50,10 +50,10 @@ RECONCILER_LOCK = f"{PREFIX}lock:reconciler"
 """String with an expiry: held by the one worker sweeping for stuck runs."""
 
 
-def served(queue: str) -> str:
+def consumers(queue: str) -> str:
     """Sorted set with an expiry: the workers that consume `queue`, each scored with the time
     (epoch seconds) its announcement lapses (`orchestrator.core.serving`)."""
-    return f"{PREFIX}served:{queue}"
+    return f"{PREFIX}consumers:{queue}"
 
 
 def stage_field(stage: str) -> str:

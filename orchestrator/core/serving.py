@@ -3,7 +3,7 @@ then, and anyone who may read runs can tell a queue no worker serves (`baton top
 the web UI) without asking the workers — a broadcast that `baton serve`'s Redis user may not
 send, since the same channel carries `shutdown`.
 
-Each queue has a sorted set (`keys.served`) of the workers that serve it, each scored with the
+Each queue has a sorted set (`keys.consumers`) of the workers that serve it, each scored with the
 time its announcement lapses; a worker that stops withdraws, one that dies lapses.
 """
 
@@ -21,10 +21,12 @@ def announce(redis: Any, worker: str, queues: Iterable[str], *, ttl_s: float) ->
     now = time.time()
     with redis.pipeline(transaction=False) as pipe:
         for queue in queues:
-            key = keys.served(queue)
+            key = keys.consumers(queue)
             pipe.zadd(key, {worker: now + ttl_s})
             pipe.zremrangebyscore(key, "-inf", now)
-            pipe.pexpire(key, int(ttl_s * 1000))
+            # The set goes once the last announcement lapses: only ever lengthen its life.
+            pipe.pexpire(key, int(ttl_s * 1000), nx=True)
+            pipe.pexpire(key, int(ttl_s * 1000), gt=True)
         pipe.execute()
 
 
@@ -32,7 +34,7 @@ def withdraw(redis: Any, worker: str, queues: Iterable[str]) -> None:
     """`worker` no longer serves `queues` (it is stopping)."""
     with redis.pipeline(transaction=False) as pipe:
         for queue in queues:
-            pipe.zrem(keys.served(queue), worker)
+            pipe.zrem(keys.consumers(queue), worker)
         pipe.execute()
 
 
@@ -42,6 +44,6 @@ def servers(redis: Any, queues: Iterable[str]) -> dict[str, int]:
     now = time.time()
     with redis.pipeline(transaction=False) as pipe:
         for queue in names:
-            pipe.zcount(keys.served(queue), now, "+inf")
+            pipe.zcount(keys.consumers(queue), now, "+inf")
         counts = pipe.execute()
     return {queue: int(count) for queue, count in zip(names, counts, strict=True)}

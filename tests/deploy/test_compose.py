@@ -252,6 +252,8 @@ def test_secrets_and_the_docker_socket_reach_only_the_services_that_use_them(
     for name, service in config["services"].items():
         environment = service.get("environment", {})
         stage = fixer.stage(name) if name in STAGES else None
+        if stage is not None:  # one service per stage queue, `baton.fixer.<stage>`
+            assert service["command"][:5] == ["worker", "--pipeline", "fixer", "--stages", name]
         model_key = environment.get("GOOGLE_API_KEY")
         assert model_key == ("model-key" if stage else None), name
         publishes = stage is not None and "publish" in stage.tools

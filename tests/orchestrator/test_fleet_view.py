@@ -51,3 +51,21 @@ def test_a_fleet_without_workers_says_none_answered() -> None:
     text = rendered(Fleet(queues=[], workers=[], runs={"done": 1}), 80)
 
     assert "workers: none answered" in text
+
+
+def test_top_says_which_waiting_queues_no_worker_serves() -> None:
+    fleet = Fleet(
+        queues=[
+            QueueView("baton.fixer.fix", waiting=2, delivered=0, servers=1),
+            QueueView("baton.labeller.triage", waiting=1, delivered=0, servers=0),
+            QueueView("baton.labeller.label", waiting=0, delivered=1, servers=0),
+        ],
+        workers=[WorkerView("celery@laptop", [])],
+    )
+
+    text = rendered(fleet, 100)
+
+    assert "no worker serves baton.labeller.triage" in text
+    assert "baton.fixer.fix" in text and "serves baton.fixer.fix" not in text
+    assert "serves baton.labeller.label" not in text  # nothing waits there
+    assert Fleet.as_json(fleet)["queues"]["baton.labeller.triage"]["servers"] == 0
