@@ -217,20 +217,29 @@ def _message(detail: Mapping[str, Any]) -> str:
 
 def _localize(table: Mapping[str, Any], message: str) -> tuple[str | None, str | None]:
     """The stage and field of an error of the whole spec: the first field (of the stages the
-    message names first) without which, or with an empty value, the spec no longer says it."""
+    message names first) without which, or with an empty value, the spec is valid — or, failing
+    that (it has more than one such error), no longer says this one."""
     stages = _stages(table)
     named = _STAGE_NAMED.findall(message)
     order = sorted(range(len(stages)), key=lambda i: stages[i].get("name") not in named)
-    for index in order:
-        for field, value in stages[index].items():
-            if field == "name":
-                continue
-            for variant in _without(stages[index], field, value):
-                trial = copy.deepcopy(dict(table))
-                trial["stages"][index] = variant
-                outcome = _model_error(trial)
-                if outcome != message and outcome != _FIELD_ERRORS:
-                    return _stage_label(stages[index], index), field
+    trials = [
+        (index, field, variant)
+        for index in order
+        for field, value in stages[index].items()
+        if field != "name"
+        for variant in _without(stages[index], field, value)
+    ]
+    outcomes = []
+    for index, field, variant in trials:
+        trial = copy.deepcopy(dict(table))
+        trial["stages"][index] = variant
+        outcome = _model_error(trial)
+        if outcome is None:
+            return _stage_label(stages[index], index), field
+        outcomes.append((index, field, outcome))
+    for index, field, outcome in outcomes:
+        if outcome not in (message, _FIELD_ERRORS):
+            return _stage_label(stages[index], index), field
     return (named[0] if named else None), None
 
 

@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.markup import escape
 
-from orchestrator.control import api, cli_inspect
+from orchestrator.control import api, cli_inspect, cli_pipeline
 from orchestrator.control.report import follow, run_json, run_view, runs_table
 from orchestrator.core.errors import BatonError
 from orchestrator.core.models import IssueSource, RunStatus
@@ -100,6 +100,11 @@ def _unavailable(name: str, target: str, exc: ImportError) -> click.Command:
 @click.option("-v", "--verbose", is_flag=True, help="Log at INFO level to stderr.")
 def main(verbose: bool) -> None:
     """Baton: LLM agent pipelines on a distributed task queue."""
+    # A pipeline of one's own names its schemas by module: they import from the current folder
+    # too, as they do in the workers (`python -m celery` starts there), but only after every
+    # installed package, so that no file in the folder stands in for one.
+    if os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -292,7 +297,8 @@ def flower(port: int, address: str, no_auth: bool) -> None:
 
 
 for _command in (cli_inspect.show, cli_inspect.diff, cli_inspect.artifacts,
-                 cli_inspect.artifact, cli_inspect.log, cli_inspect.serve):  # fmt: skip
+                 cli_inspect.artifact, cli_inspect.log, cli_inspect.serve,
+                 cli_pipeline.pipeline):  # fmt: skip
     main.add_command(_command)
 
 
