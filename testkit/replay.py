@@ -21,10 +21,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.core.conductor import pipeline_of
 from orchestrator.core.errors import BatonError
 from orchestrator.core.execution import session_id
 from orchestrator.core.models import RunRecord
+from orchestrator.core.specs import pipeline_of
 from orchestrator.core.store import RunStore
 from testkit.inprocess import InProcessGemini
 from testkit.sinks import MemoryArtifacts

@@ -29,12 +29,11 @@ from orchestrator.core.pipeline import (
     PREVIOUS_ATTEMPT_KEY,
     Pipeline,
     import_schema,
-    pipeline_from_table,
-    pipeline_source,
     placeholders,
 )
 from orchestrator.core.queue import check_time_limits
 from orchestrator.core.settings import QueueConfig, RetryConfig
+from orchestrator.core.specs import pipeline_from_table, pipeline_source
 
 CHECKS_GROUP = "baton.checks"
 """Entry point group of the checks other packages lend the orchestrator: `environment` checks

@@ -39,16 +39,9 @@ from orchestrator.core.models import (
     StageRecord,
     StageStatus,
 )
-from orchestrator.core.pipeline import (
-    LoopRule,
-    Pipeline,
-    StageSpec,
-    load_pipeline,
-    pinned_pipeline,
-    pinned_table,
-    stage_in_table,
-)
+from orchestrator.core.pipeline import LoopRule, Pipeline, StageSpec
 from orchestrator.core.queue import Dispatcher
+from orchestrator.core.specs import load_pipeline, pipeline_of, stage_of
 from orchestrator.core.store import RunStore
 
 logger = logging.getLogger(__name__)
@@ -522,42 +515,6 @@ class Conductor:
             self.store.queue_audit(pipe, run.id, [entry])
         else:
             self.store.audit(run.id, [entry])
-
-
-def pipeline_of(store: RunStore, run: RunRecord) -> Pipeline:
-    """The pipeline `run` executes: the version it pinned (parsed once per process, by its
-    digest), or, for a run recorded before runs pinned one, what its name loads now.
-
-    Raises:
-        PipelineError: the pinned spec is missing, altered, or not valid in this process (a
-            schema it cannot import, say); the message names the run and the pipeline.
-    """
-    if run.pipeline_hash is None:
-        return load_pipeline(run.pipeline)
-    return pinned_pipeline(
-        run.pipeline_hash, lambda: store.pipeline_content(run.id), origin=_origin(run)
-    )
-
-
-def stage_of(store: RunStore, run: RunRecord, stage: str) -> StageSpec:
-    """A stage of the pipeline `run` pinned, read from its spec alone: what sending it takes
-    (queue, time limits), without importing the pipeline's schemas, which a process that
-    serves other pipelines may not have.
-
-    Raises:
-        PipelineError: the pinned spec is missing, altered, or has no valid stage `stage`.
-    """
-    if run.pipeline_hash is None:
-        return load_pipeline(run.pipeline).stage(stage)
-    table = pinned_table(
-        run.pipeline_hash, lambda: store.pipeline_content(run.id), origin=_origin(run)
-    )
-    return stage_in_table(table, stage, origin=_origin(run))
-
-
-def _origin(run: RunRecord) -> str:
-    """How messages name the pipeline a run pinned."""
-    return f"run {run.id}: pipeline {run.pipeline!r} ({(run.pipeline_hash or '')[:12]})"
 
 
 def _repin(run: RunRecord, pipe: Any, pipeline: Pipeline) -> None:
