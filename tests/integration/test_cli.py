@@ -261,7 +261,7 @@ def test_top_shows_the_queues_the_workers_and_the_runs(stack: Stack) -> None:
     assert all(name.startswith("celery@") or "@" in name for name in fleet["workers"])
     assert fleet["runs"].get("done", 0) >= 1
     assert set(fleet["queues"]) <= {
-        f"baton.{s}" for s in ("triage", "search", "plan", "reproduce", "fix", "pr")
+        f"baton.fixer.{s}" for s in ("triage", "search", "plan", "reproduce", "fix", "pr")
     }
 
 
