@@ -41,6 +41,8 @@ MAX_ITERATIONS = 10
 _NAME = r"[a-z_][a-z0-9_]*"
 PIPELINE_NAME = r"^[a-z][a-z0-9_-]{0,62}$"
 """A pipeline's name: it names its queues (`baton.<pipeline>.<stage>`), log labels and metrics."""
+RESERVED_NAMES = frozenset({"build"})
+"""Names no pipeline may take: `baton.build.*` are the environment builders' queues."""
 QUEUE_PREFIX = "baton."
 """Every stage queue starts with it: the Redis users' ACLs (k8s/baton/redis-users.acl), the
 reconciler and `baton top` know the queues by it."""
@@ -251,6 +253,13 @@ class Pipeline(BaseModel):
     description: str = ""
     stages: tuple[StageSpec, ...]
     _table: dict[str, Any] | None = PrivateAttr(None)
+
+    @field_validator("name")
+    @classmethod
+    def _not_reserved(cls, value: str) -> str:
+        if value in RESERVED_NAMES:
+            raise ValueError(f"{value!r} is reserved: Baton's own queues start baton.{value}.")
+        return value
 
     @model_validator(mode="after")
     def _check(self) -> Pipeline:

@@ -128,7 +128,7 @@ def test_a_queue_outside_batons_names_is_refused(tmp_path, queue: str) -> None:
         load_pipeline(str(path))
 
 
-@pytest.mark.parametrize("name", ["Fixer", "my.pipe", "", "a b", "-x"])
+@pytest.mark.parametrize("name", ["Fixer", "my.pipe", "", "a b", "-x", "build"])
 def test_a_pipeline_name_that_cannot_name_a_queue_is_refused(name: str) -> None:
     with pytest.raises(ValueError, match="name"):
         Pipeline.model_validate({**_pipeline(), "name": name})
