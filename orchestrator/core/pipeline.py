@@ -1,32 +1,31 @@
 """Pipelines as data: stages, their queues, instructions, tools, output schemas and budgets.
 
-A pipeline is a TOML file. Built-in pipelines live in `orchestrator/pipelines/`; any other
-file can be named by path. Besides its stages it may declare tools of its own (`[tools.<name>]`,
-`orchestrator.core.tools`), which `load_pipeline` checks (`orchestrator.core.toolcheck`).
-Instructions are templates with `{key}` placeholders that name the issue (`{issue}`) or an
-upstream stage's output key; `{key?}` renders as empty when the value is missing and `{{` / `}}`
-are literal braces. Baton renders templates itself, in one pass, so braces inside the values
-(code, diffs, issue bodies) are never interpreted.
+A pipeline is a TOML file, read, named and pinned by `orchestrator.core.specs`; its identity is
+its `name` and the digest of its content (`Pipeline.digest`), which a run pins. Besides its
+stages it may declare tools of its own (`[tools.<name>]`, `orchestrator.core.tools`), which a
+pipeline's loading checks (`orchestrator.core.toolcheck`). Instructions are templates with
+`{key}` placeholders that name the issue (`{issue}`) or an upstream stage's output key; `{key?}`
+renders as empty when the value is missing and `{{` / `}}` are literal braces. Baton renders
+templates itself, in one pass, so braces inside the values (code, diffs, issue bodies) are never
+interpreted.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import json
 import re
-import tomllib
 from collections.abc import Mapping
 from enum import StrEnum
 from functools import cache
-from importlib import resources
-from pathlib import Path
 from typing import Annotated, Any
 
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    ValidationError,
+    PrivateAttr,
     ValidationInfo,
     field_validator,
     model_validator,
@@ -35,7 +34,6 @@ from pydantic import (
 from orchestrator.core.errors import PipelineError
 from orchestrator.core.providers import parse_model
 from orchestrator.core.schemas import Fact, Reproduction, measured_fields
-from orchestrator.core.toolcheck import check_tools
 from orchestrator.core.tools import ToolDeclaration
 
 ISSUE_KEY = "issue"
@@ -46,6 +44,13 @@ PREVIOUS_ATTEMPT_KEY = "previous_attempt"
 MAX_ITERATIONS = 10
 
 _NAME = r"[a-z_][a-z0-9_]*"
+PIPELINE_NAME = r"^[a-z][a-z0-9_-]{0,62}$"
+"""A pipeline's name: it names its queues (`baton.<pipeline>.<stage>`), log labels and metrics."""
+RESERVED_NAMES = frozenset({"build"})
+"""Names no pipeline may take: `baton.build.*` are the environment builders' queues."""
+QUEUE_PREFIX = "baton."
+"""Every stage queue starts with it: the Redis users' ACLs (k8s/baton/redis-users.acl), the
+reconciler and `baton top` know the queues by it."""
 _SOURCE = f"^{_NAME}(?::{_NAME})?\\.{_NAME}$"
 """`<upstream output key>.<field>`."""
 _TOKEN = re.compile(r"\{\{|\}\}|\{(" + _NAME + r"(?::" + _NAME + r")?)(\?)?\}")
@@ -223,8 +228,9 @@ class StageSpec(BaseModel):
     instruction: str
     output_schema: str
     """Import path `module:Class` of the pydantic model the output must validate against."""
-    queue: str = ""
-    """Celery queue; defaults to `baton.<name>`."""
+    queue: str = Field("", pattern=r"^(baton\.[A-Za-z0-9_.-]+)?$")
+    """Celery queue; defaults to `baton.<pipeline>.<stage>` (`stage_queue`), so that no two
+    pipelines share one. Any other must start with `baton.`."""
     output_key: str = ""
     """State key the output is stored under; defaults to the stage name. A `temp:` key is
     removed when the run ends."""
@@ -289,8 +295,6 @@ class StageSpec(BaseModel):
 
     @model_validator(mode="after")
     def _defaults(self) -> StageSpec:
-        if not self.queue:
-            object.__setattr__(self, "queue", f"baton.{self.name}")
         if not self.output_key:
             object.__setattr__(self, "output_key", self.name)
         return self
@@ -309,7 +313,7 @@ class Pipeline(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    name: str
+    name: str = Field(pattern=PIPELINE_NAME)
     description: str = ""
     tools: dict[str, ToolDeclaration] = Field(default_factory=dict)
     """Tools beyond the built-in ones, by name (`orchestrator.core.tools`); a stage names those it
@@ -317,6 +321,14 @@ class Pipeline(BaseModel):
     model: str | None = None
     """The model of every stage that names none (`StageSpec.model`); unset, `BATON_MODEL`."""
     stages: tuple[StageSpec, ...]
+    _table: dict[str, Any] | None = PrivateAttr(None)
+
+    @field_validator("name")
+    @classmethod
+    def _not_reserved(cls, value: str) -> str:
+        if value in RESERVED_NAMES:
+            raise ValueError(f"{value!r} is reserved: Baton's own queues start baton.{value}.")
+        return value
 
     @field_validator("model")
     @classmethod
@@ -332,6 +344,9 @@ class Pipeline(BaseModel):
     def _check(self) -> Pipeline:
         if not self.stages:
             raise ValueError("a pipeline needs at least one stage")
+        for stage in self.stages:
+            if not stage.queue:
+                object.__setattr__(stage, "queue", stage_queue(self.name, stage.name))
         names = [s.name for s in self.stages]
         if len(set(names)) != len(names):
             raise ValueError(f"stage names repeat: {names}")
@@ -355,6 +370,22 @@ class Pipeline(BaseModel):
             known.add(stage.output_key)
             stage.schema_class()
         return self
+
+    @property
+    def table(self) -> dict[str, Any]:
+        """The spec as written (its TOML table), what a run pins; for a pipeline made from
+        Python, as the model dumps it."""
+        return self._table if self._table is not None else self.model_dump(mode="json")
+
+    @property
+    def content(self) -> str:
+        """The pinned form of the spec: its table as canonical JSON."""
+        return canonical_json(self.table)
+
+    @property
+    def digest(self) -> str:
+        """The SHA-256 of `content`: which version of the pipeline a run runs."""
+        return spec_digest(self.content)
 
     @property
     def first(self) -> StageSpec:
@@ -466,6 +497,11 @@ def _as_text(value: Any) -> str:
     return json.dumps(value, indent=1, ensure_ascii=False)
 
 
+def placeholders(template: str) -> list[str]:
+    """The state keys a template's `{key}` placeholders name, in order, repeats included."""
+    return _placeholders(template)
+
+
 def _placeholders(template: str) -> list[str]:
     return [m.group(1) for m in _TOKEN.finditer(template) if m.group(1)]
 
@@ -473,6 +509,15 @@ def _placeholders(template: str) -> list[str]:
 MOVED_SCHEMA_MODULES = {"orchestrator.schemas": "orchestrator.core.schemas"}
 """Modules that held output schemas under another name before: a spec that still names one is
 told the new path (issue 23 split `orchestrator/` into `core` and `control`)."""
+
+
+def import_schema(path: str) -> type[BaseModel]:
+    """The output schema `module:Class` names, imported (once per process).
+
+    Raises:
+        PipelineError: it cannot be imported or is not a pydantic model; the message says why.
+    """
+    return _import_schema(path)
 
 
 @cache
@@ -492,36 +537,31 @@ def _import_schema(path: str) -> type[BaseModel]:
     return schema
 
 
-def builtin_pipelines() -> list[str]:
-    folder = resources.files("orchestrator") / "pipelines"
-    return sorted(
-        p.name.removesuffix(".toml") for p in folder.iterdir() if p.name.endswith(".toml")
-    )
+def stage_queue(pipeline: str, stage: str) -> str:
+    """The queue of a stage that names none: `baton.<pipeline>.<stage>`."""
+    return f"{QUEUE_PREFIX}{pipeline}.{stage}"
 
 
-@cache
-def load_pipeline(name_or_path: str) -> Pipeline:
-    """A built-in pipeline by name, or a pipeline TOML file by path.
+def canonical_json(table: Mapping[str, Any]) -> str:
+    """A spec's table as the one JSON text its digest is taken of (sorted keys, no spaces).
 
     Raises:
-        PipelineError: the pipeline is unknown or its file is invalid; the message says where.
+        PipelineError: the table holds a value JSON cannot (a TOML date or time).
     """
-    path = Path(name_or_path)
-    if path.suffix == ".toml" and path.exists():
-        text, origin = path.read_text(), str(path)
-    else:
-        resource = resources.files("orchestrator") / "pipelines" / f"{name_or_path}.toml"
-        if not resource.is_file():
-            raise PipelineError(
-                f"unknown pipeline {name_or_path!r}; built-in: {', '.join(builtin_pipelines())}"
-            )
-        text, origin = resource.read_text(), f"built-in pipeline {name_or_path!r}"
     try:
-        pipeline = Pipeline.model_validate(tomllib.loads(text))
-    except (tomllib.TOMLDecodeError, ValidationError) as exc:
-        raise PipelineError(f"{origin} is invalid: {exc}") from exc
-    problems = check_tools(pipeline)
-    if problems:
-        lines = "\n".join(problem.describe(origin) for problem in problems)
-        raise PipelineError(f"{origin} is invalid: its tools cannot run:\n{lines}")
-    return pipeline
+        return json.dumps(table, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    except TypeError as exc:
+        raise PipelineError(f"a pipeline spec holds a value it cannot carry: {exc}") from exc
+
+
+def spec_digest(content: str) -> str:
+    """The SHA-256 (hex) of a spec's canonical JSON."""
+    return hashlib.sha256(content.encode()).hexdigest()
+
+
+def load_pipeline(name_or_path: str) -> Pipeline:
+    """A pipeline by file path or installed name, read now (`orchestrator.core.specs`, where
+    pipelines are read, named and pinned; here for the many callers that load one by name)."""
+    from orchestrator.core.specs import load_pipeline as load
+
+    return load(name_or_path)

@@ -134,7 +134,8 @@ def test_a_mixed_pipeline_retries_each_providers_429_at_its_delay_and_keeps_quot
         "BATON_KEEP_MODEL_REQUESTS": "true",
     }
     log = tmp_path / "worker.log"
-    with services.worker(env, ["baton.mx_triage", "baton.mx_fix"], logfile=log, name="mixed"):
+    queues = ["baton.mixed.mx_triage", "baton.mixed.mx_fix"]
+    with services.worker(env, queues, logfile=log, name="mixed"):
         run, cooldowns = run_watching_cooldowns(
             settings, pipeline, make_sample_repo(tmp_path / "repo"), client
         )

@@ -32,7 +32,7 @@ from .conftest import Stack, demo_scenario, stack_settings, wrong_fix_first
 
 STAGES = ["triage", "search", "plan", "reproduce", "fix", "pr"]
 ROOT = Path(__file__).resolve().parents[2]
-QUEUES = [f"baton.{s}" for s in STAGES]
+QUEUES = [f"baton.fixer.{s}" for s in STAGES]
 FAST_RECOVERY = {
     "BATON_QUEUE__LEASE_S": "6",
     "BATON_QUEUE__RECONCILE_EVERY_S": "1",

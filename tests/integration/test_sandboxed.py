@@ -289,7 +289,7 @@ def test_no_secret_reaches_a_container_a_model_request_an_artifact_or_the_audit_
 
     watcher = threading.Thread(target=watch_containers, daemon=True)
     env = {"BATON_GITHUB_TOKEN": GITHUB_CANARY}
-    with services.worker({**worker_env(settings), **env}, [f"baton.{s}" for s in STAGES],
+    with services.worker({**worker_env(settings), **env}, [f"baton.fixer.{s}" for s in STAGES],
                          logfile=tmp_path / "worker.log"):  # fmt: skip
         watcher.start()
         run = mine.wait(mine.enqueue(SENTRY_EVENT.read_bytes(), mine.sample_repo()))
@@ -316,7 +316,7 @@ def test_a_worker_killed_mid_stage_leaves_no_container_once_the_reaper_ran(
     settings = stack_settings(redis_url.rsplit("/", 1)[0] + "/7", stack.fake, tmp_path)
     mine = Stack(settings, stack.fake, tmp_path)
     stack.fake.set_faults([{"agent": "fix", "latency_ms": 30_000}])
-    queues = [f"baton.{s}" for s in STAGES]
+    queues = [f"baton.fixer.{s}" for s in STAGES]
     with services.worker(worker_env(settings), queues, logfile=tmp_path / "first.log") as first:
         run_id = mine.enqueue(SENTRY_EVENT.read_bytes(), mine.sample_repo())
         deadline = time.monotonic() + 60
@@ -391,7 +391,7 @@ def test_a_docker_daemon_failure_is_retried_then_fails_the_run_with_the_reason(
     settings = stack_settings(redis_url.rsplit("/", 1)[0] + "/8", stack.fake, tmp_path)
     mine = Stack(settings, stack.fake, tmp_path)
     broken = {"DOCKER_HOST": f"unix://{tmp_path}/no-docker.sock"}
-    queues = [f"baton.{s}" for s in STAGES]
+    queues = [f"baton.fixer.{s}" for s in STAGES]
     with services.worker({**worker_env(settings), **broken}, queues, logfile=tmp_path / "w.log"):
         run = mine.wait(mine.enqueue(SENTRY_EVENT.read_bytes(), mine.sample_repo()), timeout_s=120)
 

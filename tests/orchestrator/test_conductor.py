@@ -66,7 +66,7 @@ def test_submit_creates_a_run_and_enqueues_triage_once(
     again, created_again = conductor.submit(ISSUE, repo="/r", commit="abc", pipeline="fixer")
 
     assert (created, created_again, again) == (True, False, run_id)
-    assert queued_task_ids(redis_client, "baton.triage") == [f"{run_id}.triage"]
+    assert queued_task_ids(redis_client, "baton.fixer.triage") == [f"{run_id}.triage"]
     run = conductor.store.get(run_id)
     assert run.status == RunStatus.QUEUED
     assert run.stages["triage"].status == StageStatus.QUEUED
@@ -96,7 +96,7 @@ def test_complete_records_output_and_enqueues_the_next_stage(
     record = conductor.store.get(run_id).stages["triage"]
     assert (record.status, record.requests, record.prompt_tokens_max) == (StageStatus.DONE, 2, 200)
     assert record.session_id == f"{run_id}:triage:1"
-    assert queued_task_ids(redis_client, "baton.search") == [f"{run_id}.search"]
+    assert queued_task_ids(redis_client, "baton.fixer.search") == [f"{run_id}.search"]
 
 
 def test_redelivered_stage_only_advances_and_never_enqueues_twice(
@@ -113,7 +113,7 @@ def test_redelivered_stage_only_advances_and_never_enqueues_twice(
     assert redelivered.action == "advance"
     assert conductor.store.output(run_id, "triage") == TRIAGE_OK
     assert conductor.store.get(run_id).stages["triage"].attempts == 1
-    assert queued_task_ids(redis_client, "baton.search") == [f"{run_id}.search"]
+    assert queued_task_ids(redis_client, "baton.fixer.search") == [f"{run_id}.search"]
 
 
 def test_not_actionable_triage_ends_the_run_as_skipped(conductor: Conductor) -> None:
@@ -314,7 +314,7 @@ def test_resume_reruns_from_the_failed_stage_and_keeps_earlier_outputs(
     assert redis_client.ttl(keys.run(run_id)) == -1
     assert run_id in conductor.store.active()
     # No worker consumes here: the first message (from plan) is still queued beside resume's.
-    assert queued_task_ids(redis_client, "baton.fix") == [f"{run_id}.fix"] * 2
+    assert queued_task_ids(redis_client, "baton.fixer.fix") == [f"{run_id}.fix"] * 2
 
 
 def test_resume_from_a_named_stage_drops_its_output_and_those_after_it(
@@ -411,7 +411,7 @@ def test_an_output_finished_after_the_cancel_is_not_recorded(
     assert conductor.store.output(run_id, "triage") is None
     record = conductor.store.get(run_id).stages["triage"]
     assert (record.status, record.requests) == (StageStatus.CANCELLED, 2)
-    assert queued_task_ids(redis_client, "baton.search") == []
+    assert queued_task_ids(redis_client, "baton.fixer.search") == []
     assert conductor.store.get(run_id).status == RunStatus.CANCELLED
 
 
@@ -528,7 +528,7 @@ def test_a_fix_whose_proof_fails_runs_again_as_its_next_iteration(
     conductor: Conductor, redis_client: redis.Redis
 ) -> None:
     run_id = at_fix(conductor)
-    assert queued_task_ids(redis_client, "baton.fix") == [f"{run_id}.fix"]
+    assert queued_task_ids(redis_client, "baton.fixer.fix") == [f"{run_id}.fix"]
     begin(conductor, run_id, "fix", owner="w:1")
 
     conductor.complete(run_id, "fix", result(fix_output(False, "1 still fails")), owner="w:1")
@@ -540,11 +540,11 @@ def test_a_fix_whose_proof_fails_runs_again_as_its_next_iteration(
     assert [(i.number, i.attempt, i.passed, i.reason, i.requests) for i in record.iterations] == [
         (1, 1, False, "1 still fails", 2)
     ]
-    assert sorted(queued_task_ids(redis_client, "baton.fix")) == [
+    assert sorted(queued_task_ids(redis_client, "baton.fixer.fix")) == [
         f"{run_id}.fix",
         f"{run_id}.fix.2",
     ]
-    assert queued_task_ids(redis_client, "baton.pr") == []
+    assert queued_task_ids(redis_client, "baton.fixer.pr") == []
     assert conductor.store.output(run_id, "fix.1") == fix_output(False, "1 still fails")
 
     second = begin(conductor, run_id, "fix", owner="w:2")
@@ -556,7 +556,7 @@ def test_a_fix_whose_proof_fails_runs_again_as_its_next_iteration(
     assert (run.stages["fix"].status, run.stages["fix"].iteration) == (StageStatus.DONE, 2)
     assert [i.passed for i in run.stages["fix"].iterations] == [False, True]
     assert conductor.store.output(run_id, "fix") == fix_output(True, "proven")
-    assert queued_task_ids(redis_client, "baton.pr") == [f"{run_id}.pr"]
+    assert queued_task_ids(redis_client, "baton.fixer.pr") == [f"{run_id}.pr"]
     kinds = [e["kind"] for e in conductor.store.audit_log(run_id)]
     assert kinds.count("iteration_done") == 2
 
@@ -576,10 +576,10 @@ def test_a_loop_that_runs_out_fails_the_run_with_the_last_reason(
     assert run.stages["fix"].status == StageStatus.FAILED
     assert len(run.stages["fix"].iterations) == 3
     assert run.stages["pr"].status == StageStatus.PENDING
-    assert sorted(queued_task_ids(redis_client, "baton.fix")) == [
+    assert sorted(queued_task_ids(redis_client, "baton.fixer.fix")) == [
         f"{run_id}.fix", f"{run_id}.fix.2", f"{run_id}.fix.3"
     ]  # fmt: skip
-    assert queued_task_ids(redis_client, "baton.pr") == []
+    assert queued_task_ids(redis_client, "baton.fixer.pr") == []
 
     assert conductor.resume(run_id) == "fix"  # a resumed loop starts again at its first
     record = conductor.store.get(run_id).stages["fix"]

@@ -10,7 +10,7 @@ def test_fixer_pipeline_has_six_stages_each_on_its_own_queue() -> None:
     pipeline = load_pipeline("fixer")
     names = ["triage", "search", "plan", "reproduce", "fix", "pr"]
     assert [s.name for s in pipeline.stages] == names
-    assert [s.queue for s in pipeline.stages] == [f"baton.{name}" for name in names]
+    assert [s.queue for s in pipeline.stages] == [f"baton.fixer.{name}" for name in names]
 
 
 def test_fixer_stages_reference_only_what_they_need() -> None:
@@ -106,8 +106,8 @@ def test_invalid_pipelines_are_refused_with_the_reason(
         Pipeline.model_validate(_pipeline(**override))
 
 
-def test_unknown_pipeline_names_the_built_in_ones() -> None:
-    with pytest.raises(PipelineError, match="built-in: fixer"):
+def test_unknown_pipeline_names_the_installed_ones() -> None:
+    with pytest.raises(PipelineError, match=r"entry points of baton.pipelines: fixer"):
         load_pipeline("nope")
 
 
@@ -115,10 +115,12 @@ def test_pipeline_loads_from_a_toml_file(tmp_path) -> None:
     path = tmp_path / "mine.toml"
     path.write_text(
         'name = "mine"\n[[stages]]\nname = "only"\ninstruction = "x {issue}"\n'
-        'output_schema = "orchestrator.core.schemas:Plan"\nqueue = "custom"\n'
+        'output_schema = "orchestrator.core.schemas:Plan"\nqueue = "baton.custom"\n'
+        '[[stages]]\nname = "next"\ninstruction = "y {only}"\n'
+        'output_schema = "orchestrator.core.schemas:Plan"\n'
     )
     pipeline = load_pipeline(str(path))
-    assert pipeline.first.queue == "custom"
+    assert [s.queue for s in pipeline.stages] == ["baton.custom", "baton.mine.next"]
     assert pipeline.first.output_key == "only"
 
 
@@ -138,6 +140,24 @@ def test_compaction_is_off_unless_a_stage_sets_it(tmp_path) -> None:
     assert (two.compaction.overlap, two.compaction.model) == (3, "gemini-2.5-flash-lite")
     assert (two.compaction.trigger_tokens, two.compaction.max_summary_tokens) == (None, 1_000)
     assert all(stage.compaction is None for stage in load_pipeline("fixer").stages)
+
+
+@pytest.mark.parametrize("queue", ["custom", "celery", "baton:run:x", "baton."])
+def test_a_queue_outside_batons_names_is_refused(tmp_path, queue: str) -> None:
+    """The Redis users may touch only `baton.*` lists, and the reconciler looks only there."""
+    path = tmp_path / "mine.toml"
+    path.write_text(
+        f'name = "mine"\n[[stages]]\nname = "only"\ninstruction = "x"\nqueue = "{queue}"\n'
+        'output_schema = "orchestrator.core.schemas:Plan"\n'
+    )
+    with pytest.raises(PipelineError, match=r"stages\.0\.queue"):
+        load_pipeline(str(path))
+
+
+@pytest.mark.parametrize("name", ["Fixer", "my.pipe", "", "a b", "-x", "build"])
+def test_a_pipeline_name_that_cannot_name_a_queue_is_refused(name: str) -> None:
+    with pytest.raises(ValueError, match="name"):
+        Pipeline.model_validate({**_pipeline(), "name": name})
 
 
 def test_time_limits_must_stay_below_the_visibility_timeout() -> None:

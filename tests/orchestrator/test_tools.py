@@ -282,7 +282,7 @@ def test_enqueue_refuses_a_pipeline_whose_tools_cannot_run(tmp_path: Path) -> No
     nowhere = Settings(redis_url="redis://127.0.0.1:9/0")  # never reached: refused before
 
     with pytest.raises(
-        PipelineError, match=r"stage 'stage1', tool 'lookup' \(stages\[0\]\.tools\[0\]\)"
+        PipelineError, match=r"labeller\.toml, stage 'stage1', field 'tools': tool 'lookup'"
     ):
         api.enqueue("a text report", repo=str(tmp_path), pipeline=str(path), settings=nowhere)
 
