@@ -24,6 +24,7 @@ from testkit.services import worker_env
 from testkit.sinks import MemoryArtifacts
 from tests.containers import sandboxes
 from tests.repos import Git
+from tests.twin import FIXER_SPEC
 from workers.gemini import build_model, close_model
 from workers.inputs import StageInputs, resolve
 from workers.mirrors import RepoCache
@@ -35,7 +36,6 @@ from workers.stage import StageOutput, StageSinks, execute_stage
 from .conftest import CANARY_KEY, Stack, demo_scenario, stack_settings, wrong_fix_first
 
 STAGES = ["triage", "search", "plan", "reproduce", "fix", "pr"]
-ROOT = Path(__file__).resolve().parents[2]
 GITHUB_CANARY = "ghp_CanaryTokenThatMustNeverLeak0000000000"
 
 
@@ -163,7 +163,7 @@ def test_a_fix_that_passes_only_tests_that_passed_already_is_not_published(
     """The "fix" rewrites the reproducing test into one that passes on the unchanged code and
     touches no code: its tests pass after, and it is refused. Relaxed: one iteration (a
     pipeline copy with `max_iterations = 1`), as a second would only do the same again."""
-    fixer = (ROOT / "orchestrator" / "pipelines" / "fixer.toml").read_text()
+    fixer = FIXER_SPEC.read_text()
     once = tmp_path / "fixer-once.toml"
     once.write_text(fixer.replace("max_iterations = 3", "max_iterations = 1"))
     weakened = {"path": "tests/test_empty_cart_checkout.py",
@@ -244,7 +244,7 @@ def test_a_fix_that_also_adds_a_workflow_is_refused_with_that_reason(
 def test_the_same_fix_with_those_classes_allowed_is_published_and_lists_the_file(
     stack: Stack, git: Git, tmp_path: Path
 ) -> None:
-    fixer = (ROOT / "orchestrator" / "pipelines" / "fixer.toml").read_text()
+    fixer = FIXER_SPEC.read_text()
     planned_only = 'publish = { planned_from = ["plan.files_to_change", "reproduce.test_files"] }'
     assert planned_only in fixer
     allowing = tmp_path / "fixer-allowing-ci.toml"
