@@ -5,7 +5,11 @@ Gemini server stands in for an outside service, so it imports nothing of Baton e
 
 Within the orchestrator, the workers and the run core (`orchestrator.core`) import only the core,
 never the control plane (`orchestrator.control`), nor name it in a string; and importing a module
-of the core loads neither the control plane nor what only it needs (FastAPI, click, rich)."""
+of the core loads neither the control plane nor what only it needs (FastAPI, click, rich).
+
+The engine (the workers and the run core) names no stage or field of the fixer, which is one
+pipeline among others: computed from the fixer's own spec and schema classes, less the field
+names of the engine's fact types and a listed few words of its own (`COINCIDENCES`)."""
 
 from __future__ import annotations
 
