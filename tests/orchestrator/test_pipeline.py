@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.core.errors import PipelineError
-from orchestrator.core.pipeline import Pipeline, load_pipeline, render
+from orchestrator.core.pipeline import Pipeline, PublishRule, load_pipeline, render
 from tests.twin import Names
 
 FIXER_SCHEMAS = "orchestrator.pipelines.fixer.schemas"
@@ -207,6 +207,28 @@ def test_a_spec_file_naming_a_missing_field_is_refused_naming_the_file(
         f"'{twin.stage('plan')}.test_command', but the output schema fixer_twin_schemas:Plan has "
         "no field 'test_command'"
     ) in said
+
+
+def test_the_twin_shares_no_stage_and_no_field_name_with_the_fixer(twin: Names) -> None:
+    """The renamed twin the stage features' tests run over (tests/twin.py) is renamed through:
+    the spec's stages, output keys, schemas' fields and the fields its rules name."""
+    fixer, renamed = load_pipeline("fixer"), load_pipeline(twin.pipeline)
+    assert len(renamed.stages) == len(fixer.stages)
+    assert not {s.name for s in fixer.stages} & {s.name for s in renamed.stages}
+    assert not {s.output_key for s in fixer.stages} & {s.output_key for s in renamed.stages}
+    for ours, theirs in zip(fixer.stages, renamed.stages, strict=True):
+        fields, twin_fields = ours.schema_class().model_fields, theirs.schema_class().model_fields
+        assert [twin.field(name) for name in fields] == list(twin_fields)
+        assert not set(fields) & set(twin_fields)
+        assert ours.tools == theirs.tools and ours.budget == theirs.budget
+        said = (ours.stop_when, ours.verify, ours.proof, ours.loop, ours.reproduce, ours.publish)
+        told = (theirs.stop_when, theirs.verify, theirs.proof, theirs.loop, theirs.reproduce,
+                theirs.publish)  # fmt: skip
+        assert [rule is None for rule in said] == [rule is None for rule in told]
+        assert all(a == b for a, b in zip(said, told, strict=True) if a in (None, PublishRule()))
+        assert all(
+            a != b for a, b in zip(said, told, strict=True) if a not in (None, PublishRule())
+        )
 
 
 def test_unknown_pipeline_names_the_built_in_ones() -> None:
