@@ -233,11 +233,6 @@ class LoopRule(BaseModel):
     """A dotted path into the output where the stage says what it did, e.g. `summary`: quoted
     to the next iteration."""
 
-    @property
-    def paths(self) -> list[str]:
-        """Every path into the output this rule reads."""
-        return [p for p in (self.until, self.reason_from, self.summary_from) if p is not None]
-
     def holds(self, output: Mapping[str, Any]) -> bool:
         return _at(output, self.until) is True
 
@@ -448,8 +443,16 @@ engine's facts."""
 def _import_schema(path: str) -> type[BaseModel]:
     module_name, _, attr = path.partition(":")
     if module_name in RETIRED_SCHEMA_MODULES:
-        moved = [m for m in SCHEMA_MODULES if hasattr(importlib.import_module(m), attr)]
-        where = f"write {moved[0]}:{attr}" if moved else f"no module there has {attr!r}"
+        moved = [
+            m
+            for m in SCHEMA_MODULES
+            if getattr(getattr(importlib.import_module(m), attr, None), "__module__", None) == m
+        ]
+        where = (
+            f"write {moved[0]}:{attr}"
+            if moved
+            else f"its schemas went to {', '.join(SCHEMA_MODULES)}, and none has {attr!r}"
+        )
         raise PipelineError(f"output schema {path!r}: the module {module_name} is gone; {where}")
     try:
         schema = getattr(importlib.import_module(module_name), attr)
