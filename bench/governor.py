@@ -95,7 +95,7 @@ def pipeline_toml(stages: int) -> str:
             "",
             "[[stages]]",
             f'name = "q{n}"',
-            'output_schema = "orchestrator.core.schemas:Summary"',
+            'output_schema = "orchestrator.pipelines.schemas:Summary"',
             f'instruction = "Stage {n}. {before}"',
         ]
     return "\n".join(lines) + "\n"

@@ -8,6 +8,12 @@ pipeline's loading checks (`orchestrator.core.toolcheck`). Instructions are temp
 renders as empty when the value is missing and `{{` / `}}` are literal braces. Baton renders
 templates itself, in one pass, so braces inside the values (code, diffs, issue bodies) are never
 interpreted.
+
+The stage features Baton carries out itself (stop rules, verification, reproduction, proof,
+loops, publication) read the fields of a stage's output the spec names, never a name of their
+own; each name is checked against the output schema when the pipeline loads
+(`orchestrator.core.references`). What Baton writes into an output, the schema declares
+(`Measured(Fact.X)`, `orchestrator.core.facts`).
 """
 
 from __future__ import annotations
@@ -31,9 +37,10 @@ from pydantic import (
     model_validator,
 )
 
+from orchestrator.core import references
 from orchestrator.core.errors import PipelineError
+from orchestrator.core.facts import Fact, Reproduced, Reproduction, recorded
 from orchestrator.core.providers import parse_model
-from orchestrator.core.schemas import Fact, Reproduction, measured_fields
 from orchestrator.core.tools import ToolDeclaration
 
 ISSUE_KEY = "issue"
@@ -53,6 +60,8 @@ QUEUE_PREFIX = "baton."
 reconciler and `baton top` know the queues by it."""
 _SOURCE = f"^{_NAME}(?::{_NAME})?\\.{_NAME}$"
 """`<upstream output key>.<field>`."""
+_PATH = f"^{_NAME}(?:\\.{_NAME})*$"
+"""A dotted path into a stage's own output: `<field>[.<field>…]`."""
 _TOKEN = re.compile(r"\{\{|\}\}|\{(" + _NAME + r"(?::" + _NAME + r")?)(\?)?\}")
 
 
@@ -104,9 +113,10 @@ class StopRule(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    field: str
+    field: str = Field(pattern=f"^{_NAME}$")
+    """The output field compared, e.g. `actionable`."""
     equals: Any
-    reason_field: str | None = None
+    reason_field: str | None = Field(None, pattern=f"^{_NAME}$")
     """Output field whose value becomes the run's reason."""
 
     def matches(self, output: Mapping[str, Any]) -> bool:
@@ -120,8 +130,9 @@ class StopRule(BaseModel):
 class VerifyRule(BaseModel):
     """Baton itself runs a test command before and after the stage's agent, in its sandbox.
 
-    The results become the output's `tests_before` and `tests_after`; with `require_pass`, a
-    stage whose tests still fail afterwards fails, so its change is never handed on.
+    The results fill the output's fields marked `Measured(Fact.TESTS_BEFORE)` and
+    `Measured(Fact.TESTS_AFTER)`, if its schema has them; with `require_pass`, a stage whose
+    tests still fail afterwards fails, so its change is never handed on.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -177,6 +188,47 @@ class PublishRule(BaseModel):
         return [_split_source(source) for source in self.planned_from]
 
 
+class ReproduceRule(BaseModel):
+    """Baton runs the reproducing test the stage names on the unchanged code, with only the
+    stage's test files applied, in a clean sandbox, and fails the stage unless the tests fail
+    there and print the failure the stage expects. The measured run fills the output's field
+    marked `Measured(Fact.REPRODUCED)`; a later stage's `proof` runs the same test again.
+
+    Each `_from` names a field of the stage's own output."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    command_from: str = Field(pattern=f"^{_NAME}$")
+    """The field holding the command that runs only the reproducing tests (a string)."""
+    test_files_from: str = Field(pattern=f"^{_NAME}$")
+    """The field listing the test files the stage wrote or changed (a list of strings)."""
+    expected_failure_from: str = Field(pattern=f"^{_NAME}$")
+    """The field holding the text the failing tests print that shows the reported failure."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _not_a_flag(cls, value: Any) -> Any:
+        if isinstance(value, bool):
+            raise ValueError(
+                "`reproduce` names the output fields Baton reads: reproduce = { command_from = "
+                '"<field>", test_files_from = "<field>", expected_failure_from = "<field>" }'
+            )
+        return value
+
+    def read(self, output: Mapping[str, Any], measured: Reproduced | None) -> Reproduction:
+        """The reproducing test as `output` names it, with what Baton `measured` of it.
+
+        Raises:
+            pydantic.ValidationError: a named field does not hold what it should.
+        """
+        return Reproduction(
+            command=output.get(self.command_from),
+            files=output.get(self.test_files_from),
+            failure=output.get(self.expected_failure_from),
+            measured=measured,
+        )
+
+
 class ProofRule(BaseModel):
     """Baton proves the stage's change itself, in clean sandboxes of the run's environment:
     the reproducing tests fail with only the change's test files applied and pass with the
@@ -187,7 +239,8 @@ class ProofRule(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     reproduction_from: str = Field(pattern=f"^{_NAME}(?::{_NAME})?$")
-    """The output key of the earlier stage that reproduced the report (a `reproduce` stage)."""
+    """The output key of the earlier stage that reproduced the report (a stage with a
+    `reproduce` rule): Baton runs the test that stage named, reading it through its rule."""
     suite: bool = True
     """Run the repository's whole test suite (its environment's test command) before and after
     too, and refuse a change that makes a passing test fail."""
@@ -200,12 +253,15 @@ class LoopRule(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    until: str = Field(pattern=f"^{_NAME}(?:\\.{_NAME})*$")
+    until: str = Field(pattern=_PATH)
     """A dotted path into the stage's output that must be true, e.g. `proof.passed`."""
     max_iterations: int = Field(3, ge=1, le=MAX_ITERATIONS)
-    reason_from: str | None = Field(None, pattern=f"^{_NAME}(?:\\.{_NAME})*$")
+    reason_from: str | None = Field(None, pattern=_PATH)
     """A dotted path into the output that says why the condition did not hold, e.g.
     `proof.reason`: the run's reason when the iterations run out."""
+    summary_from: str | None = Field(None, pattern=_PATH)
+    """A dotted path into the output where the stage says what it did, e.g. `summary`: quoted
+    to the next iteration."""
 
     def holds(self, output: Mapping[str, Any]) -> bool:
         return _at(output, self.until) is True
@@ -213,6 +269,11 @@ class LoopRule(BaseModel):
     def reason(self, output: Mapping[str, Any]) -> str:
         said = _at(output, self.reason_from) if self.reason_from else None
         return str(said) if said else f"{self.until} was not true"
+
+    def summary(self, output: Mapping[str, Any]) -> str:
+        """What the iteration said it did; empty when the rule names no field or it is empty."""
+        said = _at(output, self.summary_from) if self.summary_from else None
+        return str(said) if said else ""
 
 
 class StageSpec(BaseModel):
@@ -239,11 +300,7 @@ class StageSpec(BaseModel):
     budget: StageBudget = StageBudget()
     stop_when: StopRule | None = None
     verify: VerifyRule | None = None
-    reproduce: bool = False
-    """Baton runs the output's `test_command` on the unchanged code, with only the stage's test
-    files applied, in a clean sandbox, and fails the stage unless the tests fail there with the
-    output's `expected_failure` (the output schema is an `orchestrator.core.schemas.Reproduction`).
-    """
+    reproduce: ReproduceRule | None = None
     proof: ProofRule | None = None
     loop: LoopRule | None = None
     publish: PublishRule = PublishRule()
@@ -307,6 +364,17 @@ class StageSpec(BaseModel):
     def schema_class(self) -> type[BaseModel]:
         return _import_schema(self.output_schema)
 
+    def reproduction(self, output: Mapping[str, Any]) -> Reproduction:
+        """The reproducing test this stage's `output` names, with Baton's run of it if recorded
+        (a stage with a `reproduce` rule).
+
+        Raises:
+            pydantic.ValidationError: a field the rule names does not hold what it should.
+        """
+        assert self.reproduce is not None
+        measured = recorded(self.schema_class(), output, Fact.REPRODUCED, Reproduced)
+        return self.reproduce.read(output, measured)
+
 
 class Pipeline(BaseModel):
     """An ordered list of stages."""
@@ -351,24 +419,15 @@ class Pipeline(BaseModel):
         if len(set(names)) != len(names):
             raise ValueError(f"stage names repeat: {names}")
         known = {ISSUE_KEY}
+        earlier: dict[str, StageSpec] = {}
         for stage in self.stages:
             _check_inputs(stage, known)
-            if stage.verify and stage.verify.source[0] not in known:
-                raise ValueError(
-                    f"stage {stage.name!r} verifies with {stage.verify.command_from!r}, which "
-                    "names no earlier stage's output"
-                )
-            for key, _ in stage.publish.sources:
-                if key not in known:
-                    raise ValueError(
-                        f"stage {stage.name!r} takes its planned files from {key!r}, which "
-                        "names no earlier stage's output"
-                    )
-            _check_proof_and_loop(stage, known, self.stages)
+            stage.schema_class()
+            references.check_stage(stage, earlier)
             if stage.output_key in known:
                 raise ValueError(f"stage {stage.name!r} reuses output key {stage.output_key!r}")
             known.add(stage.output_key)
-            stage.schema_class()
+            earlier[stage.output_key] = stage
         return self
 
     @property
@@ -401,6 +460,13 @@ class Pipeline(BaseModel):
         index = self._index(name)
         return self.stages[index + 1] if index + 1 < len(self.stages) else None
 
+    def producing(self, output_key: str) -> StageSpec:
+        """The stage whose output is stored under `output_key`."""
+        for stage in self.stages:
+            if stage.output_key == output_key:
+                return stage
+        raise PipelineError(f"pipeline {self.name!r} has no stage with output key {output_key!r}")
+
     def before(self, name: str) -> tuple[StageSpec, ...]:
         """The stages before `name`, the nearest first."""
         return self.stages[: self._index(name)][::-1]
@@ -422,37 +488,6 @@ def _check_inputs(stage: StageSpec, known: set[str]) -> None:
                 f"stage {stage.name!r} references {{{key}}}, which is neither "
                 f"{{{ISSUE_KEY}}} nor an earlier stage's output key (write {{{{ for a "
                 "literal brace)"
-            )
-
-
-def _check_proof_and_loop(stage: StageSpec, known: set[str], stages: tuple[StageSpec, ...]) -> None:
-    schema = stage.schema_class()
-    if stage.reproduce and not issubclass(schema, Reproduction):
-        raise ValueError(
-            f"stage {stage.name!r} reproduces, so its output schema must be a Reproduction "
-            f"(orchestrator.core.schemas:Reproduction), not {stage.output_schema!r}"
-        )
-    if stage.reproduce and not stage.tools:
-        raise ValueError(f"stage {stage.name!r} reproduces, so it needs code tools")
-    if stage.proof is not None:
-        source = stage.proof.reproduction_from
-        reproducers = [s for s in stages if s.output_key == source and s.reproduce]
-        if source not in known or not reproducers:
-            raise ValueError(
-                f"stage {stage.name!r} proves with {source!r}, which names no earlier stage "
-                "with `reproduce = true`"
-            )
-        if Fact.PROOF not in measured_fields(schema):
-            raise ValueError(
-                f"stage {stage.name!r} has a proof, but its output schema {stage.output_schema!r} "
-                "has no field for it (`Measured(Fact.PROOF)`)"
-            )
-    if stage.loop is not None:
-        head = stage.loop.until.split(".")[0]
-        if head not in schema.model_fields:
-            raise ValueError(
-                f"stage {stage.name!r} loops until {stage.loop.until!r}, but its output schema "
-                f"{stage.output_schema!r} has no field {head!r}"
             )
 
 
@@ -506,9 +541,17 @@ def _placeholders(template: str) -> list[str]:
     return [m.group(1) for m in _TOKEN.finditer(template) if m.group(1)]
 
 
-MOVED_SCHEMA_MODULES = {"orchestrator.schemas": "orchestrator.core.schemas"}
-"""Modules that held output schemas under another name before: a spec that still names one is
-told the new path (issue 23 split `orchestrator/` into `core` and `control`)."""
+RETIRED_SCHEMA_MODULES = ("orchestrator.schemas", "orchestrator.core.schemas")
+"""Modules that held output schemas before (issue 23 split `orchestrator/` into `core` and
+`control`, then gave the fixer its own package): a spec that still names one is told the new
+path of what it names."""
+SCHEMA_MODULES = (
+    "orchestrator.pipelines.fixer.schemas",
+    "orchestrator.pipelines.schemas",
+    "orchestrator.core.facts",
+)
+"""Where the schemas of the retired modules went: the fixer's, the generic `Summary`, and the
+engine's facts."""
 
 
 def import_schema(path: str) -> type[BaseModel]:
@@ -523,11 +566,18 @@ def import_schema(path: str) -> type[BaseModel]:
 @cache
 def _import_schema(path: str) -> type[BaseModel]:
     module_name, _, attr = path.partition(":")
-    if module_name in MOVED_SCHEMA_MODULES:
-        moved = MOVED_SCHEMA_MODULES[module_name]
-        raise PipelineError(
-            f"output schema {path!r}: the module {module_name} is now {moved}; write {moved}:{attr}"
+    if module_name in RETIRED_SCHEMA_MODULES:
+        moved = [
+            m
+            for m in SCHEMA_MODULES
+            if getattr(getattr(importlib.import_module(m), attr, None), "__module__", None) == m
+        ]
+        where = (
+            f"write {moved[0]}:{attr}"
+            if moved
+            else f"its schemas went to {', '.join(SCHEMA_MODULES)}, and none has {attr!r}"
         )
+        raise PipelineError(f"output schema {path!r}: the module {module_name} is gone; {where}")
     try:
         schema = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError, ValueError) as exc:

@@ -1,7 +1,8 @@
-"""The pipelines that ship with Baton, each named by an entry point of the `baton.pipelines`
-group (pyproject.toml) to its spec file here."""
+"""The pipelines that ship with Baton, one folder each (`<name>/pipeline.toml` and its schemas
+module), each named by an entry point of the `baton.pipelines` group (pyproject.toml) to its
+spec file; and `schemas`: output schemas any pipeline may use."""
 
 from importlib import resources
 
-FIXER = resources.files(__name__) / "fixer.toml"
+FIXER = resources.files(__name__) / "fixer" / "pipeline.toml"
 """The reference pipeline: an error report to a pull request."""

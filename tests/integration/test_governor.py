@@ -38,12 +38,12 @@ description = "Two stages without tools: one model call each, two when a reply n
 
 [[stages]]
 name = "gov_first"
-output_schema = "orchestrator.core.schemas:Summary"
+output_schema = "orchestrator.pipelines.schemas:Summary"
 instruction = "Summarize the report in one sentence.\\n{issue}"
 
 [[stages]]
 name = "gov_second"
-output_schema = "orchestrator.core.schemas:Summary"
+output_schema = "orchestrator.pipelines.schemas:Summary"
 instruction = "Shorten this summary: {gov_first}"
 """
 SUMMARY = {"json": {"summary": "Checkout divides cents twice."}}

@@ -52,12 +52,12 @@ model = "{GEMINI_MODEL}"
 [[stages]]
 name = "mx_triage"
 model = "{OPENAI_MODEL}"
-output_schema = "orchestrator.core.schemas:Summary"
+output_schema = "orchestrator.pipelines.schemas:Summary"
 instruction = "Summarize the report in one sentence.\\n{{issue}}"
 
 [[stages]]
 name = "mx_fix"
-output_schema = "orchestrator.core.schemas:Summary"
+output_schema = "orchestrator.pipelines.schemas:Summary"
 instruction = "Shorten this summary: {{mx_triage}}"
 """
 TRIAGED = {"summary": "Checkout divides the price in cents by 100 twice."}

@@ -27,6 +27,7 @@ from testkit import services
 from testkit.services import worker_env
 from tests.containers import sandboxes
 from tests.repos import Git
+from tests.twin import FIXER_SPEC
 
 from .conftest import Stack, demo_scenario, stack_settings, wrong_fix_first
 
@@ -60,7 +61,7 @@ def own_db(
 def test_resume_after_a_failed_fix_reruns_only_fix_and_pr(
     stack: Stack, run_store: RunStore, git: Git, tmp_path: Path
 ) -> None:
-    fixer = (ROOT / "orchestrator" / "pipelines" / "fixer.toml").read_text()
+    fixer = FIXER_SPEC.read_text()
     once = tmp_path / "fixer-once.toml"  # relaxed: one iteration, the loop is not the point here
     once.write_text(fixer.replace("max_iterations = 3", "max_iterations = 1"))
     stack.fake.set_scenario(wrong_fix_first())

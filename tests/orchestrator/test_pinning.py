@@ -33,12 +33,12 @@ name = "labeller"
 
 [[stages]]
 name = "triage"
-output_schema = "orchestrator.core.schemas:Triage"
+output_schema = "orchestrator.pipelines.fixer.schemas:Triage"
 instruction = "Version one. Triage {issue}"
 
 [[stages]]
 name = "label"
-output_schema = "orchestrator.core.schemas:Triage"
+output_schema = "orchestrator.pipelines.fixer.schemas:Triage"
 instruction = "Label {triage}"
 """
 
@@ -177,7 +177,8 @@ def test_the_reconciler_routes_a_run_whose_schemas_it_cannot_import(
     """A process that serves other pipelines (no schemas of this one) still sends its stuck
     stages again: routing reads the pinned spec, never imports its schemas."""
     run_id, _ = conductor.submit(ISSUE, repo="/r", commit="c", pipeline=str(_spec(tmp_path, SPEC)))
-    elsewhere = SPEC.replace("orchestrator.core.schemas:Triage", "labeller_only.schemas:Label")
+    triage = "orchestrator.pipelines.fixer.schemas:Triage"
+    elsewhere = SPEC.replace(triage, "labeller_only.schemas:Label")
     content = json.dumps(tomllib.loads(elsewhere), sort_keys=True, separators=(",", ":"))
     redis_client.set(keys.pipeline(run_id), content)
     redis_client.hset(

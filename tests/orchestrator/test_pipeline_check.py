@@ -16,22 +16,22 @@ name = "labeller"
 
 [[stages]]
 name = "triage"
-output_schema = "orchestrator.core.schemas:Triage"
+output_schema = "orchestrator.pipelines.fixer.schemas:Triage"
 instruction = "Triage {issue}"
 
 [[stages]]
 name = "label"
-output_schema = "orchestrator.core.schemas:Plan"
+output_schema = "orchestrator.pipelines.fixer.schemas:Plan"
 instruction = "Label {triage}"
 """
 
 BROKEN = {
     "missing schema module": (
-        ('"orchestrator.core.schemas:Plan"', '"labeller_nowhere.schemas:Plan"'),
+        ('"orchestrator.pipelines.fixer.schemas:Plan"', '"labeller_nowhere.schemas:Plan"'),
         "label", "output_schema", "No module named 'labeller_nowhere'",
     ),
     "class that does not exist": (
-        ('"orchestrator.core.schemas:Triage"', '"orchestrator.core.schemas:Label"'),
+        ('fixer.schemas:Triage"', 'fixer.schemas:Label"'),
         "triage", "output_schema", "has no attribute 'Label'",
     ),
     "unknown key": (
@@ -117,7 +117,7 @@ def test_several_problems_are_all_said(tmp_path: Path) -> None:
     path = tmp_path / "labeller.toml"
     path.write_text(
         GOOD.replace("Label {triage}", "Label {tags}").replace(
-            '"orchestrator.core.schemas:Triage"', '"orchestrator.core.schemas:Nope"'
+            'fixer.schemas:Triage"', 'fixer.schemas:Nope"'
         )
     )
     problems = check_pipeline(str(path)).problems

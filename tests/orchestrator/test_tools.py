@@ -44,7 +44,7 @@ tools = ["get_note"]
 
 [[stages]]
 name = "label"
-output_schema = "orchestrator.core.schemas:Triage"
+output_schema = "orchestrator.pipelines.fixer.schemas:Triage"
 instruction = "Label {{issue}}"
 tools = ["read_file", "lookup_owner", "grep_for", "notes"]
 """
@@ -61,7 +61,7 @@ def spec(tools: str, stage_tools: list[str], *, stages: int = 1) -> str:
     stage = """
 [[stages]]
 name = "{name}"
-output_schema = "orchestrator.core.schemas:Triage"
+output_schema = "orchestrator.pipelines.fixer.schemas:Triage"
 instruction = "Go {{issue}}"
 tools = {tools}
 """
