@@ -12,6 +12,15 @@ import pytest
 from bench import claims, docs
 
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+# A path of this repository's source named in prose or code (`orchestrator/core/keys.py`), not one
+# inside another project's tree (`toolz/sandbox/tests/test_core.py`).
+SOURCE_PATH = re.compile(
+    r"(?<![\w/.-])((?:orchestrator|workers|sandbox|testkit|bench|demo|scripts|k8s)/"
+    r"[\w./-]*\w\.(?:py|toml|ya?ml|sh|json|md))\b"
+)
+# A dotted module of Baton's own (`orchestrator.core.queue`), perhaps with an attribute after it
+# (`sandbox.` and `testkit.` are left out: settings are spelled `sandbox.warm`).
+MODULE = re.compile(r"(?<![\w./-])((?:orchestrator|workers)(?:\.[a-z_][a-z0-9_]*)+)")
 DOCUMENTS = docs.documents()
 
 
@@ -56,6 +65,52 @@ def broken_links(doc: Path, root: Path = docs.ROOT) -> list[str]:
         elif anchor and file.suffix == ".md" and anchor not in anchors(file):
             broken.append(f"{here}: {target} (no heading #{anchor} in {name})")
     return broken
+
+
+def stale_names(doc: Path, root: Path = docs.ROOT) -> list[str]:
+    """Each source file or module of Baton's that `doc` names and the tree no longer has: a module
+    moved (as `orchestrator/settings.py` did to `orchestrator/core/`) leaves no doc pointing at
+    its old place. Test files are named relative to `tests/` in places (`workers/test_x.py`), so
+    a path also counts as found under `tests/`."""
+    text, here = doc.read_text(), doc.relative_to(root).as_posix()
+    stale = [
+        f"{here}: {path}"
+        for path in dict.fromkeys(SOURCE_PATH.findall(text))
+        if not (root / path).exists() and not (root / "tests" / path).exists()
+    ]
+    for dotted in dict.fromkeys(MODULE.findall(text)):
+        parts = dotted.split(".")
+        # The longest prefix that is a module or package; whatever follows is an attribute.
+        if not any(
+            (root / Path(*parts[:n])).with_suffix(".py").exists()
+            or (root / Path(*parts[:n]) / "__init__.py").exists()
+            for n in range(len(parts), 1, -1)
+        ):
+            stale.append(f"{here}: {dotted}")
+    return stale
+
+
+@pytest.mark.parametrize("doc", DOCUMENTS, ids=_ids)
+def test_no_doc_names_a_source_file_or_module_that_moved(doc: Path) -> None:
+    assert stale_names(doc) == []
+
+
+def test_a_moved_file_or_module_is_found(tmp_path: Path) -> None:
+    (tmp_path / "orchestrator" / "core").mkdir(parents=True)
+    (tmp_path / "orchestrator" / "core" / "keys.py").write_text("")
+    (tmp_path / "orchestrator" / "__init__.py").write_text("")
+    (tmp_path / "tests" / "workers").mkdir(parents=True)
+    (tmp_path / "tests" / "workers" / "test_x.py").write_text("")
+    doc = _doc(
+        tmp_path, "docs/page.md",
+        "`orchestrator/core/keys.py`, `orchestrator/keys.py`, `workers/test_x.py`, "
+        "`toolz/sandbox/tests/test_core.py`, `orchestrator.core.keys.run_key`, "
+        "`orchestrator.schemas.Proof`\n",
+    )  # fmt: skip
+    assert stale_names(doc, tmp_path) == [
+        "docs/page.md: orchestrator/keys.py",
+        "docs/page.md: orchestrator.schemas",
+    ]
 
 
 @pytest.mark.parametrize("doc", DOCUMENTS, ids=_ids)
