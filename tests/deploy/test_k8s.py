@@ -77,7 +77,7 @@ REDIS_USERS = {
 METRICS_PORT = 9808
 """`BATON_METRICS_PORT` by convention (workers.settings)."""
 SERVE_PORT = 8080
-WORKER_SECRETS = {"GOOGLE_API_KEY", "BATON_GITHUB_TOKEN"}
+WORKER_SECRETS = {"GOOGLE_API_KEY", "OPENAI_API_KEY", "ANTHROPIC_API_KEY", "BATON_GITHUB_TOKEN"}
 """What only workers may get (the GitHub token only pr's: test_k8s_security.py)."""
 HEALTH_PATH = "/api/v1/health"
 """`baton serve`'s probe: it answers without a login, while Redis answers."""

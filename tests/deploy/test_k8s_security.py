@@ -61,7 +61,7 @@ RESTRICTED_VOLUMES = {
 }
 """The volume types the `restricted` profile allows (no hostPath, no NFS, …)."""
 ALLOWED_SECCOMP = {"RuntimeDefault", "Localhost"}
-WORKER_SECRETS = {"GOOGLE_API_KEY", "BATON_GITHUB_TOKEN"}
+WORKER_SECRETS = {"GOOGLE_API_KEY", "OPENAI_API_KEY", "ANTHROPIC_API_KEY", "BATON_GITHUB_TOKEN"}
 """Keys only worker containers may get."""
 PROMETHEUS_NAMESPACE = "monitoring"
 """The namespace whose pods may scrape the workers and Flower (k8s/README.md)."""
@@ -269,6 +269,11 @@ def test_only_the_publishing_stage_gets_the_github_token(stage: str) -> None:
     assert publishes == (stage == "pr")
     assert ("BATON_GITHUB_TOKEN" in env(worker)) == publishes
     assert env(worker)["GOOGLE_API_KEY"]["valueFrom"]["secretKeyRef"]["name"] == "baton-secrets"
+    # Every provider's key (docs/models.md) from the same Secret; the others' optional, so a
+    # fleet on Gemini alone starts without them.
+    for key in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY"):
+        reference = env(worker)[key]["valueFrom"]["secretKeyRef"]
+        assert reference == {"name": "baton-secrets", "key": key, "optional": True}, key
 
 
 def test_the_github_token_is_in_one_secret_of_the_sandbox_namespace_which_only_pr_reads() -> None:
