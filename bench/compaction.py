@@ -24,7 +24,7 @@ from typing import Any
 from pydantic import SecretStr
 
 from bench.docs import Source, latest_run, table
-from orchestrator.core.pipeline import CompactionRule, StageBudget
+from orchestrator.core.rules import CompactionRule, StageBudget
 from orchestrator.core.settings import ModelConfig, RetryConfig
 from testkit.gemini import FakeGemini
 from workers.agent import AgentSpec, StageSession, Usage, build_agent

@@ -34,7 +34,8 @@ from bench.docs import Source, latest_run, table
 from bench.stack import API_KEY, bench_settings
 from orchestrator.control import api
 from orchestrator.core.git import COMMITTER, git_output
-from orchestrator.core.pipeline import StageBudget, load_pipeline
+from orchestrator.core.pipeline import load_pipeline
+from orchestrator.core.rules import StageBudget
 from orchestrator.core.settings import ModelConfig, RetryConfig, Settings
 from testkit import services
 from testkit.gemini import FakeGemini

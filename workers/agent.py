@@ -32,7 +32,8 @@ from google.adk.telemetry.context import ContentCapturingMode, TelemetryConfig
 from google.adk.tools.base_tool import BaseTool
 from google.genai import types
 
-from orchestrator.core.pipeline import CompactionRule, StageBudget, render
+from orchestrator.core.pipeline import render
+from orchestrator.core.rules import CompactionRule, StageBudget
 from workers.budget import request_trimmer, tool_output_limiter
 from workers.compaction import Compactor
 from workers.errors import ModelCallLimitError

@@ -4,7 +4,7 @@ published.
 The sandbox that produced a diff is not trusted (a test command can rewrite its `.git/config`
 or plant a symlink), so the publisher applies the diff to its own copy and reads the result
 back from git's index (`workers.publish`): `read_changes` turns git's listing into every changed
-file with its status and classes (`orchestrator.core.pipeline.ChangeClass`), refusing symlinks,
+file with its status and classes (`orchestrator.core.rules.ChangeClass`), refusing symlinks,
 submodules and paths inside `.git` always, and `ChangePolicy.refusal` says what the pipeline
 does not allow.
 """
@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
-from orchestrator.core.pipeline import ChangeClass
+from orchestrator.core.rules import ChangeClass
 
 SYMLINK_MODE, GITLINK_MODE, EXECUTABLE_MODE = "120000", "160000", "100755"
 STATUS = {"A": "added", "M": "modified", "D": "deleted", "T": "retyped"}

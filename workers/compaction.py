@@ -54,7 +54,7 @@ from google.adk.models.llm_request import LlmRequest
 from google.adk.models.llm_response import LlmResponse
 from google.genai import types
 
-from orchestrator.core.pipeline import CompactionRule
+from orchestrator.core.rules import CompactionRule
 from workers.budget import CHARS_PER_TOKEN, exchanges, newest_user_message, request_tokens
 
 if TYPE_CHECKING:

@@ -41,7 +41,7 @@ from orchestrator.core.git import (
     repo_source,
     run_git,
 )
-from orchestrator.core.pipeline import ChangeClass
+from orchestrator.core.rules import ChangeClass
 from workers.changes import ChangedFile, ChangePolicy, UnsafeChangeError, listing, read_changes
 from workers.errors import PublishError
 from workers.github import (

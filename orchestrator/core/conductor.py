@@ -39,8 +39,9 @@ from orchestrator.core.models import (
     StageRecord,
     StageStatus,
 )
-from orchestrator.core.pipeline import LoopRule, Pipeline, StageSpec
+from orchestrator.core.pipeline import Pipeline, StageSpec
 from orchestrator.core.queue import Dispatcher
+from orchestrator.core.rules import LoopRule
 from orchestrator.core.specs import load_pipeline, pipeline_of, stage_of
 from orchestrator.core.store import RunStore
 

@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator.core.errors import PipelineError
-from orchestrator.core.pipeline import Pipeline, PublishRule, load_pipeline, render
+from orchestrator.core.pipeline import Pipeline, load_pipeline, render
+from orchestrator.core.rules import PublishRule
 from tests.twin import Names
 
 FIXER_SCHEMAS = "orchestrator.pipelines.fixer.schemas"

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from pydantic import SecretStr
 
-from orchestrator.core.pipeline import StageBudget
+from orchestrator.core.rules import StageBudget
 from orchestrator.core.settings import ModelConfig, RetryConfig
 from testkit.gemini import FakeGemini
 from workers.agent import AgentSpec, StageSession, Usage, build_agent

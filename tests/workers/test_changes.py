@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.core.pipeline import ChangeClass
+from orchestrator.core.rules import ChangeClass
 from workers.changes import ChangePolicy
 
 CI, DEPS, UNPLANNED = ChangeClass.CI, ChangeClass.DEPENDENCIES, ChangeClass.UNPLANNED

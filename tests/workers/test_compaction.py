@@ -24,7 +24,7 @@ from pydantic import SecretStr
 
 from bench.compaction import ANSWER, FACT, SCENARIO, SUMMARISER, Run, run_stage
 from orchestrator.control.inspection import read_entry
-from orchestrator.core.pipeline import CompactionRule
+from orchestrator.core.rules import CompactionRule
 from orchestrator.core.settings import ModelConfig, RetryConfig
 from testkit.gemini import FakeGemini
 from workers.agent import Usage

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from google.adk.tools.function_tool import FunctionTool
 
-from orchestrator.core.pipeline import StageBudget
+from orchestrator.core.rules import StageBudget
 from orchestrator.core.tools import CommandTool, HostTool, McpServer
 from testkit.inprocess import InProcessGemini
 from testkit.workspace import LocalWorkspace

@@ -24,8 +24,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from orchestrator.core.pipeline import StageBudget
 from orchestrator.core.providers import parse_model
+from orchestrator.core.rules import StageBudget
 from orchestrator.core.settings import ProviderConfig, RetryConfig
 from testkit.gemini.harness import serve_in_thread
 from testkit.openai import FakeOpenAI

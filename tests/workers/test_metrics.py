@@ -25,7 +25,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import sandbox
 from orchestrator.core.facts import Fact, TestRun
-from orchestrator.core.pipeline import VerifyRule, load_pipeline
+from orchestrator.core.pipeline import load_pipeline
+from orchestrator.core.rules import VerifyRule
 from orchestrator.pipelines.fixer.schemas import Plan
 from workers import errors as workers_errors
 from workers import output, stage

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from pydantic import SecretStr
 
-from orchestrator.core.pipeline import ChangeClass
+from orchestrator.core.rules import ChangeClass
 from testkit.github import FakeGitHub
 from tests.fences import failing_at
 from tests.repos import Git, Upstream

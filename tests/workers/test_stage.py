@@ -27,13 +27,8 @@ import pytest
 from demo import SCENARIO
 from demo.runner import make_sample_repo
 from orchestrator.core.git import resolve_commit
-from orchestrator.core.pipeline import (
-    ISSUE_KEY,
-    PREVIOUS_ATTEMPT_KEY,
-    CompactionRule,
-    StageBudget,
-    load_pipeline,
-)
+from orchestrator.core.pipeline import ISSUE_KEY, PREVIOUS_ATTEMPT_KEY, load_pipeline
+from orchestrator.core.rules import CompactionRule, StageBudget
 from testkit.inprocess import InProcessGemini
 from testkit.sandboxes import LocalSandboxes
 from testkit.sinks import MemoryArtifacts
