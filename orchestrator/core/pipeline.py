@@ -3,10 +3,10 @@
 A pipeline is a TOML file. Built-in pipelines live in `orchestrator/pipelines/`; any other
 file can be named by path. Besides its stages it may declare tools of its own (`[tools.<name>]`,
 `orchestrator.core.tools`), which `load_pipeline` checks (`orchestrator.core.toolcheck`).
-Instructions are templates with `{key}` placeholders that name the issue (`{issue}`) or an
-upstream stage's output key; `{key?}` renders as empty when the value is missing and `{{` / `}}`
-are literal braces. Baton renders templates itself, in one pass, so braces inside the values
-(code, diffs, issue bodies) are never interpreted.
+Instructions are templates with `{key}` placeholders that name the issue (`{issue}`), the change
+under review (`{change}`) or an upstream stage's output key; `{key?}` renders as empty when the
+value is missing and `{{` / `}}` are literal braces. Baton renders templates itself, in one
+pass, so braces inside the values (code, diffs, issue bodies) are never interpreted.
 """
 
 from __future__ import annotations
@@ -40,6 +40,10 @@ from orchestrator.core.tools import ToolDeclaration
 
 ISSUE_KEY = "issue"
 """State key of the issue digest every stage may reference."""
+CHANGE_KEY = "change"
+"""State key of the change under review: the unified diff from the run's base to its commit
+(`RunRecord.base`: a pull request's base, or `--base`). A pipeline whose stages reference it
+runs only on a run that has a base; enqueueing one without is refused."""
 PREVIOUS_ATTEMPT_KEY = "previous_attempt"
 """State key a looped stage may reference: Baton's compact summary of its previous iteration
 (its diff stat, failing tests and the tail of their output); empty in the first."""
@@ -335,7 +339,7 @@ class Pipeline(BaseModel):
         names = [s.name for s in self.stages]
         if len(set(names)) != len(names):
             raise ValueError(f"stage names repeat: {names}")
-        known = {ISSUE_KEY}
+        known = {ISSUE_KEY, CHANGE_KEY}
         for stage in self.stages:
             _check_inputs(stage, known)
             if stage.verify and stage.verify.source[0] not in known:
@@ -359,6 +363,12 @@ class Pipeline(BaseModel):
     @property
     def first(self) -> StageSpec:
         return self.stages[0]
+
+    @property
+    def reads_change(self) -> bool:
+        """Whether a stage references `{change}`: the pipeline reviews a change, so a run of it
+        needs a base."""
+        return any(CHANGE_KEY in stage.inputs for stage in self.stages)
 
     def stage(self, name: str) -> StageSpec:
         for stage in self.stages:
@@ -389,8 +399,8 @@ def _check_inputs(stage: StageSpec, known: set[str]) -> None:
         elif key not in known:
             raise ValueError(
                 f"stage {stage.name!r} references {{{key}}}, which is neither "
-                f"{{{ISSUE_KEY}}} nor an earlier stage's output key (write {{{{ for a "
-                "literal brace)"
+                f"{{{ISSUE_KEY}}}, {{{CHANGE_KEY}}} nor an earlier stage's output key (write "
+                "{{ for a literal brace)"
             )
 
 

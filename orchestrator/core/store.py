@@ -331,6 +331,7 @@ def run_fields(run: RunRecord) -> dict[str, str]:
                 "pipeline": run.pipeline,
                 "repo": run.repo,
                 "commit": run.commit,
+                "base": run.base,
                 "idempotency_key": run.idempotency_key,
                 "created_at": run.created_at,
                 "environment_spec": run.environment_spec,
