@@ -41,6 +41,7 @@ from typing import Any
 from bench.docs import Source, latest_run, table, targets_table
 from bench.stack import bench_settings, empty_repo, together
 from orchestrator.control import api
+from orchestrator.core.pipeline import load_pipeline
 from orchestrator.core.settings import DEFAULT_MODEL
 from orchestrator.core.store import RunStore
 from testkit import services
@@ -94,7 +95,7 @@ def pipeline_toml(stages: int) -> str:
             "",
             "[[stages]]",
             f'name = "q{n}"',
-            'output_schema = "orchestrator.core.schemas:Summary"',
+            'output_schema = "orchestrator.pipelines.schemas:Summary"',
             f'instruction = "Stage {n}. {before}"',
         ]
     return "\n".join(lines) + "\n"
@@ -135,7 +136,7 @@ def measure(variant: Variant, advance: Callable[[], object]) -> dict[str, Any]:
         env = worker_env(settings)
         if variant.fleet_rpm is not None:
             env["BATON_QUOTAS"] = json.dumps({MODEL: {"requests_per_minute": variant.fleet_rpm}})
-        queues = [f"baton.q{n}" for n in range(1, STAGES + 1)]
+        queues = [stage.queue for stage in load_pipeline(str(pipeline)).stages]
         workers = [
             services.worker(env, queues, logfile=work / f"worker-{n}.log", name=f"governor-{n}")
             for n in range(WORKERS)

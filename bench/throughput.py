@@ -47,10 +47,10 @@ SHAPES = {
 
 def groups(shape: str, scale: int) -> list[list[str]]:
     """The queues each worker process serves in one configuration."""
-    queues = [s.queue for s in load_pipeline(str(PIPELINE)).stages]
+    stages = load_pipeline(str(PIPELINE)).stages
     if shape == "shared":
-        return [queues] * scale
-    return [[q] for q in queues for _ in range(scale if q == f"baton.{BUSY_STAGE}" else 1)]
+        return [[s.queue for s in stages]] * scale
+    return [[s.queue] for s in stages for _ in range(scale if s.name == BUSY_STAGE else 1)]
 
 
 def scenario(shape: str) -> dict[str, Any]:

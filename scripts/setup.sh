@@ -50,6 +50,9 @@ if [ "${installed[0]:-}" != "$lock_sum" ]; then
 fi
 if [ "${installed[0]:-}" != "$lock_sum" ] || [ "${installed[1]:-}" != "$project_sum" ]; then
   echo "setup: installing Baton into .venv"
+  # An older setup built Baton's metadata here; run from this folder, Python would read its
+  # stale entry points (the pipelines, the commands) before the installed ones.
+  rm -rf baton.egg-info
   .venv/bin/pip install -q --no-deps --no-build-isolation -e .
   printf '%s\n%s\n' "$lock_sum" "$project_sum" > .venv/.installed
 fi

@@ -24,7 +24,7 @@ from typing import Any
 from orchestrator.core.errors import BatonError
 from orchestrator.core.execution import session_id
 from orchestrator.core.models import RunRecord
-from orchestrator.core.pipeline import load_pipeline
+from orchestrator.core.specs import pipeline_of
 from orchestrator.core.store import RunStore
 from testkit.inprocess import InProcessGemini
 from testkit.sinks import MemoryArtifacts
@@ -113,7 +113,7 @@ def replay(
     """
     settings = settings or WorkerSettings()
     run = store.get(run_id)
-    pipeline = load_pipeline(run.pipeline)
+    pipeline = pipeline_of(store, run)
     spec = pipeline.stage(stage)
     record = run.stages.get(stage)
     attempt = attempt or (record.attempts if record else 0)

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     import redis
 
     from orchestrator.core.store import RunStore
+    from tests.twin import Names
 
 TESTS = Path(__file__).resolve().parent
 SERVICE_FOLDERS = frozenset({"integration", "deploy"})
@@ -98,3 +99,21 @@ def make_upstream(
     yield make
     for upstream in made:
         shutil.rmtree(upstream.base, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def twin(tmp_path_factory: pytest.TempPathFactory) -> Names:
+    """The fixer's renamed twin (`tests/twin.py`): its spec and schemas module written once a
+    session, the module importable from then on."""
+    from tests.twin import twin as make_twin
+
+    return make_twin(tmp_path_factory.mktemp("twin"))
+
+
+@pytest.fixture(params=["fixer", "twin"])
+def names(request: pytest.FixtureRequest) -> Names:
+    """The fixer, then its renamed twin: a test that asks for it runs over both, reading and
+    writing outputs through it in the fixer's names."""
+    from tests.twin import fixer
+
+    return fixer() if request.param == "fixer" else request.getfixturevalue("twin")

@@ -5,7 +5,11 @@ Gemini server stands in for an outside service, so it imports nothing of Baton e
 
 Within the orchestrator, the workers and the run core (`orchestrator.core`) import only the core,
 never the control plane (`orchestrator.control`), nor name it in a string; and importing a module
-of the core loads neither the control plane nor what only it needs (FastAPI, click, rich)."""
+of the core loads neither the control plane nor what only it needs (FastAPI, click, rich).
+
+The engine (the workers and the run core) names no stage or field of the fixer, which is one
+pipeline among others: computed from the fixer's own spec and schema classes, less the field
+names of the engine's fact types and a listed few words of its own (`COINCIDENCES`)."""
 
 from __future__ import annotations
 
@@ -231,6 +235,94 @@ def test_the_string_check_sees_a_module_named_in_a_string(tmp_path: Path) -> Non
         and "." in node.value
     }
     assert named & PROJECT == {"workers", "testkit"}
+
+
+ENGINE = ("workers", "orchestrator/core")
+"""What runs any pipeline: it names none of the fixer's stages or fields."""
+COINCIDENCES: dict[str, tuple[frozenset[str], str]] = {
+    "branch": (frozenset({"workers/inputs.py", "orchestrator/core/conductor.py"}),
+               "an audit entry's branch label, `<pipeline>.<stage>`"),
+    "commit": (frozenset({"orchestrator/core/store.py", "workers/envcli.py", "workers/publish.py",
+                          "workers/tools/container.py"}),
+               "the run's pinned commit, and git's `commit` command and object type"),
+    "path": (frozenset({"workers/tools/code.py", "workers/tools/workspace.py"}),
+             "the code tools' `path` argument in their results, and ripgrep's sort key"),
+    "test_command": (frozenset({"workers/environments.py", "workers/envcli.py"}),
+                     "an environment's own test command (`Environment.test_command`)"),
+}  # fmt: skip
+"""Words of the engine's own that happen to be fixer field names too, and the only files that
+may use them, with what they mean there. A file that needs one more says why here."""
+
+
+def string_constants(tree: ast.Module) -> list[ast.Constant]:
+    """The string constants of a module, docstrings left out (prose may say `proof`)."""
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    return [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str)
+        and id(node) not in docstrings
+    ]  # fmt: skip
+
+
+def fixer_names() -> set[str]:
+    """The names the engine must not hold: every field of the fixer's schema classes and every
+    stage (output key) of its spec, less the field names of the engine's own fact types, which
+    the fixer's schemas hold as they are (`Proof.reason`)."""
+    from orchestrator.core.facts import FACT_TYPES
+    from tests.twin import fixer_field_names, fixer_spec
+
+    stages = {stage["name"] for stage in fixer_spec()["stages"]}
+    engine = {name for fact in FACT_TYPES for name in fact.model_fields}
+    return (fixer_field_names() | stages) - engine
+
+
+def fixer_names_held(path: str, tree: ast.Module, names: set[str]) -> list[str]:
+    return [
+        f"{path}:{node.lineno} {node.value!r}"
+        for node in string_constants(tree)
+        if node.value in names and path not in COINCIDENCES.get(node.value, (frozenset(), ""))[0]
+    ]
+
+
+def test_the_engine_names_no_field_or_stage_of_the_fixer() -> None:
+    """Proof, verification, loops, publication and stop rules read the fields a spec names and
+    the facts a schema declares (docs/pipelines.md): a string in the engine equal to a fixer
+    field would be the engine reading the fixer by name."""
+    names = fixer_names()
+    held = [
+        found
+        for package in ENGINE
+        for file in python_files(package)
+        for found in fixer_names_held(str(file.relative_to(ROOT)), syntax_tree(file), names)
+    ]
+    assert held == [], "or, if it is a word of the engine's own, say so in COINCIDENCES"
+
+
+def test_the_fixer_names_check_sees_a_field_read_by_name() -> None:
+    """A negative control for the check above, over names it computed."""
+    names = fixer_names()
+    assert {"proof", "test_command", "test_files", "expected_failure", "reproduced",
+            "summary", "fix", "reproduce"} <= names  # fmt: skip
+    assert "reason" not in names and "passed" not in names  # the engine's `Proof` has them
+    tree = ast.parse(
+        '"""The proof."""\ncommand = output["test_command"]\nok = output.get("proof")\n'
+        'label = {"branch": x}\nverdict = {"reason": r}\n'
+    )
+    assert fixer_names_held("workers/stage.py", tree, names) == [
+        "workers/stage.py:2 'test_command'", "workers/stage.py:3 'proof'",
+        "workers/stage.py:4 'branch'",
+    ]  # fmt: skip
+    assert fixer_names_held("workers/inputs.py", tree, names) == [
+        "workers/inputs.py:2 'test_command'", "workers/inputs.py:3 'proof'"
+    ]  # fmt: skip
 
 
 def test_no_test_double_lives_in_the_product() -> None:

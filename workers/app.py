@@ -3,7 +3,9 @@
 This module is an entry point: it reads `Settings` once, here. When the worker is ready, its
 main process removes sandboxes a crashed worker left behind and starts the fleet's
 housekeeping thread: now and then (one worker at a time, under a Redis lock) it reconciles
-stuck runs and reaps orphaned sandboxes. Every heartbeat the consumer sends (2 s) touches
+stuck runs and reaps orphaned sandboxes, and every pass it announces the queues this worker
+serves (`orchestrator.core.serving`: `baton top`, `status` and the web UI tell a queue no
+worker serves). Every heartbeat the consumer sends (2 s) touches
 `BATON_HEALTH_FILE` while that thread lives: the probes' file is fresh only while the loop that
 takes tasks runs, is connected to Redis and housekeeping goes on. With `BATON_METRICS_PORT`,
 the main process also serves the Prometheus metrics of all its pool processes
@@ -33,6 +35,7 @@ from orchestrator.core.conductor import Conductor
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.queue import Dispatcher, celery_app, collect_less
 from orchestrator.core.reconciler import Reconciler
+from orchestrator.core.serving import announce, withdraw
 from orchestrator.core.store import RunStore
 from workers import metrics
 from workers.builder import BUILD_QUEUE_PREFIX
@@ -44,6 +47,10 @@ logger = logging.getLogger(__name__)
 _stop_housekeeping = threading.Event()
 _housekeeper: threading.Thread | None = None
 _reap_failed = False
+_served: tuple[str, list[str]] | None = None
+"""This worker's name and the stage queues it consumes, once it is ready."""
+ANNOUNCED_PASSES = 3
+"""An announcement of the queues a worker serves lasts this many housekeeping passes."""
 
 
 def create_app(settings: WorkerSettings) -> Celery:
@@ -101,8 +108,11 @@ def _say_what_is_missing(sender: Any = None, **_: Any) -> None:
 
 
 @worker_ready.connect
-def _start_housekeeping(**_: Any) -> None:
-    global _housekeeper
+def _start_housekeeping(sender: Any = None, **_: Any) -> None:
+    global _housekeeper, _served
+    if sender is not None:
+        consumed = getattr(sender.app.amqp.queues, "consume_from", None) or {}
+        _served = (sender.hostname, sorted(consumed))
     _touch_health_file()
     _reap()
     _housekeeper = threading.Thread(target=_housekeeping, name="baton-housekeeping", daemon=True)
@@ -120,6 +130,8 @@ def _consumer_alive(**_: Any) -> None:
 @worker_shutdown.connect
 def _stop(**_: Any) -> None:
     _stop_housekeeping.set()
+    if _housekeeper is not None:
+        _housekeeper.join(timeout=5)
     metrics.close()
 
 
@@ -128,14 +140,26 @@ def _housekeeping() -> None:
     store = RunStore.from_url(settings.redis_section(), ttl_s=settings.queue.run_ttl_s)
     reconciler = Reconciler(Conductor(store, Dispatcher(app)), settings.queue)
     holder = f"{socket.gethostname()}:{os.getpid()}"
+    ttl_s = settings.queue.reconcile_every_s * ANNOUNCED_PASSES
     while True:
+        if _served is not None:
+            try:
+                announce(store.redis, *_served, ttl_s=ttl_s)
+            except Exception:
+                logger.warning("could not announce the queues served; trying again later",
+                               exc_info=True)  # fmt: skip
         try:
             reconciler.sweep_if_due(holder=holder)
         except Exception:
             logger.warning("reconciling stuck runs failed; trying again later", exc_info=True)
         if _stop_housekeeping.wait(settings.queue.reconcile_every_s):
-            return
+            break
         _reap()
+    if _served is not None:
+        try:
+            withdraw(store.redis, *_served)
+        except Exception:
+            logger.info("could not withdraw the queues served", exc_info=True)
 
 
 def _touch_health_file() -> None:

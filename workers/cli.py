@@ -1,5 +1,5 @@
 """`baton worker`, added to the `baton` command by entry point: a Celery worker (prefork) on
-the queues of the stages it serves."""
+the queues of the stages of one pipeline it serves (`baton.<pipeline>.<stage>`)."""
 
 from __future__ import annotations
 
@@ -35,20 +35,24 @@ def worker_argv(
 
 @click.command()
 @click.option("--stages", default="all", show_default=True, help="Comma-separated stages to serve.")
-@click.option("--pipeline", default="fixer", show_default=True)
+@click.option("--pipeline", default="fixer", show_default=True,
+              help="The pipeline whose stages to serve: an installed pipeline's name or a TOML "
+              "file. Its schemas must import here.")  # fmt: skip
 @click.option("--concurrency", "-c", default=1, show_default=True, help="Worker processes.")
 @click.option("--loglevel", default="INFO", show_default=True)
 @click.option("--builder", is_flag=True,
               help="Serve no stage: build the environments the code-stage workers of this "
               "Docker daemon hand over (DOCKER_HOST: the gate's build socket).")  # fmt: skip
 def worker(stages: str, pipeline: str, concurrency: int, loglevel: str, builder: bool) -> None:
-    """Run a Celery worker that serves the queues of the given stages."""
+    """Run a Celery worker that serves the queues of the given stages of a pipeline. It runs any
+    run's stage delivered to them with the pipeline version that run pinned."""
     if builder:
         _builder(concurrency, loglevel)
     spec = load_pipeline(pipeline)
     names = (
         [s.name for s in spec.stages] if stages == "all" else [s.strip() for s in stages.split(",")]
     )
+    queues = [spec.stage(name).queue for name in names]  # an unknown stage is refused here
     settings = Settings()
     settings.require_redis_url()
     _require_model_settings(settings, {spec.model_of(spec.stage(n), settings.model) for n in names})
@@ -56,9 +60,9 @@ def worker(stages: str, pipeline: str, concurrency: int, loglevel: str, builder:
     _check_concurrency(settings, concurrency)
     label = "-".join(names) if stages != "all" else "all"
     argv = worker_argv(
-        [spec.stage(name).queue for name in names],
+        queues,
         concurrency=concurrency,
-        name=f"baton-{label}-{os.getpid()}",
+        name=f"baton-{spec.name}-{label}-{os.getpid()}",
         loglevel=loglevel,
     )
     os.execv(sys.executable, argv)

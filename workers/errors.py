@@ -18,6 +18,7 @@
             ├── PublishError                      the fix could not be pushed
             ├── StageTimeLimitError (TimeoutError) the soft time limit passed
             ├── InterruptedTooOftenError          its workers were lost too often
+            ├── UnrunnableStageError              this worker cannot load the run's pipeline
             └── InternalError                     anything Baton did not expect
 
 Each class says how the stage task handles it (`retry`, a `Retry`) and why a metric counts it
@@ -174,6 +175,12 @@ class InterruptedTooOftenError(StageError):
     """Raised when the executions of a stage were lost (their workers died) too often."""
 
     reason = "lost"
+
+
+class UnrunnableStageError(StageError):
+    """Raised when a worker cannot run a delivered stage: the pipeline its run pinned is missing
+    or invalid, names no such stage, or imports a schema this worker does not have. The run
+    fails with that reason rather than wait on its queue for a worker that could."""
 
 
 class InternalError(StageError):

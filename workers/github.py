@@ -54,7 +54,7 @@ GITHUB_PACING = GitHubPacing()
 @dataclass(frozen=True)
 class GitHubPullRequest:
     """A pull request as GitHub's API reports it, and whether this call opened it (not the pr
-    stage's output, `orchestrator.core.schemas.PullRequest`)."""
+    stage's output, `orchestrator.pipelines.fixer.schemas.PullRequest`)."""
 
     number: int
     url: str

@@ -12,7 +12,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from pydantic import ValidationError
+
 from orchestrator.core.execution import branch_label, session_id
+from orchestrator.core.facts import Fact, Proof, Reproduction, recorded
 from orchestrator.core.git import redact
 from orchestrator.core.models import RunRecord
 from orchestrator.core.pipeline import (
@@ -65,9 +68,9 @@ class StageInputs:
     """The run's environment, for a code stage's sandbox (the worker prepares it)."""
     iteration: int = 1
     """Which iteration of a looped stage this is."""
-    reproduction: Mapping[str, Any] | None = None
-    """The output of the stage that reproduced the report, for a stage that proves its change
-    (`spec.proof`)."""
+    reproduction: Reproduction | None = None
+    """The reproducing test of the stage that reproduced the report, as that stage's spec reads
+    its output, for a stage that proves its change (`spec.proof`)."""
     suite_command: str | None = None
     """The repository's own test command, which a proof runs before and after the change; the
     worker takes it from the run's environment."""
@@ -144,7 +147,7 @@ def resolve(
         evidence=_evidence(run, pipeline, spec, store),
         planned_files=_planned_files(run, spec, store),
         iteration=iteration,
-        reproduction=_reproduction(run, spec, store),
+        reproduction=_reproduction(run, pipeline, spec, store),
         tools={name: pipeline.tools[name] for name in spec.tools if name in pipeline.tools},
     )
 
@@ -183,16 +186,28 @@ def _planned_files(run: RunRecord, spec: StageSpec, store: RunStore) -> tuple[st
     return tuple(dict.fromkeys(files))
 
 
-def _reproduction(run: RunRecord, spec: StageSpec, store: RunStore) -> Mapping[str, Any] | None:
+def _reproduction(
+    run: RunRecord, pipeline: Pipeline, spec: StageSpec, store: RunStore
+) -> Reproduction | None:
+    """The reproducing test a proving stage runs, read through its reproducing stage's rule.
+
+    Raises:
+        StageError: the run has no reproduction Baton measured, or it does not read as one.
+    """
     if spec.proof is None:
         return None
-    found = store.output(run.id, spec.proof.reproduction_from)
-    if not found or not found.get("reproduced"):
+    key = spec.proof.reproduction_from
+    found = store.output(run.id, key)
+    try:
+        reproduction = pipeline.producing(key).reproduction(found) if found else None
+    except ValidationError as exc:
+        raise StageError(f"the reproduction {key!r} does not read as one: {exc}") from exc
+    if reproduction is None or reproduction.measured is None:
         raise StageError(
-            f"stage {spec.name!r} proves its change with the reproduction "
-            f"{spec.proof.reproduction_from!r}, which the run does not have"
+            f"stage {spec.name!r} proves its change with the reproduction {key!r}, which the "
+            "run does not have"
         )
-    return found
+    return reproduction
 
 
 def _upstream_diff(
@@ -222,9 +237,9 @@ def _evidence(run: RunRecord, pipeline: Pipeline, spec: StageSpec, store: RunSto
         if stage.verify or stage.proof:
             output = store.output(run.id, stage.output_key)
             if stage.proof:
-                verdict = (output or {}).get("proof") or {}
-                if verdict.get("passed") is not True:
-                    said = verdict.get("reason") or "no proof was recorded"
+                verdict = recorded(stage.schema_class(), output, Fact.PROOF, Proof)
+                if verdict is None or not verdict.passed:
+                    said = verdict.reason if verdict else "no proof was recorded"
                     raise StageError(
                         f"the change of stage {stage.name!r} is not proven ({said}), so it is "
                         "not published"
@@ -259,27 +274,32 @@ PREVIOUS_ATTEMPT_CHARS = 2_500
 
 def previous_attempt(spec: StageSpec, output: Mapping[str, Any], number: int) -> str:
     """What iteration `number + 1` of a looped stage is told about iteration `number`: why it
-    was not accepted, what it changed, which tests failed and the tail of their output; never
-    its conversation. At most `PREVIOUS_ATTEMPT_CHARS`, the output's tail cut first."""
+    was not accepted, what it said it did, what it changed, which tests failed and the tail of
+    their output; never its conversation. At most `PREVIOUS_ATTEMPT_CHARS`, the output's tail
+    cut first."""
     assert spec.loop is not None
-    verdict = output.get("proof") if isinstance(output.get("proof"), Mapping) else {}
-    assert isinstance(verdict, Mapping)
+    verdict = recorded(spec.schema_class(), output, Fact.PROOF, Proof)
     lines = [
         f"Your previous attempt (iteration {number} of {spec.loop.max_iterations}) was not "
         f"accepted: {spec.loop.reason(output)}",
     ]
-    if output.get("summary"):
-        lines.append(f"It said of itself: {str(output['summary'])[:300]}")
-    if verdict.get("diff_stat"):
+    said = spec.loop.summary(output)
+    if said:
+        lines.append(f"It said of itself: {said[:300]}")
+    if verdict is None:
+        return "\n".join(lines)[:PREVIOUS_ATTEMPT_CHARS]
+    if verdict.diff_stat:
         lines.append(f"Its change (Baton discarded it; you start again from the plan):\n"
-                     f"{verdict['diff_stat']}")  # fmt: skip
-    for key, what in (("still_failing", "Reproducing tests that still failed"),
-                      ("passed_before", "Reproducing tests that passed even without it"),
-                      ("pass_to_fail", "Tests that passed before and failed with it")):  # fmt: skip
-        if verdict.get(key):
-            lines.append(f"{what}: {', '.join(map(str, verdict[key][:10]))}")
+                     f"{verdict.diff_stat}")  # fmt: skip
+    for ids, what in (
+        (verdict.still_failing, "Reproducing tests that still failed"),
+        (verdict.passed_before, "Reproducing tests that passed even without it"),
+        (verdict.pass_to_fail, "Tests that passed before and failed with it"),
+    ):
+        if ids:
+            lines.append(f"{what}: {', '.join(ids[:10])}")
     head = "\n".join(lines)
-    tail = str(verdict.get("failure_tail") or "")
+    tail = verdict.failure_tail
     room = PREVIOUS_ATTEMPT_CHARS - len(head) - 60
     if tail and room > 200:
         head += f"\nThe end of their output:\n```\n{tail[-room:]}\n```"

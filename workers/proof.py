@@ -20,14 +20,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from orchestrator.core.schemas import (
-    Fact,
-    Proof,
-    Reproduced,
-    TestCounts,
-    TestRun,
-    measured_fields,
-)
+from orchestrator.core.facts import Fact, Proof, Reproduced, TestCounts, TestRun, recorded
 from workers.errors import NotReproducedError, StageError
 from workers.outcomes import Outcome, Outcomes, parse, with_ids
 from workers.tools.artifacts import ArtifactSink
@@ -103,17 +96,17 @@ def run_tests(workspace: Workspace, command: str, *, timeout_s: float) -> tuple[
 def evidence(schema: type[BaseModel], verified: Mapping[str, Any] | None) -> str:
     """The test results a pull request carries, from the output of the stage that verified or
     proved (its `schema` says which fields hold what Baton measured)."""
-    fields = measured_fields(schema)
+    after = recorded(schema, verified, Fact.TESTS_AFTER, TestRun)
     lines: list[str] = []
-    if verified and verified.get(fields.get(Fact.TESTS_AFTER, "")):
-        after = TestRun.model_validate(verified[fields[Fact.TESTS_AFTER]])
+    if after is not None:
         lines.append(f"Verified by Baton in a sandbox with `{after.command}`:")
-        before = verified.get(fields.get(Fact.TESTS_BEFORE, ""))
-        if before:
-            lines.append(f"- before the change: {describe(TestRun.model_validate(before))}")
+        before = recorded(schema, verified, Fact.TESTS_BEFORE, TestRun)
+        if before is not None:
+            lines.append(f"- before the change: {describe(before)}")
         lines.append(f"- after the change: {describe(after)}")
-    if verified and verified.get(fields.get(Fact.PROOF, "")):
-        lines += _proof_lines(Proof.model_validate(verified[fields[Fact.PROOF]]))
+    verdict = recorded(schema, verified, Fact.PROOF, Proof)
+    if verdict is not None:
+        lines += _proof_lines(verdict)
     return "\n".join(lines)
 
 

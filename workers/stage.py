@@ -7,8 +7,8 @@ runs the stage's agent once in a fresh session, validates the reply (one repair 
 Baton itself run the verification command before and after, run a reproducing stage's test on
 the unchanged code and prove a proving stage's change (both in clean workspaces,
 `workers.proof`), and holds the output to its size budget. Fields the output schema declares as
-measured (`orchestrator.core.schemas.Measured`) are filled from what Baton measured, whatever the
-model said.
+measured (`orchestrator.core.facts.Measured`) are filled from what Baton measured, whatever the
+model said; the fields Baton reads of an output are the ones the stage's spec names.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from typing import Any
 from google.adk.models.base_llm import BaseLlm
 from pydantic import BaseModel, ValidationError
 
+from orchestrator.core.facts import Fact, Proof, Reproduced, TestRun, measured_fields
 from orchestrator.core.pipeline import StageSpec
-from orchestrator.core.schemas import Fact, Proof, Reproduced, TestRun, measured_fields
 from orchestrator.core.tools import BUILTIN_TOOLS
 from workers import output as outputs
 from workers import proof
@@ -261,13 +261,18 @@ def _reproduce(
     sandboxes: Sandboxes | None,
     artifacts: ArtifactSink,
 ) -> Reproduced:
-    """Baton runs the reproducing tests the stage named on the unchanged code."""
+    """Baton runs the reproducing tests the stage named (in the fields its `reproduce` rule
+    names) on the unchanged code."""
+    try:
+        test = inputs.spec.reproduction(result)
+    except ValidationError as exc:
+        raise StageOutputError(f"the reproduction does not read as one: {exc}") from exc
     measured = proof.check_reproduction(
         _clean(inputs, sandboxes),
         change=change,
-        command=str(result["test_command"]),
-        expected_failure=str(result["expected_failure"]),
-        test_files=result["test_files"],
+        command=test.command,
+        expected_failure=test.failure,
+        test_files=test.files,
         timeout_s=_proof_timeout_s(inputs.spec),
         artifacts=artifacts,
     )
@@ -289,8 +294,8 @@ def _prove(
         verdict = proof.prove(
             _clean(inputs, sandboxes),
             change=change,
-            command=str(inputs.reproduction["test_command"]),
-            test_files=inputs.reproduction.get("test_files") or (),
+            command=inputs.reproduction.command,
+            test_files=inputs.reproduction.files,
             suite_command=suite,
             timeout_s=_proof_timeout_s(inputs.spec),
             artifacts=artifacts,

@@ -19,7 +19,7 @@ from celery import Task
 from celery.signals import worker_process_shutdown, worker_shutdown
 
 from orchestrator.core.conductor import Completion, Conductor, StageResult, StageStart, StartAction
-from orchestrator.core.pipeline import load_pipeline
+from orchestrator.core.errors import PipelineError
 from orchestrator.core.providers import LITELLM_PROVIDERS
 from orchestrator.core.queue import STAGE_TASK, Dispatcher
 from orchestrator.core.store import RunStore
@@ -38,6 +38,7 @@ from workers.errors import (
     RateLimitedError,
     Retry,
     StageCancelledError,
+    UnrunnableStageError,
 )
 from workers.execution import Execution, WorkerServices
 from workers.gemini import ModelClients
@@ -128,10 +129,16 @@ def run_stage(self: Task, run_id: str, stage: str) -> None:
     if start.action != StartAction.RUN or start.run is None:
         _not_run(svc.conductor, start, run_id, stage)
         return
-    pipeline = load_pipeline(start.run.pipeline)
-    execution = Execution(
-        svc, start.run, pipeline, pipeline.stage(stage), attempt=start.attempt, owner=owner
-    )
+    try:
+        pipeline = svc.conductor.pipeline_of(start.run)
+        spec = pipeline.stage(stage)
+    except PipelineError as exc:
+        error = UnrunnableStageError(f"this worker cannot run it: {exc}")
+        svc.conductor.fail(run_id, stage, error.message, owner=owner)
+        metrics.stage_failed(stage, error.reason)
+        logger.error("stage %s of run %s: %s", stage, run_id, error)
+        return
+    execution = Execution(svc, start.run, pipeline, spec, attempt=start.attempt, owner=owner)
     interruptible = Interruptible(svc.loop)
     heartbeat = Heartbeat(svc.conductor, run_id, stage, owner=owner, lease_s=queue.lease_s,
                           on_stop=lambda: _stop(execution, heartbeat, interruptible))  # fmt: skip

@@ -14,19 +14,16 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from orchestrator.control.checks import CHECKS_GROUP, check_pipeline
 from orchestrator.control.intake import parse_payload
 from orchestrator.core import git
 from orchestrator.core.conductor import Conductor
 from orchestrator.core.errors import EnvironmentFileError, IntakeError
 from orchestrator.core.models import Issue, IssueSource, RunRecord, RunStatus
-from orchestrator.core.pipeline import load_pipeline
-from orchestrator.core.queue import Dispatcher, check_time_limits
+from orchestrator.core.pipeline import Pipeline
+from orchestrator.core.queue import Dispatcher
 from orchestrator.core.settings import Settings
 from orchestrator.core.store import RunStore
-
-CHECKS_GROUP = "baton.checks"
-"""Entry point group of the checks other packages lend the orchestrator: `environment` checks
-an environment spec given at enqueue (the orchestrator cannot import the sandbox package)."""
 
 
 @contextmanager
@@ -60,11 +57,10 @@ def submit(
     data = json.dumps(payload) if isinstance(payload, Mapping) else payload
     issue = parse_payload(data, IssueSource(source) if source else None)
     head, base = change_refs(issue, ref, base)
-    spec_of = load_pipeline(pipeline)
-    check_time_limits(spec_of, settings.queue, settings.retry)
-    if spec_of.reads_change and base is None:
+    checked = checked_pipeline(pipeline, settings)
+    if checked.reads_change and base is None:
         raise IntakeError(
-            f"pipeline {spec_of.name!r} reviews a change ({{change}}), so a run needs a base to "
+            f"pipeline {checked.name!r} reviews a change ({{change}}), so a run needs a base to "
             "measure it against: send a pull request (a GitHub pull request, its webhook "
             "payload, or {number, base, head, repository}) or give --base",
             "base",
@@ -75,7 +71,7 @@ def submit(
     source = git.repo_source(repo)
     with connect(settings) as conductor:
         return conductor.submit(
-            issue, repo=source, commit=commit, pipeline=pipeline, force=force, environment=spec,
+            issue, repo=source, commit=commit, pipeline=checked, force=force, environment=spec,
             base=pinned_base,
         )  # fmt: skip
 
@@ -98,6 +94,15 @@ def change_refs(issue: Issue, ref: str | None, base: str | None) -> tuple[str, s
                 name,
             )
     return change.head, change.base
+
+
+def checked_pipeline(pipeline: str, settings: Settings) -> Pipeline:
+    """The pipeline a name or file gives, with every check of `baton pipeline check` passed.
+
+    Raises:
+        PipelineError: listing every problem, one a line, each naming the file, stage and field.
+    """
+    return check_pipeline(pipeline, queue=settings.queue, retry=settings.retry).valid()
 
 
 def read_environment(spec: Mapping[str, Any] | str | Path) -> dict[str, Any]:
@@ -152,7 +157,7 @@ def enqueue(
     Raises:
         IntakeError: the payload is malformed (the message names the field), `ref` or `base`
             contradicts the pull request, or the pipeline reviews a change and there is no base.
-        PipelineError: the pipeline is unknown or invalid.
+        PipelineError: the pipeline is unknown or invalid (as `baton pipeline check` says).
         EnvironmentFileError: `environment` is not a valid spec; the message names the field.
         RepoError: the repository cannot be read, or a local path is not the root of a git
             repository (a folder inside one, a plain folder, a path that does not exist); the
@@ -204,14 +209,25 @@ def cancel(run_id: str, *, settings: Settings | None = None) -> bool:
         return conductor.cancel(run_id, "cancelled by request")
 
 
-def resume(run_id: str, *, from_stage: str | None = None, settings: Settings | None = None) -> str:
+def resume(
+    run_id: str,
+    *,
+    from_stage: str | None = None,
+    pipeline: str | None = None,
+    settings: Settings | None = None,
+) -> str:
     """Run a failed or cancelled run again from the stage that did not finish (or
-    `from_stage`), keeping every output recorded before it. Returns that stage's name.
+    `from_stage`), keeping every output recorded before it, with the pipeline version the run
+    pinned, or with the one `pipeline` (a name or file of the same pipeline) gives now, pinned
+    from then on. Returns that stage's name.
 
     Raises:
         RunNotFoundError: no such run.
         RunStateError: the run has not ended, or it has nothing left to run.
-        PipelineError: the pipeline has no stage `from_stage`.
+        PipelineError: the pipeline has no stage `from_stage`, `pipeline` is not valid or is
+            another pipeline.
     """
-    with connect(settings or Settings()) as conductor:
-        return conductor.resume(run_id, from_stage)
+    settings = settings or Settings()
+    latest = checked_pipeline(pipeline, settings) if pipeline is not None else None
+    with connect(settings) as conductor:
+        return conductor.resume(run_id, from_stage, pipeline=latest)

@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.markup import escape
 
-from orchestrator.control import api, cli_inspect
+from orchestrator.control import api, cli_inspect, cli_pipeline
 from orchestrator.control.report import follow, run_json, run_view, runs_table
 from orchestrator.core.errors import BatonError
 from orchestrator.core.models import IssueSource, RunStatus
@@ -100,6 +100,11 @@ def _unavailable(name: str, target: str, exc: ImportError) -> click.Command:
 @click.option("-v", "--verbose", is_flag=True, help="Log at INFO level to stderr.")
 def main(verbose: bool) -> None:
     """Baton: LLM agent pipelines on a distributed task queue."""
+    # A pipeline of one's own names its schemas by module: they import from the current folder
+    # too, as they do in the workers (`python -m celery` starts there), but only after every
+    # installed package, so that no file in the folder stands in for one.
+    if os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -156,14 +161,21 @@ def enqueue(
               help="Print one JSON object, with what Baton measured and published.")  # fmt: skip
 def status(run_id: str, as_json: bool) -> None:
     """Show a run: status and per-stage attempts, timings, tokens and waits, and what a running
-    stage is doing now (as `watch` shows it)."""
+    stage is doing now (as `watch` shows it); and if it waits on a queue no worker serves."""
+    from orchestrator.control.fleet import unserved_note, unserved_queue
+
     with api.connect(Settings()) as conductor:
         store = conductor.store
         if as_json:
             run = store.get(run_id)
-            click.echo(json.dumps(run_json(run, store.outputs(run_id, run.stages)), indent=2))
-        else:
-            out.print(run_view(store, run_id, width=out.width)[1])
+            shown = run_json(run, store.outputs(run_id, run.stages))
+            shown["unserved_queue"] = unserved_queue(store, run)
+            click.echo(json.dumps(shown, indent=2))
+            return
+        run, table = run_view(store, run_id, width=out.width)
+        out.print(table)
+        if (queue := unserved_queue(store, run)) is not None:
+            out.print(f"[red]{escape(unserved_note(run, queue))}[/]", highlight=False)
 
 
 @main.command()
@@ -195,9 +207,25 @@ def cancel(run_id: str) -> None:
 @click.argument("run_id")
 @click.option("--from", "from_stage", help="Run again from this stage (default: the one that "
               "failed or was cancelled).")  # fmt: skip
-def resume(run_id: str, from_stage: str | None) -> None:
+@click.option(
+    "--pipeline-version",
+    type=click.Choice(["pinned", "latest"]),
+    default="pinned",
+    show_default=True,
+    help="The version of the pipeline the run pinned at enqueue, "
+    "or the latest: what --pipeline (default: the run's pipeline, by name) says now.",
+)
+@click.option("--pipeline", "pipeline", help="With --pipeline-version latest: the pipeline's "
+              "file (or installed name) to read the latest version from.")  # fmt: skip
+def resume(
+    run_id: str, from_stage: str | None, pipeline_version: str, pipeline: str | None
+) -> None:
     """Run a failed or cancelled run again, keeping every output recorded before that stage."""
-    stage = api.resume(run_id, from_stage=from_stage)
+    if pipeline is not None and pipeline_version != "latest":
+        raise click.UsageError("--pipeline is only for --pipeline-version latest")
+    if pipeline_version == "latest" and pipeline is None:
+        pipeline = api.get_run(run_id).pipeline
+    stage = api.resume(run_id, from_stage=from_stage, pipeline=pipeline)
     click.echo(f"run {run_id} resumed from {stage}")
 
 
@@ -225,15 +253,20 @@ def top(interval: float, once: bool, as_json: bool) -> None:
 
 @main.command()
 def reconcile() -> None:
-    """Put stages of stuck runs back on their queues now (workers also do it periodically)."""
+    """Put stages of stuck runs back on their queues now (workers also do it periodically); fail
+    the runs whose pinned pipeline cannot be read."""
     from orchestrator.core.reconciler import Reconciler
 
     settings = Settings()
     with api.connect(settings) as conductor:
-        repairs = Reconciler(conductor, settings.queue).sweep()
-    for repair in repairs:
+        sweep = Reconciler(conductor, settings.queue).sweep()
+    for repair in sweep.repairs:
         click.echo(f"{repair.run_id}: {repair.stage} was stuck {repair.was}; sent again")
-    if not repairs:
+    for run_id, reason in sweep.failed.items():
+        click.echo(f"{run_id}: failed: {reason}")
+    for run_id, error in sweep.errors.items():
+        err.print(f"{run_id}: could not be reconciled: {escape(error)}", highlight=False)
+    if not (sweep.repairs or sweep.failed or sweep.errors):
         click.echo("no stuck runs")
 
 
@@ -271,7 +304,8 @@ def flower(port: int, address: str, no_auth: bool) -> None:
 
 
 for _command in (cli_inspect.show, cli_inspect.diff, cli_inspect.artifacts,
-                 cli_inspect.artifact, cli_inspect.log, cli_inspect.serve):  # fmt: skip
+                 cli_inspect.artifact, cli_inspect.log, cli_inspect.serve,
+                 cli_pipeline.pipeline):  # fmt: skip
     main.add_command(_command)
 
 

@@ -1,4 +1,6 @@
-"""`baton top`: the fleet at a glance — queues, workers and what they run, runs by state."""
+"""`baton top`: the fleet at a glance — queues (and whether a worker serves each), workers and
+what they run, runs by state; and, for `status` and the web UI, whether a run waits on a queue
+no worker serves."""
 
 from __future__ import annotations
 
@@ -11,7 +13,11 @@ from rich.console import Group, RenderableType
 from rich.text import Text
 
 from orchestrator.control.tables import Column, counted, fitted_table
-from orchestrator.core.conductor import Conductor
+from orchestrator.core.conductor import Conductor, stage_of
+from orchestrator.core.errors import PipelineError
+from orchestrator.core.models import RunRecord, StageStatus
+from orchestrator.core.serving import servers
+from orchestrator.core.store import RunStore
 
 RECENT_RUNS = 200
 """How many of the newest runs the run counts look at."""
@@ -24,6 +30,8 @@ class QueueView:
     """Messages in the queue's list."""
     delivered: int
     """Delivered to a worker, not yet acknowledged (running, or an ETA retry it holds)."""
+    servers: int = 0
+    """Workers that announced they serve it (`orchestrator.core.serving`)."""
 
 
 @dataclass(frozen=True)
@@ -43,7 +51,8 @@ class Fleet:
     def as_json(self) -> dict[str, Any]:
         return {
             "queues": {
-                q.name: {"waiting": q.waiting, "delivered": q.delivered} for q in self.queues
+                q.name: {"waiting": q.waiting, "delivered": q.delivered, "servers": q.servers}
+                for q in self.queues
             },
             "workers": {w.name: w.running for w in self.workers},
             "runs": self.runs,
@@ -63,9 +72,11 @@ def snapshot(conductor: Conductor, *, timeout_s: float = 1.0) -> Fleet:
             q.decode() if isinstance(q, bytes) else q
             for q in client.scan_iter(match="baton.*", _type="list")
         }
+        listed = sorted(names | set(delivered))
+        served = servers(conductor.store.redis, listed)
         queues = [
-            QueueView(name, int(client.llen(name)), delivered[name])
-            for name in sorted(names | set(delivered))
+            QueueView(name, int(client.llen(name)), delivered[name], served[name])
+            for name in listed
         ]
     replies = app.control.inspect(timeout=timeout_s).active() or {}
     workers = [
@@ -73,6 +84,29 @@ def snapshot(conductor: Conductor, *, timeout_s: float = 1.0) -> Fleet:
         for name, tasks in sorted(replies.items())
     ]
     return Fleet(queues, workers, _run_counts(conductor))
+
+
+def unserved_queue(store: RunStore, run: RunRecord) -> str | None:
+    """The queue `run`'s current stage waits in, if no worker serves it (None otherwise, and
+    for a run whose pinned spec cannot be read: the run says why itself)."""
+    stage = run.current_stage
+    if run.status.is_terminal or stage is None or stage not in run.stages:
+        return None
+    if run.stages[stage].status not in (StageStatus.QUEUED, StageStatus.WAITING):
+        return None
+    try:
+        queue = stage_of(store, run, stage).queue
+    except PipelineError:
+        return None
+    return queue if servers(store.redis, [queue])[queue] == 0 else None
+
+
+def unserved_note(run: RunRecord, queue: str) -> str:
+    """What to say of a run waiting on a queue no worker serves, and what to do."""
+    return (
+        f"no worker serves {queue}, where {run.current_stage} waits: start one with "
+        f"`baton worker --pipeline {run.pipeline} --stages {run.current_stage}`"
+    )
 
 
 def _run_counts(conductor: Conductor) -> dict[str, int]:
@@ -98,9 +132,16 @@ def _queues(fleet: Fleet, width: int | None) -> RenderableType:
         Column("queue"),
         Column("waiting", justify="right"),
         Column("delivered", justify="right"),
+        Column("workers", justify="right"),
     ]
-    rows = [[q.name, str(q.waiting), str(q.delivered)] for q in fleet.queues]
-    return fitted_table(columns, rows, width=width, title="queues", title_justify="left")
+    rows = [
+        [q.name, str(q.waiting), str(q.delivered), str(q.servers) if q.servers else "none"]
+        for q in fleet.queues
+    ]
+    unserved = [q.name for q in fleet.queues if q.waiting and not q.servers]
+    caption = f"no worker serves {', '.join(unserved)}" if unserved else None
+    return fitted_table(columns, rows, width=width, title="queues", title_justify="left",
+                        caption=caption, caption_justify="left", caption_style="red")  # fmt: skip
 
 
 def _workers(fleet: Fleet, width: int | None) -> RenderableType:

@@ -67,6 +67,7 @@ def run_json(run: RunRecord, outputs: dict[str, Any] | None = None) -> dict[str,
         "status": run.status.value,
         "reason": run.reason,
         "pipeline": run.pipeline,
+        "pipeline_hash": run.pipeline_hash,
         "repo": run.repo,
         "commit": run.commit,
         "base": run.base,
@@ -86,7 +87,7 @@ OUTCOME_FIGURES: dict[str, tuple[str, ...]] = {
     "proof": ("passed", "reason", "fail_to_pass", "pass_to_fail"),
     "branch": (),
 }
-"""The fields of a stage's output that Baton fills itself (`orchestrator.core.schemas.Measured`) and
+"""The fields of a stage's output that Baton fills itself (`orchestrator.core.facts.Measured`) and
 a run's JSON repeats, with the figures of each it keeps (none: the value as it is): the tests
 before and after a change, the verdict of its proof, the branch it was pushed to."""
 

@@ -1,5 +1,7 @@
 """The run core: what a run is and how it advances — run records (`models`), pipeline specs
-(`pipeline`, with the stage output schemas in `schemas`), the run store (`store`, its Redis key
+(`pipeline`, the fields their rules read checked by `references`), the facts Baton measures of a
+stage's work (`facts`; a pipeline's own output schemas live with its spec, in
+`orchestrator/pipelines/`), the run store (`store`, its Redis key
 names in `keys`), the conductor that advances a run and the contract of a stage execution
 (`conductor`, `execution`), the Celery app and dispatch (`queue`), settings and how Redis is
 reached (`settings`, `secret_settings`, `connection`), host-side git (`git`) and the errors.

@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from orchestrator.core import keys
-from orchestrator.core.errors import RunStateError
+from orchestrator.core.errors import PipelineError, RunStateError
 from orchestrator.core.execution import (
     Completion,
     Hold,
@@ -39,8 +39,9 @@ from orchestrator.core.models import (
     StageRecord,
     StageStatus,
 )
-from orchestrator.core.pipeline import LoopRule, Pipeline, load_pipeline
+from orchestrator.core.pipeline import LoopRule, Pipeline, StageSpec
 from orchestrator.core.queue import Dispatcher
+from orchestrator.core.specs import load_pipeline, pipeline_of, stage_of
 from orchestrator.core.store import RunStore
 
 logger = logging.getLogger(__name__)
@@ -87,43 +88,53 @@ class Conductor:
         *,
         repo: str,
         commit: str,
-        pipeline: str,
+        pipeline: Pipeline | str,
         force: bool = False,
         environment: Mapping[str, Any] | None = None,
         base: str | None = None,
     ) -> tuple[str, bool]:
-        """Create a run and enqueue its first stage; an issue seen before maps to its run.
-        `environment`: a spec (a TOML table, checked already) to use instead of the repository's.
-        `base`: the commit a change is measured against, when the run is about one (its head is
-        `commit`).
+        """Create a run of `pipeline` (loaded already, or its name or file) and enqueue its first
+        stage; an issue seen before maps to its run. The run pins the pipeline: its name and
+        digest in the record, its spec beside it. `environment`: a spec (a TOML table, checked
+        already) to use instead of the repository's. `base`: the commit a change is measured
+        against, when the run is about one (its head is `commit`).
 
         Returns the run id and whether a new run was created.
         """
-        spec = load_pipeline(pipeline)
+        spec = pipeline if isinstance(pipeline, Pipeline) else load_pipeline(pipeline)
         stages = {stage.name: StageRecord() for stage in spec.stages}
         stages[spec.first.name] = StageRecord(status=StageStatus.QUEUED, queued_at=time.time())
         run = RunRecord(
             id=new_run_id(),
-            pipeline=pipeline,
+            pipeline=spec.name,
+            pipeline_hash=spec.digest,
             repo=repo,
             commit=commit,
             base=base,
             issue=issue,
             idempotency_key=(
-                f"{issue.idempotency_key()}|{repo}|{pipeline}{_env_part(environment)}"
+                f"{issue.idempotency_key()}|{repo}|{spec.name}{_env_part(environment)}"
                 f"{_change_part(base, commit)}"
             ),
             current_stage=spec.first.name,
             environment_spec=dict(environment) if environment is not None else None,
             stages=stages,
         )
-        stored, created = self.store.create(run, force=force)
+        stored, created = self.store.create(run, force=force, pipeline_content=spec.content)
         if created:
-            self.dispatcher.send_stage(stored.id, spec.first)
-            logger.info("run %s created for %s (%s)", stored.id, issue.source.value, pipeline)
+            self.dispatcher.send_stage(stored.id, spec.name, spec.first)
+            logger.info("run %s created for %s (%s)", stored.id, issue.source.value, spec.name)
         else:
             logger.info("issue already has run %s; not enqueued again", stored.id)
         return stored.id, created
+
+    def pipeline_of(self, run: RunRecord) -> Pipeline:
+        """The pipeline `run` executes (`pipeline_of`)."""
+        return pipeline_of(self.store, run)
+
+    def stage_of(self, run: RunRecord, stage: str) -> StageSpec:
+        """A stage of the pipeline `run` pinned, for routing (`stage_of`)."""
+        return stage_of(self.store, run, stage)
 
     def begin(
         self, run_id: str, stage: str, *, owner: str, lease_s: float, max_interrupted: int
@@ -228,7 +239,7 @@ class Conductor:
         self, run: RunRecord, pipe: Any, stage: str, result: StageResult, payload: str
     ) -> Next:
         """Within `complete`'s transaction: store the output, and decide what comes next."""
-        pipeline = load_pipeline(run.pipeline)
+        pipeline = self.pipeline_of(run)
         spec, record = pipeline.stage(stage), run.stages[stage]
         pipe.hset(keys.outputs(run.id), spec.output_key, payload)
         _record_figures(record, result.figures)
@@ -282,12 +293,12 @@ class Conductor:
     def advance(self, run_id: str, completed: str) -> str | None:
         """Enqueue the stage after `completed`, or end the run. Safe to call more than once."""
         run = self.store.get(run_id)
-        pipeline = load_pipeline(run.pipeline)
+        pipeline = self.pipeline_of(run)
         output = self.store.output(run_id, pipeline.stage(completed).output_key) or {}
         decision, run = self.store.transact(
             run_id, lambda run, _pipe: (_decide(run, pipeline, completed, output), run)
         )
-        return self._carry_out(run, decision)
+        return self._carry_out(run, decision, pipeline)
 
     def postpone(
         self,
@@ -417,14 +428,25 @@ class Conductor:
         run: RunRecord = self.store.transact(run_id, mutate)
         self._audit(run, stage, run.stages[stage].attempts, "stage_stopped", owner=owner)
 
-    def resume(self, run_id: str, from_stage: str | None = None) -> str:
+    def resume(
+        self, run_id: str, from_stage: str | None = None, *, pipeline: Pipeline | None = None
+    ) -> str:
         """Run an ended run again from its failed or cancelled stage (or `from_stage`), keeping
-        every output recorded before it. Returns the stage enqueued.
+        every output recorded before it, with the pipeline version it pinned or, given
+        `pipeline` (another version of the same pipeline), with that one, pinned from now on.
+        Returns the stage enqueued.
 
         Raises:
             RunStateError: the run has not ended, or there is nothing to resume.
+            PipelineError: `pipeline` has another name, or no stage `from_stage`.
         """
-        pipeline = load_pipeline(self.store.get(run_id).pipeline)
+        recorded = self.store.get(run_id)
+        if pipeline is not None and pipeline.name != recorded.pipeline:
+            raise PipelineError(
+                f"run {run_id} runs pipeline {recorded.pipeline!r}, not {pipeline.name!r}"
+            )
+        repin = pipeline is not None and pipeline.digest != recorded.pipeline_hash
+        pipeline = pipeline or self.pipeline_of(recorded)
         names = [stage.name for stage in pipeline.stages]
         if from_stage is not None:
             pipeline.stage(from_stage)
@@ -432,6 +454,8 @@ class Conductor:
         def mutate(run: RunRecord, pipe: Any) -> RunRecord:
             if not run.status.is_terminal:
                 raise RunStateError(f"run {run_id} is still {run.status.value}; cancel it first")
+            if repin:
+                _repin(run, pipe, pipeline)
             now = time.time()
             for name, record in run.stages.items():
                 left_s = (record.lease_until or 0) - now
@@ -457,18 +481,24 @@ class Conductor:
         assert target is not None
         redo = [pipeline.stage(name).output_key for name in names[names.index(target) :]]
         self.store.revive(run, drop_outputs=redo)
-        self._audit(run, target, 0, "run_resumed", from_stage=target)
-        self.dispatcher.send_stage(run_id, pipeline.stage(target), run.stages[target].iteration)
+        self._audit(run, target, 0, "run_resumed", from_stage=target,
+                    pipeline_hash=run.pipeline_hash)  # fmt: skip
+        self.dispatcher.send_stage(
+            run_id, pipeline.name, pipeline.stage(target), run.stages[target].iteration
+        )
         return target
 
-    def _carry_out(self, run: RunRecord, decision: Next) -> str | None:
+    def _carry_out(
+        self, run: RunRecord, decision: Next, pipeline: Pipeline | None = None
+    ) -> str | None:
         """Act on a decision, with the run as its transaction left it."""
         if decision.ended:
             self.store.retire(run)
         if decision.send is None:
             return None
-        spec = load_pipeline(run.pipeline).stage(decision.send)
-        self.dispatcher.send_stage(run.id, spec, run.stages[decision.send].iteration)
+        pipeline = pipeline or self.pipeline_of(run)
+        spec = pipeline.stage(decision.send)
+        self.dispatcher.send_stage(run.id, pipeline.name, spec, run.stages[decision.send].iteration)
         return decision.send
 
     def _record_execution(self, run: RunRecord, pipe: Any, figures: StageFigures | None) -> None:
@@ -497,6 +527,16 @@ class Conductor:
             self.store.queue_audit(pipe, run.id, [entry])
         else:
             self.store.audit(run.id, [entry])
+
+
+def _repin(run: RunRecord, pipe: Any, pipeline: Pipeline) -> None:
+    """Within `resume`'s transaction: the run pins `pipeline` from now on; its stage records
+    follow the new stage order, a new stage's fresh."""
+    run.pipeline_hash = pipeline.digest
+    pipe.set(keys.pipeline(run.id), pipeline.content)
+    names = [stage.name for stage in pipeline.stages]
+    others = {name: record for name, record in run.stages.items() if name not in names}
+    run.stages = {name: run.stages.get(name) or StageRecord() for name in names} | others
 
 
 def _resume_point(run: RunRecord, names: list[str]) -> str:

@@ -19,6 +19,12 @@ def outputs(run_id: str) -> str:
     return f"{PREFIX}run:{run_id}:outputs"
 
 
+def pipeline(run_id: str) -> str:
+    """String: the pipeline spec the run pinned, as canonical JSON (`Pipeline.content`); its
+    digest is the run's `pipeline_hash`."""
+    return f"{PREFIX}run:{run_id}:pipeline"
+
+
 def artifact(run_id: str, name: str) -> str:
     """String: the bytes of one artifact (a diff, a test log)."""
     return f"{PREFIX}run:{run_id}:artifact:{name}"
@@ -42,6 +48,12 @@ ACTIVE = f"{PREFIX}active"
 
 RECONCILER_LOCK = f"{PREFIX}lock:reconciler"
 """String with an expiry: held by the one worker sweeping for stuck runs."""
+
+
+def consumers(queue: str) -> str:
+    """Sorted set with an expiry: the workers that consume `queue`, each scored with the time
+    (epoch seconds) its announcement lapses (`orchestrator.core.serving`)."""
+    return f"{PREFIX}consumers:{queue}"
 
 
 def stage_field(stage: str) -> str:

@@ -225,6 +225,11 @@ class RunRecord(BaseModel):
 
     id: str
     pipeline: str
+    """The pipeline's name (its spec's `name`, never the path it was read from)."""
+    pipeline_hash: str | None = None
+    """The SHA-256 of the spec the run pinned at enqueue (`Pipeline.digest`); the spec itself
+    is kept beside the run (`keys.pipeline`), and every stage of the run executes it. None: a
+    run recorded before runs pinned their pipeline, which loads it by name."""
     repo: str
     commit: str
     issue: Issue

@@ -1,41 +1,46 @@
 """Pipelines as data: stages, their queues, instructions, tools, output schemas and budgets.
 
-A pipeline is a TOML file. Built-in pipelines live in `orchestrator/pipelines/`; any other
-file can be named by path. Besides its stages it may declare tools of its own (`[tools.<name>]`,
-`orchestrator.core.tools`), which `load_pipeline` checks (`orchestrator.core.toolcheck`).
-Instructions are templates with `{key}` placeholders that name the issue (`{issue}`), the change
-under review (`{change}`) or an upstream stage's output key; `{key?}` renders as empty when the
-value is missing and `{{` / `}}` are literal braces. Baton renders templates itself, in one
-pass, so braces inside the values (code, diffs, issue bodies) are never interpreted.
+A pipeline is a TOML file, read, named and pinned by `orchestrator.core.specs`; its identity is
+its `name` and the digest of its content (`Pipeline.digest`), which a run pins. Besides its
+stages it may declare tools of its own (`[tools.<name>]`, `orchestrator.core.tools`), which a
+pipeline's loading checks (`orchestrator.core.toolcheck`). Instructions are templates with
+`{key}` placeholders that name the issue (`{issue}`), the change under review (`{change}`) or an
+upstream stage's output key; `{key?}` renders as empty when the value is missing and `{{` / `}}`
+are literal braces. Baton renders templates itself, in one pass, so braces inside the values
+(code, diffs, issue bodies) are never interpreted.
+
+The stage features Baton carries out itself (stop rules, verification, reproduction, proof,
+loops, publication) read the fields of a stage's output the spec names, never a name of their
+own; each name is checked against the output schema when the pipeline loads
+(`orchestrator.core.references`). What Baton writes into an output, the schema declares
+(`Measured(Fact.X)`, `orchestrator.core.facts`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import json
 import re
-import tomllib
 from collections.abc import Mapping
 from enum import StrEnum
 from functools import cache
-from importlib import resources
-from pathlib import Path
 from typing import Annotated, Any
 
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    ValidationError,
+    PrivateAttr,
     ValidationInfo,
     field_validator,
     model_validator,
 )
 
+from orchestrator.core import references
 from orchestrator.core.errors import PipelineError
+from orchestrator.core.facts import Fact, Reproduced, Reproduction, recorded
 from orchestrator.core.providers import parse_model
-from orchestrator.core.schemas import Fact, Reproduction, measured_fields
-from orchestrator.core.toolcheck import check_tools
 from orchestrator.core.tools import ToolDeclaration
 
 ISSUE_KEY = "issue"
@@ -50,8 +55,17 @@ PREVIOUS_ATTEMPT_KEY = "previous_attempt"
 MAX_ITERATIONS = 10
 
 _NAME = r"[a-z_][a-z0-9_]*"
+PIPELINE_NAME = r"^[a-z][a-z0-9_-]{0,62}$"
+"""A pipeline's name: it names its queues (`baton.<pipeline>.<stage>`), log labels and metrics."""
+RESERVED_NAMES = frozenset({"build"})
+"""Names no pipeline may take: `baton.build.*` are the environment builders' queues."""
+QUEUE_PREFIX = "baton."
+"""Every stage queue starts with it: the Redis users' ACLs (k8s/baton/redis-users.acl), the
+reconciler and `baton top` know the queues by it."""
 _SOURCE = f"^{_NAME}(?::{_NAME})?\\.{_NAME}$"
 """`<upstream output key>.<field>`."""
+_PATH = f"^{_NAME}(?:\\.{_NAME})*$"
+"""A dotted path into a stage's own output: `<field>[.<field>…]`."""
 _TOKEN = re.compile(r"\{\{|\}\}|\{(" + _NAME + r"(?::" + _NAME + r")?)(\?)?\}")
 
 
@@ -103,9 +117,10 @@ class StopRule(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    field: str
+    field: str = Field(pattern=f"^{_NAME}$")
+    """The output field compared, e.g. `actionable`."""
     equals: Any
-    reason_field: str | None = None
+    reason_field: str | None = Field(None, pattern=f"^{_NAME}$")
     """Output field whose value becomes the run's reason."""
 
     def matches(self, output: Mapping[str, Any]) -> bool:
@@ -119,8 +134,9 @@ class StopRule(BaseModel):
 class VerifyRule(BaseModel):
     """Baton itself runs a test command before and after the stage's agent, in its sandbox.
 
-    The results become the output's `tests_before` and `tests_after`; with `require_pass`, a
-    stage whose tests still fail afterwards fails, so its change is never handed on.
+    The results fill the output's fields marked `Measured(Fact.TESTS_BEFORE)` and
+    `Measured(Fact.TESTS_AFTER)`, if its schema has them; with `require_pass`, a stage whose
+    tests still fail afterwards fails, so its change is never handed on.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -176,6 +192,47 @@ class PublishRule(BaseModel):
         return [_split_source(source) for source in self.planned_from]
 
 
+class ReproduceRule(BaseModel):
+    """Baton runs the reproducing test the stage names on the unchanged code, with only the
+    stage's test files applied, in a clean sandbox, and fails the stage unless the tests fail
+    there and print the failure the stage expects. The measured run fills the output's field
+    marked `Measured(Fact.REPRODUCED)`; a later stage's `proof` runs the same test again.
+
+    Each `_from` names a field of the stage's own output."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    command_from: str = Field(pattern=f"^{_NAME}$")
+    """The field holding the command that runs only the reproducing tests (a string)."""
+    test_files_from: str = Field(pattern=f"^{_NAME}$")
+    """The field listing the test files the stage wrote or changed (a list of strings)."""
+    expected_failure_from: str = Field(pattern=f"^{_NAME}$")
+    """The field holding the text the failing tests print that shows the reported failure."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _not_a_flag(cls, value: Any) -> Any:
+        if isinstance(value, bool):
+            raise ValueError(
+                "`reproduce` names the output fields Baton reads: reproduce = { command_from = "
+                '"<field>", test_files_from = "<field>", expected_failure_from = "<field>" }'
+            )
+        return value
+
+    def read(self, output: Mapping[str, Any], measured: Reproduced | None) -> Reproduction:
+        """The reproducing test as `output` names it, with what Baton `measured` of it.
+
+        Raises:
+            pydantic.ValidationError: a named field does not hold what it should.
+        """
+        return Reproduction(
+            command=output.get(self.command_from),
+            files=output.get(self.test_files_from),
+            failure=output.get(self.expected_failure_from),
+            measured=measured,
+        )
+
+
 class ProofRule(BaseModel):
     """Baton proves the stage's change itself, in clean sandboxes of the run's environment:
     the reproducing tests fail with only the change's test files applied and pass with the
@@ -186,7 +243,8 @@ class ProofRule(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     reproduction_from: str = Field(pattern=f"^{_NAME}(?::{_NAME})?$")
-    """The output key of the earlier stage that reproduced the report (a `reproduce` stage)."""
+    """The output key of the earlier stage that reproduced the report (a stage with a
+    `reproduce` rule): Baton runs the test that stage named, reading it through its rule."""
     suite: bool = True
     """Run the repository's whole test suite (its environment's test command) before and after
     too, and refuse a change that makes a passing test fail."""
@@ -199,12 +257,15 @@ class LoopRule(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    until: str = Field(pattern=f"^{_NAME}(?:\\.{_NAME})*$")
+    until: str = Field(pattern=_PATH)
     """A dotted path into the stage's output that must be true, e.g. `proof.passed`."""
     max_iterations: int = Field(3, ge=1, le=MAX_ITERATIONS)
-    reason_from: str | None = Field(None, pattern=f"^{_NAME}(?:\\.{_NAME})*$")
+    reason_from: str | None = Field(None, pattern=_PATH)
     """A dotted path into the output that says why the condition did not hold, e.g.
     `proof.reason`: the run's reason when the iterations run out."""
+    summary_from: str | None = Field(None, pattern=_PATH)
+    """A dotted path into the output where the stage says what it did, e.g. `summary`: quoted
+    to the next iteration."""
 
     def holds(self, output: Mapping[str, Any]) -> bool:
         return _at(output, self.until) is True
@@ -212,6 +273,11 @@ class LoopRule(BaseModel):
     def reason(self, output: Mapping[str, Any]) -> str:
         said = _at(output, self.reason_from) if self.reason_from else None
         return str(said) if said else f"{self.until} was not true"
+
+    def summary(self, output: Mapping[str, Any]) -> str:
+        """What the iteration said it did; empty when the rule names no field or it is empty."""
+        said = _at(output, self.summary_from) if self.summary_from else None
+        return str(said) if said else ""
 
 
 class StageSpec(BaseModel):
@@ -227,8 +293,9 @@ class StageSpec(BaseModel):
     instruction: str
     output_schema: str
     """Import path `module:Class` of the pydantic model the output must validate against."""
-    queue: str = ""
-    """Celery queue; defaults to `baton.<name>`."""
+    queue: str = Field("", pattern=r"^(baton\.[A-Za-z0-9_.-]+)?$")
+    """Celery queue; defaults to `baton.<pipeline>.<stage>` (`stage_queue`), so that no two
+    pipelines share one. Any other must start with `baton.`."""
     output_key: str = ""
     """State key the output is stored under; defaults to the stage name. A `temp:` key is
     removed when the run ends."""
@@ -237,11 +304,7 @@ class StageSpec(BaseModel):
     budget: StageBudget = StageBudget()
     stop_when: StopRule | None = None
     verify: VerifyRule | None = None
-    reproduce: bool = False
-    """Baton runs the output's `test_command` on the unchanged code, with only the stage's test
-    files applied, in a clean sandbox, and fails the stage unless the tests fail there with the
-    output's `expected_failure` (the output schema is an `orchestrator.core.schemas.Reproduction`).
-    """
+    reproduce: ReproduceRule | None = None
     proof: ProofRule | None = None
     loop: LoopRule | None = None
     publish: PublishRule = PublishRule()
@@ -293,8 +356,6 @@ class StageSpec(BaseModel):
 
     @model_validator(mode="after")
     def _defaults(self) -> StageSpec:
-        if not self.queue:
-            object.__setattr__(self, "queue", f"baton.{self.name}")
         if not self.output_key:
             object.__setattr__(self, "output_key", self.name)
         return self
@@ -307,13 +368,24 @@ class StageSpec(BaseModel):
     def schema_class(self) -> type[BaseModel]:
         return _import_schema(self.output_schema)
 
+    def reproduction(self, output: Mapping[str, Any]) -> Reproduction:
+        """The reproducing test this stage's `output` names, with Baton's run of it if recorded
+        (a stage with a `reproduce` rule).
+
+        Raises:
+            pydantic.ValidationError: a field the rule names does not hold what it should.
+        """
+        assert self.reproduce is not None
+        measured = recorded(self.schema_class(), output, Fact.REPRODUCED, Reproduced)
+        return self.reproduce.read(output, measured)
+
 
 class Pipeline(BaseModel):
     """An ordered list of stages."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    name: str
+    name: str = Field(pattern=PIPELINE_NAME)
     description: str = ""
     tools: dict[str, ToolDeclaration] = Field(default_factory=dict)
     """Tools beyond the built-in ones, by name (`orchestrator.core.tools`); a stage names those it
@@ -321,6 +393,14 @@ class Pipeline(BaseModel):
     model: str | None = None
     """The model of every stage that names none (`StageSpec.model`); unset, `BATON_MODEL`."""
     stages: tuple[StageSpec, ...]
+    _table: dict[str, Any] | None = PrivateAttr(None)
+
+    @field_validator("name")
+    @classmethod
+    def _not_reserved(cls, value: str) -> str:
+        if value in RESERVED_NAMES:
+            raise ValueError(f"{value!r} is reserved: Baton's own queues start baton.{value}.")
+        return value
 
     @field_validator("model")
     @classmethod
@@ -336,29 +416,39 @@ class Pipeline(BaseModel):
     def _check(self) -> Pipeline:
         if not self.stages:
             raise ValueError("a pipeline needs at least one stage")
+        for stage in self.stages:
+            if not stage.queue:
+                object.__setattr__(stage, "queue", stage_queue(self.name, stage.name))
         names = [s.name for s in self.stages]
         if len(set(names)) != len(names):
             raise ValueError(f"stage names repeat: {names}")
         known = {ISSUE_KEY, CHANGE_KEY}
+        earlier: dict[str, StageSpec] = {}
         for stage in self.stages:
             _check_inputs(stage, known)
-            if stage.verify and stage.verify.source[0] not in known:
-                raise ValueError(
-                    f"stage {stage.name!r} verifies with {stage.verify.command_from!r}, which "
-                    "names no earlier stage's output"
-                )
-            for key, _ in stage.publish.sources:
-                if key not in known:
-                    raise ValueError(
-                        f"stage {stage.name!r} takes its planned files from {key!r}, which "
-                        "names no earlier stage's output"
-                    )
-            _check_proof_and_loop(stage, known, self.stages)
+            stage.schema_class()
+            references.check_stage(stage, earlier)
             if stage.output_key in known:
                 raise ValueError(f"stage {stage.name!r} reuses output key {stage.output_key!r}")
             known.add(stage.output_key)
-            stage.schema_class()
+            earlier[stage.output_key] = stage
         return self
+
+    @property
+    def table(self) -> dict[str, Any]:
+        """The spec as written (its TOML table), what a run pins; for a pipeline made from
+        Python, as the model dumps it."""
+        return self._table if self._table is not None else self.model_dump(mode="json")
+
+    @property
+    def content(self) -> str:
+        """The pinned form of the spec: its table as canonical JSON."""
+        return canonical_json(self.table)
+
+    @property
+    def digest(self) -> str:
+        """The SHA-256 of `content`: which version of the pipeline a run runs."""
+        return spec_digest(self.content)
 
     @property
     def first(self) -> StageSpec:
@@ -379,6 +469,13 @@ class Pipeline(BaseModel):
     def next_after(self, name: str) -> StageSpec | None:
         index = self._index(name)
         return self.stages[index + 1] if index + 1 < len(self.stages) else None
+
+    def producing(self, output_key: str) -> StageSpec:
+        """The stage whose output is stored under `output_key`."""
+        for stage in self.stages:
+            if stage.output_key == output_key:
+                return stage
+        raise PipelineError(f"pipeline {self.name!r} has no stage with output key {output_key!r}")
 
     def before(self, name: str) -> tuple[StageSpec, ...]:
         """The stages before `name`, the nearest first."""
@@ -401,37 +498,6 @@ def _check_inputs(stage: StageSpec, known: set[str]) -> None:
                 f"stage {stage.name!r} references {{{key}}}, which is neither "
                 f"{{{ISSUE_KEY}}}, {{{CHANGE_KEY}}} nor an earlier stage's output key (write "
                 "{{ for a literal brace)"
-            )
-
-
-def _check_proof_and_loop(stage: StageSpec, known: set[str], stages: tuple[StageSpec, ...]) -> None:
-    schema = stage.schema_class()
-    if stage.reproduce and not issubclass(schema, Reproduction):
-        raise ValueError(
-            f"stage {stage.name!r} reproduces, so its output schema must be a Reproduction "
-            f"(orchestrator.core.schemas:Reproduction), not {stage.output_schema!r}"
-        )
-    if stage.reproduce and not stage.tools:
-        raise ValueError(f"stage {stage.name!r} reproduces, so it needs code tools")
-    if stage.proof is not None:
-        source = stage.proof.reproduction_from
-        reproducers = [s for s in stages if s.output_key == source and s.reproduce]
-        if source not in known or not reproducers:
-            raise ValueError(
-                f"stage {stage.name!r} proves with {source!r}, which names no earlier stage "
-                "with `reproduce = true`"
-            )
-        if Fact.PROOF not in measured_fields(schema):
-            raise ValueError(
-                f"stage {stage.name!r} has a proof, but its output schema {stage.output_schema!r} "
-                "has no field for it (`Measured(Fact.PROOF)`)"
-            )
-    if stage.loop is not None:
-        head = stage.loop.until.split(".")[0]
-        if head not in schema.model_fields:
-            raise ValueError(
-                f"stage {stage.name!r} loops until {stage.loop.until!r}, but its output schema "
-                f"{stage.output_schema!r} has no field {head!r}"
             )
 
 
@@ -476,23 +542,52 @@ def _as_text(value: Any) -> str:
     return json.dumps(value, indent=1, ensure_ascii=False)
 
 
+def placeholders(template: str) -> list[str]:
+    """The state keys a template's `{key}` placeholders name, in order, repeats included."""
+    return _placeholders(template)
+
+
 def _placeholders(template: str) -> list[str]:
     return [m.group(1) for m in _TOKEN.finditer(template) if m.group(1)]
 
 
-MOVED_SCHEMA_MODULES = {"orchestrator.schemas": "orchestrator.core.schemas"}
-"""Modules that held output schemas under another name before: a spec that still names one is
-told the new path (issue 23 split `orchestrator/` into `core` and `control`)."""
+RETIRED_SCHEMA_MODULES = ("orchestrator.schemas", "orchestrator.core.schemas")
+"""Modules that held output schemas before (issue 23 split `orchestrator/` into `core` and
+`control`, then gave the fixer its own package): a spec that still names one is told the new
+path of what it names."""
+SCHEMA_MODULES = (
+    "orchestrator.pipelines.fixer.schemas",
+    "orchestrator.pipelines.schemas",
+    "orchestrator.core.facts",
+)
+"""Where the schemas of the retired modules went: the fixer's, the generic `Summary`, and the
+engine's facts."""
+
+
+def import_schema(path: str) -> type[BaseModel]:
+    """The output schema `module:Class` names, imported (once per process).
+
+    Raises:
+        PipelineError: it cannot be imported or is not a pydantic model; the message says why.
+    """
+    return _import_schema(path)
 
 
 @cache
 def _import_schema(path: str) -> type[BaseModel]:
     module_name, _, attr = path.partition(":")
-    if module_name in MOVED_SCHEMA_MODULES:
-        moved = MOVED_SCHEMA_MODULES[module_name]
-        raise PipelineError(
-            f"output schema {path!r}: the module {module_name} is now {moved}; write {moved}:{attr}"
+    if module_name in RETIRED_SCHEMA_MODULES:
+        moved = [
+            m
+            for m in SCHEMA_MODULES
+            if getattr(getattr(importlib.import_module(m), attr, None), "__module__", None) == m
+        ]
+        where = (
+            f"write {moved[0]}:{attr}"
+            if moved
+            else f"its schemas went to {', '.join(SCHEMA_MODULES)}, and none has {attr!r}"
         )
+        raise PipelineError(f"output schema {path!r}: the module {module_name} is gone; {where}")
     try:
         schema = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError, ValueError) as exc:
@@ -502,36 +597,31 @@ def _import_schema(path: str) -> type[BaseModel]:
     return schema
 
 
-def builtin_pipelines() -> list[str]:
-    folder = resources.files("orchestrator") / "pipelines"
-    return sorted(
-        p.name.removesuffix(".toml") for p in folder.iterdir() if p.name.endswith(".toml")
-    )
+def stage_queue(pipeline: str, stage: str) -> str:
+    """The queue of a stage that names none: `baton.<pipeline>.<stage>`."""
+    return f"{QUEUE_PREFIX}{pipeline}.{stage}"
 
 
-@cache
-def load_pipeline(name_or_path: str) -> Pipeline:
-    """A built-in pipeline by name, or a pipeline TOML file by path.
+def canonical_json(table: Mapping[str, Any]) -> str:
+    """A spec's table as the one JSON text its digest is taken of (sorted keys, no spaces).
 
     Raises:
-        PipelineError: the pipeline is unknown or its file is invalid; the message says where.
+        PipelineError: the table holds a value JSON cannot (a TOML date or time).
     """
-    path = Path(name_or_path)
-    if path.suffix == ".toml" and path.exists():
-        text, origin = path.read_text(), str(path)
-    else:
-        resource = resources.files("orchestrator") / "pipelines" / f"{name_or_path}.toml"
-        if not resource.is_file():
-            raise PipelineError(
-                f"unknown pipeline {name_or_path!r}; built-in: {', '.join(builtin_pipelines())}"
-            )
-        text, origin = resource.read_text(), f"built-in pipeline {name_or_path!r}"
     try:
-        pipeline = Pipeline.model_validate(tomllib.loads(text))
-    except (tomllib.TOMLDecodeError, ValidationError) as exc:
-        raise PipelineError(f"{origin} is invalid: {exc}") from exc
-    problems = check_tools(pipeline)
-    if problems:
-        lines = "\n".join(problem.describe(origin) for problem in problems)
-        raise PipelineError(f"{origin} is invalid: its tools cannot run:\n{lines}")
-    return pipeline
+        return json.dumps(table, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    except TypeError as exc:
+        raise PipelineError(f"a pipeline spec holds a value it cannot carry: {exc}") from exc
+
+
+def spec_digest(content: str) -> str:
+    """The SHA-256 (hex) of a spec's canonical JSON."""
+    return hashlib.sha256(content.encode()).hexdigest()
+
+
+def load_pipeline(name_or_path: str) -> Pipeline:
+    """A pipeline by file path or installed name, read now (`orchestrator.core.specs`, where
+    pipelines are read, named and pinned; here for the many callers that load one by name)."""
+    from orchestrator.core.specs import load_pipeline as load
+
+    return load(name_or_path)

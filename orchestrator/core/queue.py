@@ -19,11 +19,17 @@ from kombu.transport import redis as kombu_redis
 
 from orchestrator.core.connection import RedisConfig
 from orchestrator.core.errors import ConfigError
-from orchestrator.core.pipeline import Pipeline, StageSpec
+from orchestrator.core.pipeline import QUEUE_PREFIX, Pipeline, StageSpec
 from orchestrator.core.settings import QueueConfig, RetryConfig
 
 STAGE_TASK = "baton.run_stage"
 """Name of the one Celery task that runs any stage; routed by queue."""
+
+
+def task_name(pipeline: str, stage: str) -> str:
+    """The name Flower, the workers' logs and task events show for a stage's task (a shadow name
+    of `STAGE_TASK`): `baton.<pipeline>.<stage>`."""
+    return f"baton.{pipeline}.{stage}"
 
 
 def stage_task_id(run_id: str, stage: str, iteration: int = 1) -> str:
@@ -132,6 +138,10 @@ def _decoded(raw: bytes | str) -> Any:
         return None
 
 
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
 def _task_id(message: Any) -> str | None:
     headers = message.get("headers") if isinstance(message, dict) else None
     task_id = headers.get("id") if isinstance(headers, dict) else None
@@ -200,37 +210,44 @@ class Dispatcher:
         app = celery_app("baton-orchestrator", redis, queue, acks=False, set_as_current=False)
         return cls(app, owned=True)
 
-    def send_stage(self, run_id: str, stage: StageSpec, iteration: int = 1) -> str:
+    def send_stage(self, run_id: str, pipeline: str, stage: StageSpec, iteration: int = 1) -> str:
+        """Send `stage` of a run of the pipeline named `pipeline` to the stage's queue; returns
+        the task id."""
         task_id = stage_task_id(run_id, stage.name, iteration)
         self.app.send_task(
             STAGE_TASK,
             args=[run_id, stage.name],
             queue=stage.queue,
             task_id=task_id,
-            shadow=f"baton.{stage.name}",  # the name Flower and logs show, per stage
+            shadow=task_name(pipeline, stage.name),
             soft_time_limit=stage.budget.soft_time_limit_s,
             time_limit=stage.budget.time_limit_s,
         )
         return task_id
 
-    def held_task_ids(self, *, delivered_within_s: float) -> set[str]:
-        """The ids of the tasks the broker still has, read in one pass: waiting in a stage
-        queue, or delivered to a worker at most `delivered_within_s` ago and not yet
-        acknowledged. (Celery's Redis transport keeps delivered messages in `unacked`, scored
-        in `unacked_index` by delivery time; one delivered long ago to a stage that never
-        began was taken by a worker that died.)"""
+    def held_task_ids(self, *, delivered_within_s: float) -> dict[str, str]:
+        """The tasks the broker still has, read in one pass, by id, each with its queue:
+        waiting in a stage queue, or delivered to a worker at most `delivered_within_s` ago and
+        not yet acknowledged. (Celery's Redis transport keeps delivered messages in `unacked`,
+        scored in `unacked_index` by delivery time; one delivered long ago to a stage that
+        never began was taken by a worker that died.)"""
+        held: list[tuple[Any, str]] = []
         with self.app.connection_for_write() as connection:
             client = connection.default_channel.client
-            messages = [
-                _decoded(raw)
-                for queue in client.scan_iter(match="baton.*", _type="list")
-                for raw in client.lrange(queue, 0, -1)
-            ]
+            for queue in client.scan_iter(match=f"{QUEUE_PREFIX}*", _type="list"):
+                name = queue.decode() if isinstance(queue, bytes) else queue
+                held += [(_decoded(raw), name) for raw in client.lrange(queue, 0, -1)]
             recent = client.zrangebyscore("unacked_index", time.time() - delivered_within_s, "+inf")
             if recent:  # each an array: message, exchange, routing key
                 delivered = (_decoded(raw) for raw in client.hmget("unacked", recent) if raw)
-                messages += [entry[0] for entry in delivered if isinstance(entry, list) and entry]
-        return {task_id for task_id in map(_task_id, messages) if task_id is not None}
+                held += [
+                    (entry[0], _text(entry[2]) if len(entry) > 2 else "")
+                    for entry in delivered
+                    if isinstance(entry, list) and entry
+                ]
+        return {
+            task_id: queue for message, queue in held if (task_id := _task_id(message)) is not None
+        }
 
     def close(self) -> None:
         if self._owned:

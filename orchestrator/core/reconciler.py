@@ -11,6 +11,11 @@ by a live execution.
     queued        queued `stuck_after_s` ago, and its message is   sent again
                   in no queue nor delivered in that time
     waiting       `stuck_after_s` past its retry time             sent again
+
+A queued stage whose message waits in another queue than its pipeline names (a queue renamed
+since it was sent) is sent again too. A run the reconciler cannot handle never stops the pass:
+a run whose pinned pipeline cannot be loaded is failed with that reason, and any other error
+(a record that cannot be read, say) is logged and counted, and the pass goes on to the next.
 """
 
 from __future__ import annotations
@@ -19,17 +24,20 @@ import functools
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.core import keys
 from orchestrator.core.conductor import Conductor
+from orchestrator.core.errors import PipelineError
 from orchestrator.core.models import RunRecord, StageStatus
-from orchestrator.core.pipeline import load_pipeline
 from orchestrator.core.queue import stage_task_id
 from orchestrator.core.settings import QueueConfig
 
 logger = logging.getLogger(__name__)
+
+Held = Callable[[], dict[str, str]]
+"""The tasks the broker holds, by id, each with its queue (read at most once per sweep)."""
 
 
 @dataclass(frozen=True)
@@ -42,6 +50,18 @@ class Repair:
     """The state it was stuck in."""
 
 
+@dataclass
+class Sweep:
+    """What one pass over the active runs did."""
+
+    repairs: list[Repair] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)
+    """Runs failed because no worker can run them (their pinned pipeline cannot be loaded), by
+    id, with the reason."""
+    errors: dict[str, str] = field(default_factory=dict)
+    """Runs the pass could not handle (logged; it went on), by id, with the error."""
+
+
 class Reconciler:
     """Sweeps the active runs for stages stuck in a non-terminal state."""
 
@@ -49,49 +69,80 @@ class Reconciler:
         self.conductor = conductor
         self.queue = queue
 
-    def sweep_if_due(self, *, holder: str) -> list[Repair] | None:
+    def sweep_if_due(self, *, holder: str) -> Sweep | None:
         """Sweep unless another process swept within `reconcile_every_s` (a Redis lock)."""
         ttl_ms = int(self.queue.reconcile_every_s * 1000 * 0.9)
         if not self.conductor.store.redis.set(keys.RECONCILER_LOCK, holder, nx=True, px=ttl_ms):
             return None
         return self.sweep()
 
-    def sweep(self, now: float | None = None) -> list[Repair]:
+    def sweep(self, now: float | None = None) -> Sweep:
         now = time.time() if now is None else now
-        repairs = []
+        sweep = Sweep()
         store = self.conductor.store
         # What the broker holds, read once per sweep and only if a stage has been queued long.
-        held = functools.cache(
+        held: Held = functools.cache(
             lambda: self.conductor.dispatcher.held_task_ids(
                 delivered_within_s=self.queue.stuck_after_s
             )
         )
-        for run_id, run in store.get_each(store.active()):
+
+        def broken(run_id: str, exc: Exception) -> None:
+            sweep.errors[run_id] = f"{type(exc).__name__}: {exc}"
+            logger.error("run %s: its record cannot be read: %s", run_id, exc)
+
+        for run_id, run in store.get_each(store.active(), on_broken=broken):
             if run is None:
                 store.redis.srem(keys.ACTIVE, run_id)
                 continue
-            repair = self._repair(run, now, held)
+            try:
+                repair = self._repair(run, now, held)
+            except PipelineError as exc:
+                self._fail(run, str(exc), sweep)
+                continue
+            except Exception as exc:
+                sweep.errors[run_id] = f"{type(exc).__name__}: {exc}"
+                logger.exception("run %s: reconciling it failed; going on with the others", run_id)
+                continue
             if repair is not None:
-                repairs.append(repair)
-        if repairs:
-            logger.warning("reconciler put %d stuck stages back on their queues", len(repairs))
-        return repairs
+                sweep.repairs.append(repair)
+        if sweep.repairs:
+            logger.warning(
+                "reconciler put %d stuck stages back on their queues", len(sweep.repairs)
+            )
+        if sweep.errors:
+            logger.error("reconciler could not handle %d runs", len(sweep.errors))
+        return sweep
 
-    def _repair(self, run: RunRecord, now: float, held: Callable[[], set[str]]) -> Repair | None:
+    def _fail(self, run: RunRecord, reason: str, sweep: Sweep) -> None:
+        """End a run no worker can run, saying why (and, if even that fails, count it)."""
+        stage = run.current_stage or "-"
+        try:
+            self.conductor.fail(run.id, stage, f"cannot be run: {reason}")
+        except Exception as exc:
+            sweep.errors[run.id] = f"{type(exc).__name__}: {exc}"
+            logger.exception("run %s: failing it failed; going on with the others", run.id)
+            return
+        sweep.failed[run.id] = reason
+        logger.error("run %s failed: %s", run.id, reason)
+
+    def _repair(self, run: RunRecord, now: float, held: Held) -> Repair | None:
         if run.status.is_terminal:
             self.conductor.store.retire(run)
             return None
         stage = run.current_stage
         if stage is None or stage not in run.stages:
             return None
+        spec = self.conductor.stage_of(run, stage)
+        queue = spec.queue
         record = run.stages[stage]
-        if not self._stuck(run, stage, now, held):
+        if not self._stuck(run, stage, queue, now, held):
             return None
         was = record.status.value
 
         def mutate(current: RunRecord, pipe: Any) -> bool:
             again = current.stages[stage]
-            if current.status.is_terminal or not self._stuck(current, stage, now, held):
+            if current.status.is_terminal or not self._stuck(current, stage, queue, now, held):
                 return False
             if again.status == StageStatus.RUNNING:
                 again.interrupted += 1
@@ -101,12 +152,11 @@ class Reconciler:
 
         if not self.conductor.store.transact(run.id, mutate):
             return None
-        spec = load_pipeline(run.pipeline).stage(stage)
-        self.conductor.dispatcher.send_stage(run.id, spec, record.iteration)
+        self.conductor.dispatcher.send_stage(run.id, run.pipeline, spec, record.iteration)
         logger.warning("run %s: stage %s was stuck %s; sent again", run.id, stage, was)
         return Repair(run.id, stage, was)
 
-    def _stuck(self, run: RunRecord, stage: str, now: float, held: Callable[[], set[str]]) -> bool:
+    def _stuck(self, run: RunRecord, stage: str, queue: str, now: float, held: Held) -> bool:
         record = run.stages[stage]
         late = self.queue.stuck_after_s
         if record.status == StageStatus.RUNNING:
@@ -116,5 +166,5 @@ class Reconciler:
         if record.status == StageStatus.QUEUED:
             queued_long_ago = record.queued_at is not None and record.queued_at + late < now
             task_id = stage_task_id(run.id, stage, record.iteration)
-            return queued_long_ago and task_id not in held()
+            return queued_long_ago and held().get(task_id) != queue
         return False

@@ -77,8 +77,11 @@ class RunStore:
 
     # -- runs --------------------------------------------------------------------------------
 
-    def create(self, run: RunRecord, *, force: bool = False) -> tuple[RunRecord, bool]:
-        """Store a new run, unless its idempotency key already names a live run.
+    def create(
+        self, run: RunRecord, *, force: bool = False, pipeline_content: str | None = None
+    ) -> tuple[RunRecord, bool]:
+        """Store a new run, unless its idempotency key already names a live run; with it, the
+        pipeline spec it pinned (`pipeline_content`, whose digest is `run.pipeline_hash`).
 
         Returns the run that now stands for the issue and whether it was created.
         """
@@ -95,6 +98,8 @@ class RunStore:
                     pipe.multi()
                     pipe.set(idem_key, run.id)
                     pipe.hset(keys.run(run.id), mapping=run_fields(run))
+                    if pipeline_content is not None:
+                        pipe.set(keys.pipeline(run.id), pipeline_content)
                     pipe.zadd(keys.RUNS, {run.id: run.created_at})
                     pipe.sadd(keys.ACTIVE, run.id)
                     pipe.execute()
@@ -106,10 +111,15 @@ class RunStore:
         return _parse_run(run_id, self.redis.hgetall(keys.run(run_id)))
 
     def get_each(
-        self, run_ids: Iterable[str], *, batch: int = 200
+        self,
+        run_ids: Iterable[str],
+        *,
+        batch: int = 200,
+        on_broken: Callable[[str, Exception], None] | None = None,
     ) -> Iterator[tuple[str, RunRecord | None]]:
         """Each run in order, None for one that no longer exists (expired), read `batch` runs
-        per round trip; stop early to read no more."""
+        per round trip; stop early to read no more. A record that cannot be read (corrupt) is
+        handed to `on_broken` and left out; without `on_broken`, its error is raised."""
         ids = list(run_ids)
         for start in range(0, len(ids), batch):
             chunk = ids[start : start + batch]
@@ -118,7 +128,17 @@ class RunStore:
                     pipe.hgetall(keys.run(run_id))
                 found = pipe.execute()
             for run_id, fields in zip(chunk, found, strict=True):
-                yield run_id, _parse_run(run_id, fields) if fields else None
+                if not fields:
+                    yield run_id, None
+                    continue
+                try:
+                    run = _parse_run(run_id, fields)
+                except (ValueError, KeyError, TypeError) as exc:
+                    if on_broken is None:
+                        raise
+                    on_broken(run_id, exc)
+                    continue
+                yield run_id, run
 
     def stage_state(self, run_id: str, stage: str) -> tuple[RunStatus, StageRecord | None]:
         """The run's status and one stage's record, in one round trip (no transaction)."""
@@ -158,6 +178,11 @@ class RunStore:
                 return result
             if written == -1:
                 raise RunNotFoundError(run_id)
+
+    def pipeline_content(self, run_id: str) -> str | None:
+        """The pipeline spec the run pinned (canonical JSON); None if it has none."""
+        content: str | None = self.redis.get(keys.pipeline(run_id))
+        return content
 
     def recent(self, limit: int = 50) -> list[str]:
         return list(self.redis.zrevrange(keys.RUNS, 0, limit - 1))
@@ -329,6 +354,7 @@ def run_fields(run: RunRecord) -> dict[str, str]:
             {
                 "id": run.id,
                 "pipeline": run.pipeline,
+                "pipeline_hash": run.pipeline_hash,
                 "repo": run.repo,
                 "commit": run.commit,
                 "base": run.base,

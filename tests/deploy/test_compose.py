@@ -254,6 +254,8 @@ def test_secrets_and_the_docker_socket_reach_only_the_services_that_use_them(
     for name, service in config["services"].items():
         environment = service.get("environment", {})
         stage = fixer.stage(name) if name in STAGES else None
+        if stage is not None:  # one service per stage queue, `baton.fixer.<stage>`
+            assert service["command"][:5] == ["worker", "--pipeline", "fixer", "--stages", name]
         model_keys = [environment.get(k) for k in ("GOOGLE_API_KEY", "OPENAI_API_KEY",
                                                    "ANTHROPIC_API_KEY")]  # fmt: skip
         assert model_keys == (["model-key", "openai-key", "anthropic-key"] if stage else [None] * 3)

@@ -130,7 +130,9 @@ def test_worker_deployments_are_exactly_the_stages_of_the_fixer_pipeline() -> No
 @pytest.mark.parametrize("stage", sorted(FIXER_STAGES))
 def test_each_worker_serves_its_own_stage_and_nothing_else(stage: str) -> None:
     worker = container(workers()[stage], "worker")
-    assert worker["args"] == ["worker", "--stages", stage, "--concurrency", "2"]
+    assert worker["args"] == [
+        "worker", "--pipeline", "fixer", "--stages", stage, "--concurrency", "2"
+    ]  # fmt: skip
 
 
 def init_container(deployment: Doc, name: str) -> Doc:

@@ -83,7 +83,7 @@ def test_each_scaled_object_counts_the_waiting_messages_of_its_stage_queue(stage
     assert [t["type"] for t in scaled["spec"]["triggers"]] == ["redis", "prometheus"]
     redis = trigger(scaled, "redis")
     meta = redis["metadata"]
-    assert meta["listName"] == stage_spec(stage).queue == f"baton.{stage}"
+    assert meta["listName"] == stage_spec(stage).queue == f"baton.fixer.{stage}"
     concurrency = container(workers()[stage], "worker")["args"][-1]
     assert meta["listLength"] == concurrency
     assert meta["activationListLength"] == "0"

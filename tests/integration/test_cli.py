@@ -192,7 +192,7 @@ def test_a_worker_serves_only_the_stages_it_is_given(
             time.sleep(0.3)
         time.sleep(2)
         shown = json.loads(baton("status", run_id, "--json", env=env).stdout)
-        queued = redis.Redis.from_url(url).llen("baton.search")
+        queued = redis.Redis.from_url(url).llen("baton.fixer.search")
     finally:
         worker.send_signal(signal.SIGTERM)
         worker.wait(timeout=30)
@@ -208,7 +208,7 @@ def test_a_worker_serves_only_the_stages_it_is_given(
     assert [(r["agent"], r["number"]) for r in kept] == [("triage", 1)]
     assert "ZeroDivisionError" in json.dumps(kept[0]["config"])  # the issue, as sent
     assert CANARY_KEY not in json.dumps(kept)  # the key travels in a header, never kept
-    assert b"baton.triage" in (tmp_path / "worker.log").read_bytes()
+    assert b"baton.fixer.triage" in (tmp_path / "worker.log").read_bytes()
 
 
 def test_demo_json_reports_every_stage_the_proof_and_the_branch(tmp_path: Path) -> None:
@@ -261,7 +261,7 @@ def test_top_shows_the_queues_the_workers_and_the_runs(stack: Stack) -> None:
     assert all(name.startswith("celery@") or "@" in name for name in fleet["workers"])
     assert fleet["runs"].get("done", 0) >= 1
     assert set(fleet["queues"]) <= {
-        f"baton.{s}" for s in ("triage", "search", "plan", "reproduce", "fix", "pr")
+        f"baton.fixer.{s}" for s in ("triage", "search", "plan", "reproduce", "fix", "pr")
     }
 
 

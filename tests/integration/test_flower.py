@@ -153,7 +153,7 @@ def test_a_logged_in_browser_follows_every_stage_of_a_run_on_the_tasks_page(
     assert api.get_run(run_id, settings=stack.settings).status is RunStatus.DONE
     assert sorted(shown) == sorted(STAGES), shown
     for stage, row in shown.items():
-        assert row["name"] == f"baton.{stage}"
+        assert row["name"] == f"baton.fixer.{stage}"
         assert row["uuid"] == f"{run_id}.{stage}"
         assert row["state"] == "SUCCESS"
         assert row["worker"].startswith("baton-worker-")
@@ -166,7 +166,9 @@ def test_a_logged_in_browser_follows_every_stage_of_a_run_on_the_tasks_page(
         auth=(flower.user, flower.password),
         timeout=10,
     ).json()
-    assert sorted(task["name"] for task in found.values()) == sorted(f"baton.{s}" for s in STAGES)
+    assert sorted(task["name"] for task in found.values()) == sorted(
+        f"baton.fixer.{s}" for s in STAGES
+    )
 
 
 @pytest.mark.timeout(240)
@@ -183,7 +185,7 @@ def test_flower_shows_each_iteration_of_a_looped_stage_as_its_own_task(
                           auth=(flower.user, flower.password), timeout=10).json()  # fmt: skip
         time.sleep(0.5)
 
-    fixes = {uuid: task for uuid, task in found.items() if task["name"] == "baton.fix"}
+    fixes = {uuid: task for uuid, task in found.items() if task["name"] == "baton.fixer.fix"}
     assert sorted(fixes) == [f"{run.id}.fix", f"{run.id}.fix.2"]
     assert {task["state"] for task in fixes.values()} == {"SUCCESS"}
 

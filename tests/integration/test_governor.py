@@ -20,6 +20,7 @@ import redis
 from demo.runner import make_sample_repo
 from orchestrator.control import api
 from orchestrator.core.models import RunRecord, RunStatus
+from orchestrator.core.pipeline import load_pipeline
 from orchestrator.core.settings import DEFAULT_MODEL
 from testkit import services
 from testkit.gemini import FakeGemini
@@ -37,12 +38,12 @@ description = "Two stages without tools: one model call each, two when a reply n
 
 [[stages]]
 name = "gov_first"
-output_schema = "orchestrator.core.schemas:Summary"
+output_schema = "orchestrator.pipelines.schemas:Summary"
 instruction = "Summarize the report in one sentence.\\n{issue}"
 
 [[stages]]
 name = "gov_second"
-output_schema = "orchestrator.core.schemas:Summary"
+output_schema = "orchestrator.pipelines.schemas:Summary"
 instruction = "Shorten this summary: {gov_first}"
 """
 SUMMARY = {"json": {"summary": "Checkout divides cents twice."}}
@@ -84,7 +85,7 @@ def fleet_for(redis_url: str, tmp_path: Path) -> Iterator[Any]:
             settings = stack_settings(url, fake, tmp_path)
             pipeline = tmp_path / "governed.toml"
             pipeline.write_text(PIPELINE)
-            queues = ["baton.gov_first", "baton.gov_second"]
+            queues = [stage.queue for stage in load_pipeline(str(pipeline)).stages]
             for n in range(workers):
                 stack.enter_context(
                     services.worker(

@@ -18,6 +18,7 @@ import pytest
 from orchestrator.core.models import RunRecord, RunStatus, StageStatus
 from orchestrator.core.store import RunStore
 from tests.repos import Git
+from tests.twin import FIXER_SPEC
 
 from .conftest import CANARY_KEY, Stack, demo_scenario
 
@@ -223,7 +224,7 @@ def test_a_fix_that_skips_the_tests_and_claims_success_is_measured_and_not_publi
 ) -> None:
     """Relaxed: one iteration of the fix loop (a pipeline copy with `max_iterations = 1`);
     test_sandboxed runs the default three to the end."""
-    fixer = (Path(__file__).resolve().parents[2] / "orchestrator/pipelines/fixer.toml").read_text()
+    fixer = FIXER_SPEC.read_text()
     once = tmp_path / "fixer-once.toml"
     once.write_text(fixer.replace("max_iterations = 3", "max_iterations = 1"))
     claim = {

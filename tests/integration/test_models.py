@@ -52,12 +52,12 @@ model = "{GEMINI_MODEL}"
 [[stages]]
 name = "mx_triage"
 model = "{OPENAI_MODEL}"
-output_schema = "orchestrator.core.schemas:Summary"
+output_schema = "orchestrator.pipelines.schemas:Summary"
 instruction = "Summarize the report in one sentence.\\n{{issue}}"
 
 [[stages]]
 name = "mx_fix"
-output_schema = "orchestrator.core.schemas:Summary"
+output_schema = "orchestrator.pipelines.schemas:Summary"
 instruction = "Shorten this summary: {{mx_triage}}"
 """
 TRIAGED = {"summary": "Checkout divides the price in cents by 100 twice."}
@@ -134,7 +134,8 @@ def test_a_mixed_pipeline_retries_each_providers_429_at_its_delay_and_keeps_quot
         "BATON_KEEP_MODEL_REQUESTS": "true",
     }
     log = tmp_path / "worker.log"
-    with services.worker(env, ["baton.mx_triage", "baton.mx_fix"], logfile=log, name="mixed"):
+    queues = ["baton.mixed.mx_triage", "baton.mixed.mx_fix"]
+    with services.worker(env, queues, logfile=log, name="mixed"):
         run, cooldowns = run_watching_cooldowns(
             settings, pipeline, make_sample_repo(tmp_path / "repo"), client
         )

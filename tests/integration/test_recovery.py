@@ -27,12 +27,13 @@ from testkit import services
 from testkit.services import worker_env
 from tests.containers import sandboxes
 from tests.repos import Git
+from tests.twin import FIXER_SPEC
 
 from .conftest import Stack, demo_scenario, stack_settings, wrong_fix_first
 
 STAGES = ["triage", "search", "plan", "reproduce", "fix", "pr"]
 ROOT = Path(__file__).resolve().parents[2]
-QUEUES = [f"baton.{s}" for s in STAGES]
+QUEUES = [f"baton.fixer.{s}" for s in STAGES]
 FAST_RECOVERY = {
     "BATON_QUEUE__LEASE_S": "6",
     "BATON_QUEUE__RECONCILE_EVERY_S": "1",
@@ -60,7 +61,7 @@ def own_db(
 def test_resume_after_a_failed_fix_reruns_only_fix_and_pr(
     stack: Stack, run_store: RunStore, git: Git, tmp_path: Path
 ) -> None:
-    fixer = (ROOT / "orchestrator" / "pipelines" / "fixer.toml").read_text()
+    fixer = FIXER_SPEC.read_text()
     once = tmp_path / "fixer-once.toml"  # relaxed: one iteration, the loop is not the point here
     once.write_text(fixer.replace("max_iterations = 3", "max_iterations = 1"))
     stack.fake.set_scenario(wrong_fix_first())

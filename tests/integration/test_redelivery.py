@@ -28,7 +28,8 @@ def test_a_redelivered_stage_only_advances_and_enqueues_nothing_twice(
     client.flushdb()
     store = RunStore(client)
 
-    with services.worker(worker_env(settings), ["baton.triage"], logfile=tmp_path / "worker.log"):
+    triage = load_pipeline("fixer").stage("triage")
+    with services.worker(worker_env(settings), [triage.queue], logfile=tmp_path / "worker.log"):
         run_id = mine.enqueue(SENTRY_EVENT.read_bytes(), mine.sample_repo())
         deadline = time.monotonic() + 60
         while store.get(run_id).stages["triage"].status != StageStatus.DONE:
@@ -37,7 +38,7 @@ def test_a_redelivered_stage_only_advances_and_enqueues_nothing_twice(
         output = store.output(run_id, "triage")
 
         dispatcher = Dispatcher.connect(url, settings.queue)
-        dispatcher.send_stage(run_id, load_pipeline("fixer").stage("triage"))
+        dispatcher.send_stage(run_id, "fixer", load_pipeline("fixer").stage("triage"))
         dispatcher.close()
         deadline = time.monotonic() + 30
         while not any('"action": "advance"' in e["data"] for e in store.audit_log(run_id)):
@@ -48,7 +49,7 @@ def test_a_redelivered_stage_only_advances_and_enqueues_nothing_twice(
     assert run.stages["triage"].attempts == 1
     assert store.output(run_id, "triage") == output
     assert run.stages["search"].status == StageStatus.QUEUED
-    assert client.llen("baton.search") == 1
+    assert client.llen("baton.fixer.search") == 1
     assert len(stack.requests("triage")) == 1
     client.flushdb()
     client.close()

@@ -43,7 +43,7 @@ from .conftest import CANARY_KEY, demo_scenario
 K8S_BATON = Path(__file__).resolve().parents[2] / "k8s" / "baton"
 ACL_FILE, USERS_SCRIPT = K8S_BATON / "redis-users.acl", K8S_BATON / "redis-users.sh"
 ROLES = ("worker", "serve", "flower", "cli", "keda")
-QUEUE = "baton.triage"
+QUEUE = "baton.fixer.triage"
 
 DANGEROUS = [
     ("FLUSHALL",),
@@ -171,6 +171,7 @@ def baton_keys() -> dict[str, list[str]]:
                     keys.quota_scale("gemini"), f"{environments.RECORD_PREFIX}0f",
                     f"{environments.LOCK_PREFIX}0f", f"{environments.KEY_OF_PREFIX}0f:c0:-"],
         "serve": [f"{keys.PREFIX}serve:session:0f", f"{keys.PREFIX}serve:failures:user:0f"],
+        "consumers": [keys.consumers("baton.fixer.fix")],
     }  # fmt: skip
 
 
@@ -190,6 +191,10 @@ def test_each_role_reaches_the_keys_of_its_work_and_no_others(acl_redis: RedisSe
             assert all(may(user, "EXPIRE", key, "1") for key in found["runs"]), user
             assert may(user, "EXISTS", *found["run list"]), user
             assert not any(may(user, "EXISTS", key) for key in found["workers"]), user
+        for key in found["consumers"]:  # workers announce the queues they serve; others read
+            assert may("worker", "ZADD", key, "1", "w"), key
+            assert all(may(user, "ZCOUNT", key, "0", "+inf") for user in ("serve", "cli")), key
+            assert not any(may(user, "ZADD", key, "1", "w") for user in ("serve", "cli")), key
         for key in found["serve"]:
             assert may("serve", "DEL", key), key
             assert not may("serve", "EXPIRE", key, "1")  # its own commands only, there
@@ -327,7 +332,7 @@ def check_flower(url: str, login: tuple[str, str], run_id: str) -> None:
         found = httpx.get(f"{url}/api/tasks", params={"search": run_id}, auth=login, timeout=10)
         shown = {task["name"] for task in found.json().values()}
         time.sleep(0.5)
-    assert shown == {f"baton.{stage}" for stage in stages}
+    assert shown == {f"baton.fixer.{stage}" for stage in stages}
     lengths = httpx.get(f"{url}/api/queues/length", auth=login, timeout=10).json()
     assert {q["name"] for q in lengths["active_queues"]} >= {QUEUE}
     broker = httpx.get(f"{url}/broker", auth=login, timeout=10)

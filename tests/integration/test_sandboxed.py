@@ -9,6 +9,8 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +26,7 @@ from testkit.services import worker_env
 from testkit.sinks import MemoryArtifacts
 from tests.containers import sandboxes
 from tests.repos import Git
+from tests.twin import FIXER_SPEC, Names
 from workers.gemini import build_model, close_model
 from workers.inputs import StageInputs, resolve
 from workers.mirrors import RepoCache
@@ -35,7 +38,6 @@ from workers.stage import StageOutput, StageSinks, execute_stage
 from .conftest import CANARY_KEY, Stack, demo_scenario, stack_settings, wrong_fix_first
 
 STAGES = ["triage", "search", "plan", "reproduce", "fix", "pr"]
-ROOT = Path(__file__).resolve().parents[2]
 GITHUB_CANARY = "ghp_CanaryTokenThatMustNeverLeak0000000000"
 
 
@@ -163,7 +165,7 @@ def test_a_fix_that_passes_only_tests_that_passed_already_is_not_published(
     """The "fix" rewrites the reproducing test into one that passes on the unchanged code and
     touches no code: its tests pass after, and it is refused. Relaxed: one iteration (a
     pipeline copy with `max_iterations = 1`), as a second would only do the same again."""
-    fixer = (ROOT / "orchestrator" / "pipelines" / "fixer.toml").read_text()
+    fixer = FIXER_SPEC.read_text()
     once = tmp_path / "fixer-once.toml"
     once.write_text(fixer.replace("max_iterations = 3", "max_iterations = 1"))
     weakened = {"path": "tests/test_empty_cart_checkout.py",
@@ -188,22 +190,47 @@ def test_a_fix_that_passes_only_tests_that_passed_already_is_not_published(
     assert git("branch", "--list", "baton/*", cwd=repo) == ""
 
 
+@contextmanager
+def served(stack: Stack, names: Names, logs: Path) -> Iterator[None]:
+    """The fixer's stages are served by the stack's worker; the twin's by a worker of their own
+    (its queues, its schemas module on `PYTHONPATH`), for as long as the test runs."""
+    if names.folder is None:
+        yield
+        return
+    path = os.pathsep.join(filter(None, [str(names.folder), os.environ.get("PYTHONPATH")]))
+    queues = [f"baton.{stage}" for stage in names.stages.values()]
+    env = {**worker_env(stack.settings), "PYTHONPATH": path}
+    with services.worker(env, queues, logfile=logs / "twin-worker.log", name="baton-twin"):
+        yield
+
+
 def test_a_fix_whose_first_attempt_fails_its_proof_is_tried_again_fresh_and_published(
-    stack: Stack, run_store: RunStore, git: Git
+    stack: Stack, run_store: RunStore, git: Git, names: Names, tmp_path: Path
 ) -> None:
-    stack.fake.set_scenario(wrong_fix_first())
+    """Over the fixer and its renamed twin, on real workers: the twin's outputs are read back
+    in the fixer's names (strictly: a key that is not the twin's own fails)."""
+    fix = names.stage("fix")
+    stack.fake.set_scenario(names.scenario(wrong_fix_first()))
     repo = stack.sample_repo()
-    run = stack.wait(stack.enqueue(SENTRY_EVENT.read_bytes(), repo), timeout_s=150)
+    with served(stack, names, tmp_path):
+        run_id = stack.enqueue(SENTRY_EVENT.read_bytes(), repo, pipeline=names.pipeline)
+        run = stack.wait(run_id, timeout_s=150)
 
     assert run.status == RunStatus.DONE, run.reason
-    fix = run.stages["fix"]
-    assert [(i.number, i.passed) for i in fix.iterations] == [(1, False), (2, True)]
-    assert fix.iterations[0].reason.startswith("the reproducing tests still fail")
-    assert (run_store.output(run.id, "fix.1") or {})["proof"]["passed"] is False
-    assert (run_store.output(run.id, "fix") or {})["proof"]["fail_to_pass"] == [REPRO_ID]
+    record = run.stages[fix]
+    assert [(i.number, i.passed) for i in record.iterations] == [(1, False), (2, True)]
+    assert record.iterations[0].reason.startswith("the reproducing tests still fail")
+    refused = names.output_back("fix", run_store.output(run.id, f"{fix}.1") or {})
+    proven = names.output_back("fix", run_store.output(run.id, fix) or {})
+    assert refused["proof"]["passed"] is False
+    assert proven["proof"]["fail_to_pass"] == [REPRO_ID]
     assert git("branch", "--list", "baton/*", cwd=repo).split() == [f"baton/{run.id}"]
+    message = git("log", "-1", "--format=%B", f"baton/{run.id}", cwd=repo)
+    assert "Proven by Baton in clean sandboxes:" in message  # the pr stage quoted the proof
+    published = names.output_back("pr", run_store.output(run.id, names.stage("pr")) or {})
+    assert published["branch"] == f"baton/{run.id}"
 
-    requests = stack.requests("fix")  # this test's: the fixture reset the server
+    requests = stack.requests(fix)  # this test's: the fixture reset the server
     system = [e["request"]["systemInstruction"]["parts"][0]["text"] for e in requests]
     first = [e for e, text in zip(requests, system, strict=True) if "previous attempt" not in text]
     second = [e for e, text in zip(requests, system, strict=True) if "previous attempt" in text]
@@ -214,7 +241,7 @@ def test_a_fix_whose_first_attempt_fails_its_proof_is_tried_again_fresh_and_publ
     )
     assert "shopcart/cart.py | +1 -1" in told  # its diff stat, not its diff
     assert second[0]["request"]["contents"] == [
-        {"role": "user", "parts": [{"text": "Do the fix stage now."}]}
+        {"role": "user", "parts": [{"text": f"Do the {fix} stage now."}]}
     ]  # a fresh session: none of the first one's turns
     seen = json.dumps([e["request"]["contents"] for e in second])
     assert "return -1" not in seen and "return -1" not in told  # the first attempt's edit
@@ -244,7 +271,7 @@ def test_a_fix_that_also_adds_a_workflow_is_refused_with_that_reason(
 def test_the_same_fix_with_those_classes_allowed_is_published_and_lists_the_file(
     stack: Stack, git: Git, tmp_path: Path
 ) -> None:
-    fixer = (ROOT / "orchestrator" / "pipelines" / "fixer.toml").read_text()
+    fixer = FIXER_SPEC.read_text()
     planned_only = 'publish = { planned_from = ["plan.files_to_change", "reproduce.test_files"] }'
     assert planned_only in fixer
     allowing = tmp_path / "fixer-allowing-ci.toml"
@@ -289,7 +316,7 @@ def test_no_secret_reaches_a_container_a_model_request_an_artifact_or_the_audit_
 
     watcher = threading.Thread(target=watch_containers, daemon=True)
     env = {"BATON_GITHUB_TOKEN": GITHUB_CANARY}
-    with services.worker({**worker_env(settings), **env}, [f"baton.{s}" for s in STAGES],
+    with services.worker({**worker_env(settings), **env}, [f"baton.fixer.{s}" for s in STAGES],
                          logfile=tmp_path / "worker.log"):  # fmt: skip
         watcher.start()
         run = mine.wait(mine.enqueue(SENTRY_EVENT.read_bytes(), mine.sample_repo()))
@@ -316,7 +343,7 @@ def test_a_worker_killed_mid_stage_leaves_no_container_once_the_reaper_ran(
     settings = stack_settings(redis_url.rsplit("/", 1)[0] + "/7", stack.fake, tmp_path)
     mine = Stack(settings, stack.fake, tmp_path)
     stack.fake.set_faults([{"agent": "fix", "latency_ms": 30_000}])
-    queues = [f"baton.{s}" for s in STAGES]
+    queues = [f"baton.fixer.{s}" for s in STAGES]
     with services.worker(worker_env(settings), queues, logfile=tmp_path / "first.log") as first:
         run_id = mine.enqueue(SENTRY_EVENT.read_bytes(), mine.sample_repo())
         deadline = time.monotonic() + 60
@@ -391,7 +418,7 @@ def test_a_docker_daemon_failure_is_retried_then_fails_the_run_with_the_reason(
     settings = stack_settings(redis_url.rsplit("/", 1)[0] + "/8", stack.fake, tmp_path)
     mine = Stack(settings, stack.fake, tmp_path)
     broken = {"DOCKER_HOST": f"unix://{tmp_path}/no-docker.sock"}
-    queues = [f"baton.{s}" for s in STAGES]
+    queues = [f"baton.fixer.{s}" for s in STAGES]
     with services.worker({**worker_env(settings), **broken}, queues, logfile=tmp_path / "w.log"):
         run = mine.wait(mine.enqueue(SENTRY_EVENT.read_bytes(), mine.sample_repo()), timeout_s=120)
 

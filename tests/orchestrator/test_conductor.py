@@ -1,4 +1,8 @@
-"""The conductor's transitions against a real Redis: messages land on the real stage queues."""
+"""The conductor's transitions against a real Redis: messages land on the real stage queues.
+
+The stop rule's and the loop's tests run over the fixer and its renamed twin (`names`,
+`tests/twin.py`): written in the fixer's names, they hand the conductor outputs in the
+pipeline's own."""
 
 from __future__ import annotations
 
@@ -23,6 +27,7 @@ from orchestrator.core.models import ArtifactRef, Issue, IssueSource, RunStatus,
 from orchestrator.core.queue import Dispatcher
 from orchestrator.core.settings import QueueConfig
 from orchestrator.core.store import RunStore
+from tests.twin import Names
 
 ISSUE = Issue(source=IssueSource.TEXT, title="Checkout crashes on an empty cart", body="boom")
 
@@ -66,7 +71,7 @@ def test_submit_creates_a_run_and_enqueues_triage_once(
     again, created_again = conductor.submit(ISSUE, repo="/r", commit="abc", pipeline="fixer")
 
     assert (created, created_again, again) == (True, False, run_id)
-    assert queued_task_ids(redis_client, "baton.triage") == [f"{run_id}.triage"]
+    assert queued_task_ids(redis_client, "baton.fixer.triage") == [f"{run_id}.triage"]
     run = conductor.store.get(run_id)
     assert run.status == RunStatus.QUEUED
     assert run.stages["triage"].status == StageStatus.QUEUED
@@ -96,7 +101,7 @@ def test_complete_records_output_and_enqueues_the_next_stage(
     record = conductor.store.get(run_id).stages["triage"]
     assert (record.status, record.requests, record.prompt_tokens_max) == (StageStatus.DONE, 2, 200)
     assert record.session_id == f"{run_id}:triage:1"
-    assert queued_task_ids(redis_client, "baton.search") == [f"{run_id}.search"]
+    assert queued_task_ids(redis_client, "baton.fixer.search") == [f"{run_id}.search"]
 
 
 def test_redelivered_stage_only_advances_and_never_enqueues_twice(
@@ -113,20 +118,20 @@ def test_redelivered_stage_only_advances_and_never_enqueues_twice(
     assert redelivered.action == "advance"
     assert conductor.store.output(run_id, "triage") == TRIAGE_OK
     assert conductor.store.get(run_id).stages["triage"].attempts == 1
-    assert queued_task_ids(redis_client, "baton.search") == [f"{run_id}.search"]
+    assert queued_task_ids(redis_client, "baton.fixer.search") == [f"{run_id}.search"]
 
 
-def test_not_actionable_triage_ends_the_run_as_skipped(conductor: Conductor) -> None:
-    run_id, _ = conductor.submit(ISSUE, repo="/r", commit="abc", pipeline="fixer")
-    begin(conductor, run_id, "triage")
-    conductor.complete(
-        run_id, "triage", result({**TRIAGE_OK, "actionable": False, "reason": "not our code"})
-    )
+def test_not_actionable_triage_ends_the_run_as_skipped(conductor: Conductor, names: Names) -> None:
+    triage = names.stage("triage")
+    run_id, _ = conductor.submit(ISSUE, repo="/r", commit="abc", pipeline=names.pipeline)
+    begin(conductor, run_id, triage)
+    said = {**TRIAGE_OK, "actionable": False, "reason": "not our code"}
+    conductor.complete(run_id, triage, result(names.output("triage", said)))
 
     run = conductor.store.get(run_id)
     assert run.status == RunStatus.SKIPPED
-    assert run.reason == "triage: not our code"
-    assert run.stages["search"].status == StageStatus.SKIPPED
+    assert run.reason == f"{triage}: not our code"
+    assert run.stages[names.stage("search")].status == StageStatus.SKIPPED
 
 
 def test_last_stage_done_ends_the_run_and_removes_temp_outputs(
@@ -314,7 +319,7 @@ def test_resume_reruns_from_the_failed_stage_and_keeps_earlier_outputs(
     assert redis_client.ttl(keys.run(run_id)) == -1
     assert run_id in conductor.store.active()
     # No worker consumes here: the first message (from plan) is still queued beside resume's.
-    assert queued_task_ids(redis_client, "baton.fix") == [f"{run_id}.fix"] * 2
+    assert queued_task_ids(redis_client, "baton.fixer.fix") == [f"{run_id}.fix"] * 2
 
 
 def test_resume_from_a_named_stage_drops_its_output_and_those_after_it(
@@ -411,7 +416,7 @@ def test_an_output_finished_after_the_cancel_is_not_recorded(
     assert conductor.store.output(run_id, "triage") is None
     record = conductor.store.get(run_id).stages["triage"]
     assert (record.status, record.requests) == (StageStatus.CANCELLED, 2)
-    assert queued_task_ids(redis_client, "baton.search") == []
+    assert queued_task_ids(redis_client, "baton.fixer.search") == []
     assert conductor.store.get(run_id).status == RunStatus.CANCELLED
 
 
@@ -508,94 +513,97 @@ def test_pending_audit_entries_are_written_even_when_the_output_is_refused(
 BEFORE_FIX = ("triage", "search", "plan", "reproduce")
 
 
-def at_fix(conductor: Conductor) -> str:
-    """A fixer run whose stages before fix are done (their outputs stand in for the real ones)."""
-    run_id, _ = conductor.submit(ISSUE, repo="/r", commit="abc", pipeline="fixer")
+def at_fix(conductor: Conductor, names: Names) -> str:
+    """A run whose stages before fix are done (their outputs stand in for the real ones)."""
+    run_id, _ = conductor.submit(ISSUE, repo="/r", commit="abc", pipeline=names.pipeline)
     for stage in BEFORE_FIX:
-        begin(conductor, run_id, stage)
-        output = TRIAGE_OK if stage == "triage" else {"stage": stage}
-        assert conductor.complete(run_id, stage, result(output), owner="host:1:t") == (
-            Completion.RECORDED
-        )
+        begin(conductor, run_id, names.stage(stage))
+        output = names.output("triage", TRIAGE_OK) if stage == "triage" else {"stage": stage}
+        assert conductor.complete(run_id, names.stage(stage), result(output),
+                                  owner="host:1:t") == Completion.RECORDED  # fmt: skip
     return run_id
 
 
-def fix_output(passed: bool, reason: str) -> dict[str, object]:
-    return {"summary": "changed cart.py", "proof": {"passed": passed, "reason": reason}}
+def fix_output(names: Names, passed: bool, reason: str) -> dict[str, object]:
+    said = {"summary": "changed cart.py", "proof": {"passed": passed, "reason": reason}}
+    return names.output("fix", said)
 
 
 def test_a_fix_whose_proof_fails_runs_again_as_its_next_iteration(
-    conductor: Conductor, redis_client: redis.Redis
+    conductor: Conductor, redis_client: redis.Redis, names: Names
 ) -> None:
-    run_id = at_fix(conductor)
-    assert queued_task_ids(redis_client, "baton.fix") == [f"{run_id}.fix"]
-    begin(conductor, run_id, "fix", owner="w:1")
+    fix, pr = names.stage("fix"), names.stage("pr")
+    run_id = at_fix(conductor, names)
+    assert queued_task_ids(redis_client, names.queue("fix")) == [f"{run_id}.{fix}"]
+    begin(conductor, run_id, fix, owner="w:1")
 
-    conductor.complete(run_id, "fix", result(fix_output(False, "1 still fails")), owner="w:1")
+    conductor.complete(run_id, fix, result(fix_output(names, False, "1 still fails")), owner="w:1")
 
     run = conductor.store.get(run_id)
-    record = run.stages["fix"]
-    assert (run.status, run.current_stage) == (RunStatus.RUNNING, "fix")
+    record = run.stages[fix]
+    assert (run.status, run.current_stage) == (RunStatus.RUNNING, fix)
     assert (record.status, record.iteration) == (StageStatus.QUEUED, 2)
     assert [(i.number, i.attempt, i.passed, i.reason, i.requests) for i in record.iterations] == [
         (1, 1, False, "1 still fails", 2)
     ]
-    assert sorted(queued_task_ids(redis_client, "baton.fix")) == [
-        f"{run_id}.fix",
-        f"{run_id}.fix.2",
+    assert sorted(queued_task_ids(redis_client, names.queue("fix"))) == [
+        f"{run_id}.{fix}",
+        f"{run_id}.{fix}.2",
     ]
-    assert queued_task_ids(redis_client, "baton.pr") == []
-    assert conductor.store.output(run_id, "fix.1") == fix_output(False, "1 still fails")
+    assert queued_task_ids(redis_client, names.queue("pr")) == []
+    assert conductor.store.output(run_id, f"{fix}.1") == fix_output(names, False, "1 still fails")
 
-    second = begin(conductor, run_id, "fix", owner="w:2")
+    second = begin(conductor, run_id, fix, owner="w:2")
     assert (second.action, second.attempt) == (StartAction.RUN, 2)  # a fresh session
-    assert conductor.store.get(run_id).stages["fix"].session_id == f"{run_id}:fix:2"
-    conductor.complete(run_id, "fix", result(fix_output(True, "proven")), owner="w:2")
+    assert conductor.store.get(run_id).stages[fix].session_id == f"{run_id}:{fix}:2"
+    conductor.complete(run_id, fix, result(fix_output(names, True, "proven")), owner="w:2")
 
     run = conductor.store.get(run_id)
-    assert (run.stages["fix"].status, run.stages["fix"].iteration) == (StageStatus.DONE, 2)
-    assert [i.passed for i in run.stages["fix"].iterations] == [False, True]
-    assert conductor.store.output(run_id, "fix") == fix_output(True, "proven")
-    assert queued_task_ids(redis_client, "baton.pr") == [f"{run_id}.pr"]
+    assert (run.stages[fix].status, run.stages[fix].iteration) == (StageStatus.DONE, 2)
+    assert [i.passed for i in run.stages[fix].iterations] == [False, True]
+    assert conductor.store.output(run_id, fix) == fix_output(names, True, "proven")
+    assert queued_task_ids(redis_client, names.queue("pr")) == [f"{run_id}.{pr}"]
     kinds = [e["kind"] for e in conductor.store.audit_log(run_id)]
     assert kinds.count("iteration_done") == 2
 
 
 def test_a_loop_that_runs_out_fails_the_run_with_the_last_reason(
-    conductor: Conductor, redis_client: redis.Redis
+    conductor: Conductor, redis_client: redis.Redis, names: Names
 ) -> None:
-    run_id = at_fix(conductor)
+    fix, pr = names.stage("fix"), names.stage("pr")
+    run_id = at_fix(conductor, names)
     for number in (1, 2, 3):
-        begin(conductor, run_id, "fix", owner=f"w:{number}")
-        said = fix_output(False, f"attempt {number}: 1 still fails")
-        conductor.complete(run_id, "fix", result(said), owner=f"w:{number}")
+        begin(conductor, run_id, fix, owner=f"w:{number}")
+        said = fix_output(names, False, f"attempt {number}: 1 still fails")
+        conductor.complete(run_id, fix, result(said), owner=f"w:{number}")
 
     run = conductor.store.get(run_id)
     assert run.status == RunStatus.FAILED
-    assert run.reason == "fix: attempt 3: 1 still fails (after 3 iterations)"
-    assert run.stages["fix"].status == StageStatus.FAILED
-    assert len(run.stages["fix"].iterations) == 3
-    assert run.stages["pr"].status == StageStatus.PENDING
-    assert sorted(queued_task_ids(redis_client, "baton.fix")) == [
-        f"{run_id}.fix", f"{run_id}.fix.2", f"{run_id}.fix.3"
+    assert run.reason == f"{fix}: attempt 3: 1 still fails (after 3 iterations)"
+    assert run.stages[fix].status == StageStatus.FAILED
+    assert len(run.stages[fix].iterations) == 3
+    assert run.stages[pr].status == StageStatus.PENDING
+    assert sorted(queued_task_ids(redis_client, names.queue("fix"))) == [
+        f"{run_id}.{fix}", f"{run_id}.{fix}.2", f"{run_id}.{fix}.3"
     ]  # fmt: skip
-    assert queued_task_ids(redis_client, "baton.pr") == []
+    assert queued_task_ids(redis_client, names.queue("pr")) == []
 
-    assert conductor.resume(run_id) == "fix"  # a resumed loop starts again at its first
-    record = conductor.store.get(run_id).stages["fix"]
+    assert conductor.resume(run_id) == fix  # a resumed loop starts again at its first
+    record = conductor.store.get(run_id).stages[fix]
     assert (record.iteration, record.iterations, record.attempts) == (1, [], 3)
 
 
 def test_a_stale_delivery_of_an_earlier_iteration_runs_nothing_twice(
-    conductor: Conductor,
+    conductor: Conductor, names: Names
 ) -> None:
-    run_id = at_fix(conductor)
-    begin(conductor, run_id, "fix", owner="w:1")
-    conductor.complete(run_id, "fix", result(fix_output(False, "no")), owner="w:1")
-    begin(conductor, run_id, "fix", owner="w:2")  # iteration 2 is running
+    fix = names.stage("fix")
+    run_id = at_fix(conductor, names)
+    begin(conductor, run_id, fix, owner="w:1")
+    conductor.complete(run_id, fix, result(fix_output(names, False, "no")), owner="w:1")
+    begin(conductor, run_id, fix, owner="w:2")  # iteration 2 is running
 
-    late = begin(conductor, run_id, "fix", owner="w:3")  # iteration 1's message, again
+    late = begin(conductor, run_id, fix, owner="w:3")  # iteration 1's message, again
 
     assert late.action == StartAction.BUSY
-    conductor.complete(run_id, "fix", result(fix_output(True, "proven")), owner="w:2")
-    assert begin(conductor, run_id, "fix", owner="w:3").action == StartAction.ADVANCE
+    conductor.complete(run_id, fix, result(fix_output(names, True, "proven")), owner="w:2")
+    assert begin(conductor, run_id, fix, owner="w:3").action == StartAction.ADVANCE

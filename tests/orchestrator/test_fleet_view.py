@@ -20,7 +20,7 @@ def rendered(fleet: Fleet, width: int) -> str:
 @pytest.mark.parametrize("width", [60, 80, 120])
 def test_top_shows_every_task_id_whole_beside_a_long_worker_name(width: int) -> None:
     fleet = Fleet(
-        queues=[QueueView("baton.fix", waiting=3, delivered=1)],
+        queues=[QueueView("baton.fixer.fix", waiting=3, delivered=1)],
         workers=[
             WorkerView("celery@baton-fix-7d9c8b6f5-x2x4q.workers.baton.svc.cluster.local", TASKS),
             WorkerView("celery@laptop", []),
@@ -51,3 +51,21 @@ def test_a_fleet_without_workers_says_none_answered() -> None:
     text = rendered(Fleet(queues=[], workers=[], runs={"done": 1}), 80)
 
     assert "workers: none answered" in text
+
+
+def test_top_says_which_waiting_queues_no_worker_serves() -> None:
+    fleet = Fleet(
+        queues=[
+            QueueView("baton.fixer.fix", waiting=2, delivered=0, servers=1),
+            QueueView("baton.labeller.triage", waiting=1, delivered=0, servers=0),
+            QueueView("baton.labeller.label", waiting=0, delivered=1, servers=0),
+        ],
+        workers=[WorkerView("celery@laptop", [])],
+    )
+
+    text = rendered(fleet, 100)
+
+    assert "no worker serves baton.labeller.triage" in text
+    assert "baton.fixer.fix" in text and "serves baton.fixer.fix" not in text
+    assert "serves baton.labeller.label" not in text  # nothing waits there
+    assert Fleet.as_json(fleet)["queues"]["baton.labeller.triage"]["servers"] == 0

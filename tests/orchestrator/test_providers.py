@@ -17,12 +17,12 @@ from workers.settings import WorkerSettings
 STAGES = """
 [[stages]]
 name = "triage"
-{triage_model}output_schema = "orchestrator.core.schemas:Summary"
+{triage_model}output_schema = "orchestrator.pipelines.schemas:Summary"
 instruction = "Summarize: {{issue}}"
 
 [[stages]]
 name = "fix"
-output_schema = "orchestrator.core.schemas:Summary"
+output_schema = "orchestrator.pipelines.schemas:Summary"
 instruction = "Shorten: {{triage}}"
 """
 

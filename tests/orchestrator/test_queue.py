@@ -29,15 +29,15 @@ def test_a_stage_is_sent_as_the_one_stage_task_but_named_for_its_stage_everywher
     )
     spec = next(s for s in load_pipeline("fixer").stages if s.name == stage)
 
-    task_id = Dispatcher(app).send_stage("20261129-000000-abcdef", spec)
+    task_id = Dispatcher(app).send_stage("20261129-000000-abcdef", "fixer", spec)
 
     [(message, options)] = sent
     assert task_id == f"20261129-000000-abcdef.{stage}"
     assert message.headers["task"] == STAGE_TASK == "baton.run_stage"  # what the worker runs
-    assert message.headers["shadow"] == f"baton.{stage}"  # what the worker's events say
-    assert message.sent_event["name"] == f"baton.{stage}"  # and the sender's, for Flower
+    assert message.headers["shadow"] == f"baton.fixer.{stage}"  # what the worker's events say
+    assert message.sent_event["name"] == f"baton.fixer.{stage}"  # and the sender's, for Flower
     assert message.sent_event["uuid"] == task_id
-    assert options["queue"].name == spec.queue == f"baton.{stage}"
+    assert options["queue"].name == spec.queue == f"baton.fixer.{stage}"
 
 
 def test_a_pool_process_collects_less_and_leaves_what_it_inherited_alone() -> None:

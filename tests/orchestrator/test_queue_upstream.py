@@ -77,10 +77,10 @@ def test_celery_still_names_the_sent_event_after_the_task_not_its_shadow() -> No
     event by its shadow itself, and the override can go."""
     app = Celery("pin", set_as_current=False)
     message = AMQP(app).as_task_v2(
-        "t1", STAGE_TASK, args=[RUN, "fix"], shadow="baton.fix", create_sent_event=True
+        "t1", STAGE_TASK, args=[RUN, "fix"], shadow="baton.fixer.fix", create_sent_event=True
     )
     assert message._fields == ("headers", "properties", "body", "sent_event")
-    assert message.headers["shadow"] == "baton.fix"
+    assert message.headers["shadow"] == "baton.fixer.fix"
     assert message.sent_event["name"] == STAGE_TASK
 
 
@@ -125,10 +125,10 @@ def clients_made_sending_five(app: Celery, transport: type, monkeypatch: pytest.
     channel, its pools and clients."""
     app.conf.broker_transport = f"{transport.__module__}:{transport.__qualname__}"
     dispatcher = Dispatcher(app)
-    dispatcher.send_stage(RUN, FIX)
+    dispatcher.send_stage(RUN, "fixer", FIX)
     made = constructed_clients(monkeypatch)
     for iteration in range(2, 7):
-        dispatcher.send_stage(RUN, FIX, iteration)
+        dispatcher.send_stage(RUN, "fixer", FIX, iteration)
     return len(made)
 
 
@@ -150,7 +150,7 @@ def test_kombu_keeps_queued_and_delivered_messages_where_baton_reads_them(
     app: Celery, redis_client: redis.Redis
 ) -> None:
     dispatcher = Dispatcher(app)
-    task_id = dispatcher.send_stage(RUN, FIX)
+    task_id = dispatcher.send_stage(RUN, "fixer", FIX)
     [raw] = redis_client.lrange(FIX.queue, 0, -1)
     assert json.loads(raw)["headers"]["id"] == task_id
 
@@ -165,9 +165,9 @@ def test_kombu_keeps_queued_and_delivered_messages_where_baton_reads_them(
         message, _exchange, routing_key = json.loads(redis_client.hget("unacked", tag) or "")
         assert (message["headers"]["id"], routing_key) == (task_id, FIX.queue)
         assert before - 1 <= (redis_client.zscore("unacked_index", tag) or 0) <= after + 1
-        assert dispatcher.held_task_ids(delivered_within_s=60) == {task_id}
+        assert dispatcher.held_task_ids(delivered_within_s=60) == {task_id: FIX.queue}
         delivered.ack()
-    assert dispatcher.held_task_ids(delivered_within_s=60) == set()
+    assert dispatcher.held_task_ids(delivered_within_s=60) == {}
 
 
 def test_the_task_sent_event_celery_publishes_carries_the_stage_name(app: Celery) -> None:
@@ -188,9 +188,9 @@ def test_the_task_sent_event_celery_publishes_carries_the_stage_name(app: Celery
         dispatcher = Dispatcher(app)
         sent: list[str] = []
         while not received and listening.is_alive():  # until the receiver's queue is bound
-            sent.append(dispatcher.send_stage(RUN, FIX, len(sent) + 1))
+            sent.append(dispatcher.send_stage(RUN, "fixer", FIX, len(sent) + 1))
             time.sleep(0.1)
         listening.join(timeout=15)
     assert received, "no task-sent event arrived within 10 s"
-    assert received[0]["name"] == "baton.fix"
+    assert received[0]["name"] == "baton.fixer.fix"
     assert received[0]["uuid"] in sent

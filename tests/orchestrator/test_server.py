@@ -234,7 +234,7 @@ def test_cancel_and_resume_need_the_control_scope(served: Served) -> None:
     assert resumed.json() == {"run_id": served.run_id, "resumed_from": "plan"}
     assert served.store.get(served.run_id).status == RunStatus.QUEUED
     queued = [
-        json.loads(m)["headers"]["id"] for m in served.store.redis.lrange("baton.plan", 0, -1)
+        json.loads(m)["headers"]["id"] for m in served.store.redis.lrange("baton.fixer.plan", 0, -1)
     ]
     assert f"{served.run_id}.plan" in queued
     unknown = served.client.post(f"{url}/resume", headers=control, json={"from_stage": "nope"})

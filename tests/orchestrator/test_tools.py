@@ -44,7 +44,7 @@ tools = ["get_note"]
 
 [[stages]]
 name = "label"
-output_schema = "orchestrator.core.schemas:Triage"
+output_schema = "orchestrator.pipelines.fixer.schemas:Triage"
 instruction = "Label {{issue}}"
 tools = ["read_file", "lookup_owner", "grep_for", "notes"]
 """
@@ -61,7 +61,7 @@ def spec(tools: str, stage_tools: list[str], *, stages: int = 1) -> str:
     stage = """
 [[stages]]
 name = "{name}"
-output_schema = "orchestrator.core.schemas:Triage"
+output_schema = "orchestrator.pipelines.fixer.schemas:Triage"
 instruction = "Go {{issue}}"
 tools = {tools}
 """
@@ -302,7 +302,7 @@ def test_enqueue_refuses_a_pipeline_whose_tools_cannot_run(tmp_path: Path) -> No
     nowhere = Settings(redis_url="redis://127.0.0.1:9/0")  # never reached: refused before
 
     with pytest.raises(
-        PipelineError, match=r"stage 'stage1', tool 'lookup' \(stages\[0\]\.tools\[0\]\)"
+        PipelineError, match=r"labeller\.toml, stage 'stage1', field 'tools': tool 'lookup'"
     ):
         api.enqueue("a text report", repo=str(tmp_path), pipeline=str(path), settings=nowhere)
 

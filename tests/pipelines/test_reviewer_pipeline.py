@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from orchestrator.core.facts import Fact, measured_fields
 from orchestrator.core.pipeline import load_pipeline
-from orchestrator.core.schemas import Fact, measured_fields
 from orchestrator.core.tools import HostTool
 from orchestrator.pipelines.reviewer import SPEC
 from orchestrator.pipelines.reviewer.schemas import (

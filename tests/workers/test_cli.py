@@ -52,7 +52,7 @@ model = "openai/gpt-4.1-mini"
 
 [[stages]]
 name = "summarize"
-output_schema = "orchestrator.core.schemas:Summary"
+output_schema = "orchestrator.pipelines.schemas:Summary"
 instruction = "Summarize: {issue}"
 """
 

@@ -24,8 +24,9 @@ from google.genai import errors as genai_errors
 from prometheus_client.parser import text_string_to_metric_families
 
 import sandbox
+from orchestrator.core.facts import Fact, TestRun
 from orchestrator.core.pipeline import VerifyRule, load_pipeline
-from orchestrator.core.schemas import Fact, Plan, TestRun
+from orchestrator.pipelines.fixer.schemas import Plan
 from workers import errors as workers_errors
 from workers import output, stage
 from workers.errors import (

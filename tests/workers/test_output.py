@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.core.schemas import Plan, Triage
+from orchestrator.pipelines.fixer.schemas import Plan, Triage
 from workers.budget import json_chars
 from workers.errors import StageOutputError
 from workers.output import parse, repair_message, truncate_to_budget

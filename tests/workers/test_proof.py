@@ -2,8 +2,9 @@ from __future__ import annotations
 
 import pytest
 
+from orchestrator.core.facts import TestRun
 from orchestrator.core.pipeline import load_pipeline
-from orchestrator.core.schemas import Fix, Plan, TestRun
+from tests.twin import Names
 from workers.inputs import PREVIOUS_ATTEMPT_CHARS, previous_attempt
 from workers.proof import (
     counts,
@@ -69,17 +70,21 @@ def test_description_names_exit_code_and_counts() -> None:
     )
 
 
-def test_evidence_names_the_command_and_both_runs() -> None:
+def test_evidence_names_the_command_and_both_runs(names: Names) -> None:
+    """Over the fixer and its renamed twin: the outputs are written in the fixer's names and
+    renamed (`names`) before the pipeline's own schemas (`Fix`, `Plan`) read them."""
+    fix, plan = names.schemas.Fix, names.schemas.Plan
     before = {"command": "pytest -q", "exit_code": 1, "passed": 3, "failed": 1, "timed_out": False}
     after = {**before, "exit_code": 0, "passed": 4, "failed": 0}
-    assert evidence(Fix, {"tests_before": before, "tests_after": after}) == (
+    assert evidence(fix, names.output("fix", {"tests_before": before, "tests_after": after})) == (
         "Verified by Baton in a sandbox with `pytest -q`:\n"
         "- before the change: exit code 1, 3 passed, 1 failed\n"
         "- after the change: exit code 0, 4 passed, 0 failed"
     )
-    assert evidence(Fix, None) == ""
-    assert evidence(Fix, {"summary": "no tests"}) == ""
-    assert evidence(Plan, {"tests_after": after}) == ""  # a schema that measures no tests
+    assert evidence(fix, None) == ""
+    assert evidence(fix, names.output("fix", {"summary": "no tests"})) == ""
+    measures_none = {names.field("test_command"): "x", names.field("tests_after"): after}
+    assert evidence(plan, measures_none) == ""  # a schema that measures no tests
 
 
 TWO_FILES = """diff --git a/pkg/core.py b/pkg/core.py
@@ -125,18 +130,21 @@ def test_test_files_are_told_by_their_path(path: str, is_test: bool) -> None:
     assert is_test_file(path) is is_test
 
 
-def test_the_next_iteration_is_told_why_the_last_was_refused_within_a_budget() -> None:
-    fix = load_pipeline("fixer").stage("fix")
+def test_the_next_iteration_is_told_why_the_last_was_refused_within_a_budget(
+    names: Names,
+) -> None:
+    fix = load_pipeline(names.pipeline).stage(names.stage("fix"))
     verdict = {
         "passed": False,
         "reason": "the reproducing tests still fail with the change",
+        "reproducing_command": "python3 -m unittest tests.test_a",
         "still_failing": ["tests.test_a.T.test_empty"],
         "diff_stat": "shopcart/cart.py | +1 -1",
         "failure_tail": "x" * 5_000 + "ZeroDivisionError: integer division by zero",
     }
     output = {"summary": "returned -1 for an empty cart", "proof": verdict}
 
-    told = previous_attempt(fix, output, 1)
+    told = previous_attempt(fix, names.output("fix", output), 1)
 
     assert told.startswith(
         "Your previous attempt (iteration 1 of 3) was not accepted: the reproducing tests still "

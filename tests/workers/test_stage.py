@@ -3,6 +3,11 @@
 The model is the real google-genai client (as a worker builds it) talking to the fake Gemini
 server inside this process (`testkit.gemini.InProcessGemini`); code stages work in host-side
 working copies of the demo's sample repository (`testkit.sandboxes.LocalSandboxes`).
+
+The tests of verification, reproduction, proof, the loop's verdict and publication run over the
+fixer and its renamed twin (`tests/twin.py`, `OVER_BOTH`): written in the fixer's names, their
+scripts are renamed on the way to the model and the outputs strictly renamed back, after they
+validated against the pipeline's own schema.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from testkit.sandboxes import LocalSandboxes
 from testkit.sinks import MemoryArtifacts
 from tests.fences import failing_at
 from tests.repos import Git
+from tests.twin import Names, fixer
 from workers.errors import (
     NotReproducedError,
     ProofFailedError,
@@ -46,7 +52,6 @@ from workers.mirrors import RepoCache
 from workers.publish import Publisher
 from workers.stage import StageOutput, StageSinks, execute_stage
 
-PIPELINE = load_pipeline("fixer")
 DEMO = json.loads(SCENARIO.read_text())
 TEST_COMMAND = "python3 -m unittest discover -s tests -t ."
 ISSUE = "Title: ZeroDivisionError in average_price_cents\nSource: text"
@@ -64,10 +69,17 @@ def output_of(agent: str) -> dict[str, Any]:
     return final
 
 
-class Harness:
-    """One stage execution's surroundings: a fake model, sinks, sandboxes, a remote."""
+OVER_BOTH = pytest.mark.parametrize("harness", ["fixer", "twin"], indirect=True)
+"""Runs a test over the fixer and its renamed twin."""
 
-    def __init__(self, tmp_path: Path) -> None:
+
+class Harness:
+    """One stage execution's surroundings: a fake model, sinks, sandboxes, a remote; and the
+    pipeline of the fixer's shape it runs stages of, in the fixer's names (`names`)."""
+
+    def __init__(self, tmp_path: Path, names: Names | None = None) -> None:
+        self.names = names or fixer()
+        self.pipeline = load_pipeline(self.names.pipeline)
         self.remote = make_sample_repo(tmp_path / "shopcart.git")
         self.commit = resolve_commit(str(self.remote))
         self.sandboxes = LocalSandboxes(tmp_path / "sandbox-cache")
@@ -78,19 +90,25 @@ class Harness:
         self.fake = InProcessGemini()
 
     def inputs(self, stage: str, **overrides: Any) -> StageInputs:
-        spec = PIPELINE.stage(stage)
-        state = {ISSUE_KEY: ISSUE}
+        """The inputs of the fixer's `stage` (its counterpart in this pipeline), upstream
+        outputs the demo's."""
+        spec = self.pipeline.stage(self.names.stage(stage))
+        fixer_stage = {own: name for name, own in self.names.stages.items()}
+        state: dict[str, Any] = {ISSUE_KEY: ISSUE}
         for key in spec.inputs:
             if key not in (ISSUE_KEY, PREVIOUS_ATTEMPT_KEY):
-                state[key] = output_of(key)
+                state[key] = self.names.output(fixer_stage[key], output_of(fixer_stage[key]))
         values: dict[str, Any] = {
-            "run_id": "r1", "pipeline": "fixer", "spec": spec, "attempt": 1,
+            "run_id": "r1", "pipeline": self.pipeline.name, "spec": spec, "attempt": 1,
             "repo": str(self.remote), "commit": self.commit, "state": state,
         }  # fmt: skip
         return StageInputs(**{**values, **overrides})
 
-    def run(self, inputs: StageInputs, scripts: dict[str, Any], **kwargs: Any) -> StageOutput:
-        self.fake = InProcessGemini({"agents": scripts})
+    def run_own(self, inputs: StageInputs, scripts: dict[str, Any], **kwargs: Any) -> StageOutput:
+        """Run a stage with the fake model playing `scripts` (by the fixer's agent names, in
+        its names); the output in the pipeline's own names."""
+        own = {self.names.stages.get(a, a): self.names.script(a, s) for a, s in scripts.items()}
+        self.fake = InProcessGemini({"agents": own})
         return asyncio.run(
             execute_stage(
                 inputs,
@@ -102,33 +120,47 @@ class Harness:
             )
         )
 
+    def run(self, inputs: StageInputs, scripts: dict[str, Any], **kwargs: Any) -> StageOutput:
+        """`run_own`, its output valid for the pipeline's own schema and read back in the
+        fixer's names."""
+        out = self.run_own(inputs, scripts, **kwargs)
+        inputs.spec.schema_class().model_validate(out.output)
+        fixer_stage = {own: name for name, own in self.names.stages.items()}[inputs.spec.name]
+        return replace(out, output=self.names.output_back(fixer_stage, out.output))
+
     def branches(self) -> list[str]:
         return Git()("for-each-ref", "--format=%(refname:short)", cwd=self.remote).split()
 
 
 @pytest.fixture
-def harness(tmp_path: Path) -> Harness:
-    return Harness(tmp_path)
+def harness(request: pytest.FixtureRequest, tmp_path: Path) -> Harness:
+    """The fixer's harness; with `OVER_BOTH`, the fixer's and then its renamed twin's."""
+    which = getattr(request, "param", "fixer")
+    return Harness(tmp_path, request.getfixturevalue("twin") if which == "twin" else None)
 
 
 @cache
-def demo_reproduction() -> tuple[str, dict[str, Any]]:
-    """The demo's reproduce stage, run once per test process in a harness of its own (its diff
-    and output do not depend on the commit): its change and its output."""
+def demo_reproduction(names: Names) -> tuple[str, dict[str, Any]]:
+    """The demo's reproduce stage, run once per test process and pipeline in a harness of its
+    own (its diff and output do not depend on the commit): its change and its output, in the
+    pipeline's own names."""
     with tempfile.TemporaryDirectory(prefix="baton-reproduce-") as tmp:
-        harness = Harness(Path(tmp))
-        reproduced = harness.run(harness.inputs("reproduce"), {"reproduce": steps("reproduce")})
+        harness = Harness(Path(tmp), names)
+        inputs = harness.inputs("reproduce")
+        reproduced = harness.run_own(inputs, {"reproduce": steps("reproduce")})
         return harness.artifacts.data["workspace.diff"].decode(), reproduced.output
 
 
 def fix_inputs(harness: Harness, **overrides: Any) -> StageInputs:
     """The fix stage's inputs after the demo's reproduce stage ran: its test applied first,
-    its output the reproduction the proof runs, the sample repository's suite."""
-    diff, reproduction = demo_reproduction()
+    the reproduction the proof runs read through the reproduce stage's rule, the sample
+    repository's suite."""
+    diff, output = demo_reproduction(harness.names)
+    reproducer = harness.pipeline.stage(harness.names.stage("reproduce"))
     values = {
         "verify_command": TEST_COMMAND,
         "upstream_diff": diff,
-        "reproduction": reproduction,
+        "reproduction": reproducer.reproduction(output),
         "suite_command": TEST_COMMAND,
         **overrides,
     }
@@ -136,11 +168,12 @@ def fix_inputs(harness: Harness, **overrides: Any) -> StageInputs:
 
 
 @cache
-def demo_fix_diff() -> str:
-    """The demo fix's change, as the fix stage hands it on: run once per test process in a
-    harness of its own, as `demo_reproduction` is (it does not depend on the commit either)."""
+def demo_fix_diff(names: Names) -> str:
+    """The demo fix's change, as the fix stage hands it on: run once per test process and
+    pipeline in a harness of its own, as `demo_reproduction` is (it does not depend on the
+    commit either)."""
     with tempfile.TemporaryDirectory(prefix="baton-fix-") as tmp:
-        harness = Harness(Path(tmp))
+        harness = Harness(Path(tmp), names)
         harness.run(fix_inputs(harness), {"fix": steps("fix")})
         return harness.artifacts.data["workspace.diff"].decode()
 
@@ -193,7 +226,7 @@ def test_a_reply_still_invalid_after_the_repair_turn_fails_the_stage(harness: Ha
 
 def test_requests_are_trimmed_to_the_stage_budget(harness: Harness) -> None:
     read = {"call": {"name": "read_file", "args": {"path": "shopcart/cart.py"}}}
-    spec = PIPELINE.stage("search")
+    spec = harness.pipeline.stage("search")
     budget = StageBudget(max_request_tokens=2_500, max_model_calls=12)
     tight = spec.model_copy(update={"budget": budget})
 
@@ -214,7 +247,7 @@ def test_a_compacting_stage_keeps_in_a_summary_what_trimming_would_drop(
     def read(path: str) -> dict[str, Any]:
         return {"call": {"name": "read_file", "args": {"path": path}}}
 
-    spec = PIPELINE.stage("search")
+    spec = harness.pipeline.stage("search")
     compacting = spec.model_copy(
         update={
             "budget": StageBudget(max_request_tokens=2_000, max_model_calls=20),
@@ -250,6 +283,7 @@ def test_a_compacting_stage_keeps_in_a_summary_what_trimming_would_drop(
     assert harness.sinks.usage.requests == len(sent) == len(reads) + 1 + len(compactions)
 
 
+@OVER_BOTH
 def test_the_fix_is_verified_before_and_after_and_measured_fields_replace_claims(
     harness: Harness,
 ) -> None:
@@ -269,6 +303,7 @@ def test_the_fix_is_verified_before_and_after_and_measured_fields_replace_claims
     assert "tests/test_empty_cart_checkout.py" in saved["workspace.diff"].decode()
 
 
+@OVER_BOTH
 def test_a_reproduction_is_run_by_baton_on_the_unchanged_code(harness: Harness) -> None:
     claims = {**output_of("reproduce"), "reproduced": {"command": "x", "exit_code": 1,
               "failed_tests": ["made-up"], "expected_failure_seen": True}}  # fmt: skip
@@ -331,6 +366,7 @@ WRONG_REASON_TEST = PASSING_TEST.replace("), 5)", "), 6)")
     ],
     ids=["passes-already", "fails-for-another-reason", "names-a-source-file", "changes-code"],
 )  # fmt: skip
+@OVER_BOTH
 def test_a_reproduction_that_does_not_fail_as_reported_is_refused(
     harness: Harness, script: list[dict[str, Any]], said: str
 ) -> None:
@@ -339,6 +375,7 @@ def test_a_reproduction_that_does_not_fail_as_reported_is_refused(
     assert harness.sandboxes.open_now == 0
 
 
+@OVER_BOTH
 def test_a_fix_is_proven_fail_to_pass_with_no_regression(harness: Harness) -> None:
     out = harness.run(fix_inputs(harness), {"fix": steps("fix")})
 
@@ -381,6 +418,7 @@ REGRESSING = {
     ],
     ids=["test-passed-already", "regression"],
 )  # fmt: skip
+@OVER_BOTH
 def test_a_fix_short_of_the_proof_is_not_handed_on(
     harness: Harness, change: dict[str, Any], said: str, field: str, ids: list[str]
 ) -> None:
@@ -400,6 +438,7 @@ def test_a_fix_short_of_the_proof_is_not_handed_on(
     assert harness.sandboxes.open_now == 0
 
 
+@OVER_BOTH
 def test_a_fix_whose_tests_still_fail_keeps_its_evidence(harness: Harness) -> None:
     no_change = [steps("fix")[0], steps("fix")[-1]]
     inputs = fix_inputs(harness)
@@ -432,8 +471,9 @@ def test_a_cancel_stops_the_stage_at_its_next_safe_point(harness: Harness) -> No
     assert harness.sandboxes.open_now == 0
 
 
+@OVER_BOTH
 def test_a_cancel_right_before_publishing_pushes_nothing(harness: Harness) -> None:
-    diff = demo_fix_diff()
+    diff = demo_fix_diff(harness.names)
     # Safe points of the pr stage: model, show_diff, model, publish; then publish's own fence.
     fence, calls = cancel_on_call(5)
 
@@ -445,8 +485,9 @@ def test_a_cancel_right_before_publishing_pushes_nothing(harness: Harness) -> No
     assert "published.json" not in harness.artifacts.data
 
 
+@OVER_BOTH
 def test_a_pr_stage_publishes_and_reports_the_branch_it_measured(harness: Harness) -> None:
-    diff = demo_fix_diff()
+    diff = demo_fix_diff(harness.names)
     claims = {**output_of("pr"), "branch": "made-up", "commit": "0" * 40}
     pr = [*steps("pr")[:-1], {"json": claims}]
 

@@ -30,6 +30,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from orchestrator.control import inspection
+from orchestrator.control.fleet import unserved_queue
 from orchestrator.control.inspection import Artifact, EntryPage, RunPage, Span, Tokens
 from orchestrator.control.server.auth import (
     ANONYMOUS_CONTROL,
@@ -75,6 +76,10 @@ class RunView(BaseModel):
     """A run with everything recorded about its stages."""
 
     summary: inspection.RunSummary
+    pipeline_hash: str | None
+    """The SHA-256 of the pipeline spec the run pinned."""
+    unserved_queue: str | None
+    """The queue its current stage waits in, when no worker serves it."""
     commit: str
     environment: str | None
     issue: Issue
@@ -258,6 +263,8 @@ def _reads(store: RunStore) -> APIRouter:
         ref = inspection.change(run)
         return RunView(
             summary=inspection.summarize(run),
+            pipeline_hash=run.pipeline_hash,
+            unserved_queue=unserved_queue(store, run),
             commit=run.commit,
             environment=run.environment,
             issue=run.issue,

@@ -11,7 +11,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from orchestrator.core.schemas import Fact, Measured, TestRun
+from orchestrator.core.facts import Fact, Measured, TestRun
 
 Severity = Literal["low", "medium", "high", "critical"]
 """How much a finding matters: `critical` and `high` are bugs or risks that should block the

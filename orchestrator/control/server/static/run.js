@@ -97,9 +97,17 @@ function drawHeader() {
     .filter(Boolean).join(" ");
   $("run-reason").hidden = !summary.reason;
   $("run-reason").textContent = summary.reason || "";
+  const unserved = page.view.unserved_queue;
+  $("run-unserved").hidden = !unserved;
+  $("run-unserved").textContent = unserved
+    ? `No worker serves ${unserved}, where ${summary.current_stage} waits: start one with ` +
+      `baton worker --pipeline ${summary.pipeline} --stages ${summary.current_stage}`
+    : "";
   const repoUrl = safeUrl(summary.repo);
   const facts = [
-    ["pipeline", summary.pipeline],
+    ["pipeline", page.view.pipeline_hash
+      ? el("span", { title: `sha256 ${page.view.pipeline_hash}` }, `${summary.pipeline} · ${page.view.pipeline_hash.slice(0, 12)}`)
+      : summary.pipeline],
     ["repository", repoUrl ? el("a", { href: repoUrl, rel: "noreferrer" }, summary.repo) : summary.repo],
     ["commit", el("span", { class: "mono", title: commit }, commit.slice(0, 12))],
     ["environment", environment ? el("span", { class: "mono" }, environment) : "—"],

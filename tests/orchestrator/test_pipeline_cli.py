@@ -1,0 +1,58 @@
+"""`baton pipeline show` and `new`: what a pipeline author sees and starts from."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from orchestrator.control.cli import main
+
+FIXER = ["triage", "search", "plan", "reproduce", "fix", "pr"]
+
+
+def test_show_json_lists_each_stage_with_its_queue_tools_model_and_loop() -> None:
+    result = CliRunner().invoke(main, ["pipeline", "show", "fixer", "--json"])
+
+    assert result.exit_code == 0, result.output
+    shown = json.loads(result.output)
+    assert shown["name"] == "fixer" and len(shown["digest"]) == 64
+    assert [s["name"] for s in shown["stages"]] == FIXER
+    assert [s["queue"] for s in shown["stages"]] == [f"baton.fixer.{name}" for name in FIXER]
+    fix = shown["stages"][FIXER.index("fix")]
+    assert fix["loop"] == "until proof.passed, at most 3"
+    assert "edit_file" in fix["tools"] and fix["model"] == "default"
+    assert shown["stages"][0]["stop"] == "stops the run when actionable = False"
+
+
+def test_show_draws_the_table_and_the_graph_as_text() -> None:
+    result = CliRunner().invoke(main, ["pipeline", "show", "fixer"], terminal_width=120)
+
+    assert result.exit_code == 0, result.output
+    assert "baton.fixer.reproduce" in result.output
+    assert "issue → triage → search → plan → reproduce → fix ⟲ → pr" in result.output
+    assert "search     ← {triage} {issue}" in result.output
+
+
+def test_show_of_a_broken_spec_says_what_is_wrong(tmp_path: Path) -> None:
+    path = tmp_path / "x.toml"
+    path.write_text('name = "x"\nstages = []\n')
+    result = CliRunner().invoke(main, ["pipeline", "show", str(path)])
+    assert result.exit_code == 2
+    assert f"error: {path}: " in result.output and "at least one stage" in result.output
+
+
+def test_new_writes_a_package_and_refuses_a_bad_name_or_an_existing_folder(tmp_path: Path) -> None:
+    made = CliRunner().invoke(main, ["pipeline", "new", "notes", "--dir", str(tmp_path)])
+    assert made.exit_code == 0, made.output
+    files = sorted(p.name for p in (tmp_path / "notes").iterdir())
+    assert files == ["__init__.py", "pipeline.toml", "scenario.json", "schemas.py"]
+    assert (
+        'output_schema = "notes.schemas:Summary"' in (tmp_path / "notes/pipeline.toml").read_text()
+    )
+
+    again = CliRunner().invoke(main, ["pipeline", "new", "notes", "--dir", str(tmp_path)])
+    assert again.exit_code == 2 and "exists already" in again.output
+    bad = CliRunner().invoke(main, ["pipeline", "new", "Release-Notes", "--dir", str(tmp_path)])
+    assert bad.exit_code == 2 and "lowercase letters, digits and _" in bad.output
