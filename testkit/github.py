@@ -30,6 +30,12 @@ NOT_IN_DIFF = (
     "diff hunk can't be blank"
 )
 """What GitHub says of a review comment on a line its diff does not show."""
+REFUSALS: dict[int, dict[str, Any]] = {
+    401: {"message": "Bad credentials"},
+    403: {"message": "Resource not accessible by integration"},
+    422: {"message": "Unprocessable Entity", "errors": [NOT_IN_DIFF]},
+}
+"""GitHub's answers to a review it refuses, by status (`refuse_review`)."""
 REVIEW_STATES = {"COMMENT": "COMMENTED", "APPROVE": "APPROVED",
                  "REQUEST_CHANGES": "CHANGES_REQUESTED", None: "PENDING"}  # fmt: skip
 
@@ -40,7 +46,8 @@ class FakeGitHub:
 
     Requests without `Authorization: token TOKEN` (or `Bearer TOKEN`) get 401, like GitHub's.
     `refuse_create` makes the next pull request creation fail with that status, and
-    `refuse_review` the next review, each answer quoting the token as a careless server might;
+    `refuse_review` every review, with GitHub's answer for that status (`REFUSALS`), each answer
+    quoting the token as a careless server might;
     `stale_lists` hides existing pull requests from that many list requests (GitHub's lists lag
     behind its writes). `reviews` holds every review posted, by pull request number, with its
     comments.
@@ -207,7 +214,8 @@ class FakeGitHub:
         if refused or pull is None:
             return refused or _not_found()
         if self.refuse_review:
-            refusal = {"message": f"token {self.token} may not review"}
+            shape = REFUSALS.get(self.refuse_review, {"message": "Refused"})
+            refusal = {**shape, "errors": [*shape.get("errors", []), f"(token {self.token})"]}
             return JSONResponse(refusal, status_code=self.refuse_review)
         sent = await request.json()
         event = sent.get("event")

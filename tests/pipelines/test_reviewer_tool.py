@@ -6,23 +6,23 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import httpx
 import pytest
 from pydantic import SecretStr
 
-from demo.review import NAME, OWNER, ReviewRepo, make_review_repo, open_pull_request
-from orchestrator.core.tools import HostTool, ToolRun
+from demo.review import NAME, OWNER, ReviewRepo
+from orchestrator.core.tools import ToolRun
 from orchestrator.pipelines.reviewer.github import GitHubError
 from orchestrator.pipelines.reviewer.tools import post_review
 from testkit.github import NOT_IN_DIFF, FakeGitHub
-from workers.tools.host import host_tool
-from workers.tools.secrets import Secrets
 
-TOKEN = "ghp_test_0123456789abcdef"
+from .conftest import TOKEN
+
+Runs = Callable[..., ToolRun]
+
 BODY = "The threshold is off by one."
 COMMENTS = [
     {"path": "shopcart/cart.py", "line": 39, "severity": "high", "text": "Use `>=`."},
@@ -31,34 +31,15 @@ COMMENTS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def repo(tmp_path_factory: pytest.TempPathFactory) -> ReviewRepo:
-    return make_review_repo(tmp_path_factory.mktemp("review") / "shopcart.git")
-
-
-@pytest.fixture
-def github(repo: ReviewRepo) -> Iterator[FakeGitHub]:
-    with FakeGitHub.start(token=TOKEN, owner=OWNER, name=NAME) as fake:
-        open_pull_request(fake, repo)
-        yield fake
-
-
-def the_run(repo: ReviewRepo, **over: Any) -> ToolRun:
-    values = {"run_id": "20261202-000000-abcdef", "pipeline": "reviewer", "stage": "review",
-              "repo": str(repo.path), "commit": repo.head, "base": repo.base,
-              "source": "pull_request", "source_id": f"{OWNER}/{NAME}#1", **over}  # fmt: skip
-    return ToolRun.model_validate(values)
-
-
 def post(github: FakeGitHub, run: ToolRun, token: str = TOKEN) -> dict[str, Any]:
     return asyncio.run(post_review(BODY, COMMENTS, run=run, token=SecretStr(token),  # type: ignore[arg-type]
                                    api_url=github.url))  # fmt: skip
 
 
 def test_one_review_is_posted_with_comments_on_their_lines_and_the_rest_in_its_body(
-    github: FakeGitHub, repo: ReviewRepo
+    github: FakeGitHub, repo: ReviewRepo, tool_run: Runs
 ) -> None:
-    answer = post(github, the_run(repo))
+    answer = post(github, tool_run())
 
     [review] = github.reviews[1]
     assert answer == {
@@ -83,9 +64,9 @@ def test_one_review_is_posted_with_comments_on_their_lines_and_the_rest_in_its_b
 
 
 def test_the_token_goes_in_the_authorization_header_and_nowhere_else(
-    github: FakeGitHub, repo: ReviewRepo
+    github: FakeGitHub, repo: ReviewRepo, tool_run: Runs
 ) -> None:
-    post(github, the_run(repo))
+    post(github, tool_run())
 
     assert {entry["authorization"] for entry in github.requests} == {f"Bearer {TOKEN}"}
     without_headers = [{k: v for k, v in e.items() if k != "authorization"}
@@ -94,11 +75,11 @@ def test_the_token_goes_in_the_authorization_header_and_nowhere_else(
 
 
 def test_posting_again_for_the_same_run_returns_the_review_already_posted(
-    github: FakeGitHub, repo: ReviewRepo
+    github: FakeGitHub, repo: ReviewRepo, tool_run: Runs
 ) -> None:
-    first = post(github, the_run(repo))
-    again = post(github, the_run(repo))
-    other_run = post(github, the_run(repo, run_id="20261202-000001-fedcba"))
+    first = post(github, tool_run())
+    again = post(github, tool_run())
+    other_run = post(github, tool_run(run_id="20261202-000001-fedcba"))
 
     assert again == {"posted": True, "already_posted": True, "review_id": first["review_id"],
                      "url": first["url"]}  # fmt: skip
@@ -107,7 +88,7 @@ def test_posting_again_for_the_same_run_returns_the_review_already_posted(
 
 
 def test_github_itself_refuses_a_review_with_a_comment_outside_the_diff(
-    github: FakeGitHub, repo: ReviewRepo
+    github: FakeGitHub, repo: ReviewRepo, tool_run: Runs
 ) -> None:
     """Why the tool places the comments first: one stray comment loses the whole review."""
     stray = {"path": "shopcart/cart.py", "line": 25, "side": "RIGHT", "body": "x"}
@@ -121,11 +102,11 @@ def test_github_itself_refuses_a_review_with_a_comment_outside_the_diff(
 
 
 def test_a_review_of_a_head_the_pull_request_has_moved_past_is_not_posted(
-    github: FakeGitHub, repo: ReviewRepo
+    github: FakeGitHub, repo: ReviewRepo, tool_run: Runs
 ) -> None:
     with pytest.raises(GitHubError, match=f"the pull request's head is now {repo.head[:12]}, "
                        f"not {repo.base[:12]}, which this run reviewed"):  # fmt: skip
-        post(github, the_run(repo, commit=repo.base))
+        post(github, tool_run(commit=repo.base))
 
     assert github.reviews[1] == []
 
@@ -138,43 +119,20 @@ def test_a_review_of_a_head_the_pull_request_has_moved_past_is_not_posted(
     ],
 )
 def test_a_run_not_about_a_known_pull_request_posts_nothing(
-    github: FakeGitHub, repo: ReviewRepo, over: dict[str, Any], said: str
+    github: FakeGitHub, tool_run: Runs, over: dict[str, Any], said: str
 ) -> None:
     with pytest.raises(ValueError, match=said):
-        post(github, the_run(repo, **over))
+        post(github, tool_run(**over))
 
     assert github.requests == []
 
 
 def test_a_refusal_names_the_request_and_quotes_github_without_the_token(
-    github: FakeGitHub, repo: ReviewRepo
+    github: FakeGitHub, repo: ReviewRepo, tool_run: Runs
 ) -> None:
     with pytest.raises(GitHubError) as refused:
-        post(github, the_run(repo), token="ghp_wrong_0123456789")
+        post(github, tool_run(), token="ghp_wrong_0123456789")
 
     assert str(refused.value) == (
         f"GET /repos/{OWNER}/{NAME}/pulls/1: GitHub answered 401: Bad credentials"
     )
-
-
-def test_through_baton_the_model_reads_github_s_refusal_without_the_token(
-    github: FakeGitHub, repo: ReviewRepo, tmp_path: Path
-) -> None:
-    """The fake quotes the token in its refusal, as a careless server might: Baton's redaction
-    takes it out of the error the model reads."""
-    github.refuse_review = 403
-    declaration = HostTool(
-        kind="host", function="orchestrator.pipelines.reviewer.tools:post_review",
-        secrets={"token": "BATON_GITHUB_TOKEN"}, environment={"api_url": "BATON_GITHUB_API_URL"},
-    )  # fmt: skip
-    tool = host_tool(
-        "post_review", declaration, stage="review", secrets=Secrets({"BATON_GITHUB_TOKEN": TOKEN}),
-        environ={"BATON_GITHUB_API_URL": github.url}, run=the_run(repo),
-    )  # fmt: skip
-
-    answer = asyncio.run(tool.func(body=BODY, comments=COMMENTS))
-
-    assert answer == {
-        "error": f"post_review failed: GitHubError: POST /repos/{OWNER}/{NAME}/pulls/1/reviews: "
-        "GitHub answered 403: token [secret BATON_GITHUB_TOKEN] may not review"
-    }
