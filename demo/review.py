@@ -21,12 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import SecretStr
-from rich.console import Console, Group, RenderableType
-from rich.panel import Panel
-from rich.table import Table
-from rich.text import Text
+from rich.console import Console
 
 from demo import HERE, SAMPLE_REPO
+from demo.review_view import review_panel
 from demo.runner import DemoResult, demo_summary
 from orchestrator.control import api
 from orchestrator.control.report import follow, run_table
@@ -147,26 +145,12 @@ def run_review_demo(settings: Settings, *, timeout_s: float, console: Console) -
             summary["stages"]["test"]["tests"] = outputs["test"].get("tests")
         summary["reviews"] = [_review_json(review) for review in reviews]
         table = run_table(run, width=console.width)
-        return DemoResult(summary=summary, table=table, extra=_shown(reviews, pull))
+        written = (outputs.get("review") or {}).get("comments") or []
+        shown = review_panel(reviews[-1], written, pull) if reviews else None
+        return DemoResult(summary=summary, table=table, extra=shown)
     raise AssertionError("unreachable")
 
 
 def _review_json(review: dict[str, Any]) -> dict[str, Any]:
     keep = ("id", "state", "html_url", "commit_id", "body", "comments")
     return {key: review[key] for key in keep}
-
-
-def _shown(reviews: list[dict[str, Any]], pull: dict[str, Any]) -> RenderableType | None:
-    """The review the fake GitHub received: its body and each comment on its line."""
-    if not reviews:
-        return None
-    review = reviews[-1]
-    heading = Text.assemble(
-        (f"{review['state']} on {OWNER}/{NAME}#{pull['number']}", "bold"),
-        f" · commit {review['commit_id'][:12]} · {review['html_url']}\n\n",
-        review["body"].rsplit("\n\n<!--", 1)[0] + "\n",
-    )
-    comments = Table("where", "comment", box=None, show_header=True, expand=True)
-    for comment in review["comments"]:
-        comments.add_row(f"{comment['path']}:{comment['line']}", Text(comment["body"]))
-    return Panel(Group(heading, comments), title="review posted", title_align="left")
