@@ -1,5 +1,5 @@
 # `make demo` and `make test` do all set-up themselves on a fresh Debian machine.
-.PHONY: setup lock demo unit test bench soak eval docs lint clean images
+.PHONY: setup lock demo demo-review unit test bench soak eval docs lint clean images
 
 BIN := .venv/bin
 
@@ -18,6 +18,11 @@ images: setup
 
 demo: setup
 	bash scripts/with-docker.sh $(BIN)/baton demo
+
+# The reviewer pipeline on the bundled pull request (demo/pull_request/): the fake Gemini plays
+# the reviewer, the fake GitHub receives the review, which is shown at the end.
+demo-review: setup
+	bash scripts/with-docker.sh $(BIN)/baton demo-review
 
 # The unit tier: no redis-server, no dockerd, no network (tests marked `integration` are left
 # out), on both cores; property tests run a fifth of their examples (tests/tiers.py).

@@ -1,5 +1,5 @@
-"""`baton demo`, `baton fake-gemini` and `baton replay`, added to the `baton` command by entry
-point: they need the fake Gemini server (the `fake` extra)."""
+"""`baton demo`, `baton demo-review`, `baton fake-gemini` and `baton replay`, added to the `baton`
+command by entry point: they need the fake Gemini server (the `fake` extra)."""
 
 from __future__ import annotations
 
@@ -36,6 +36,26 @@ def demo(as_json: bool, timeout: float, keep: bool, real_model: bool) -> None:
         Settings(), timeout_s=timeout, console=err if as_json else out, keep=keep,
         real_model=real_model,
     )  # fmt: skip
+    if as_json:
+        click.echo(json.dumps(result.summary, indent=2))
+    else:
+        out.print(result.table)
+        if result.extra:
+            out.print(result.extra)
+    sys.exit(0 if result.summary["status"] == RunStatus.DONE.value else EXIT_FAILED_RUN)
+
+
+@click.command("demo-review")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
+@click.option("--timeout", default=300.0, show_default=True, help="Seconds to wait for the run.")
+def demo_review(as_json: bool, timeout: float) -> None:
+    """Run the reviewer pipeline on the bundled pull request (a change to the sample repository
+    with a subtle bug), with the fake Gemini server as its model and the fake GitHub receiving
+    the review; shows the review posted."""
+    from demo.review import run_review_demo
+
+    out, err = Console(), Console(stderr=True)
+    result = run_review_demo(Settings(), timeout_s=timeout, console=err if as_json else out)
     if as_json:
         click.echo(json.dumps(result.summary, indent=2))
     else:

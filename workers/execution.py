@@ -24,7 +24,7 @@ from orchestrator.core.conductor import Conductor
 from orchestrator.core.errors import RepoError
 from orchestrator.core.execution import Hold, StageFigures
 from orchestrator.core.models import ArtifactRef, RunRecord
-from orchestrator.core.pipeline import Pipeline, StageSpec
+from orchestrator.core.pipeline import CHANGE_KEY, Pipeline, StageSpec
 from orchestrator.core.providers import parse_model
 from orchestrator.core.settings import ModelConfig, ProviderConfig, RetryConfig
 from orchestrator.core.store import RunStore
@@ -44,7 +44,8 @@ from workers.errors import (
 from workers.gemini import BatonGemini, ModelClients, build_model, close_model, model_error
 from workers.governed import GovernedLlm
 from workers.governor import Governor
-from workers.inputs import resolve
+from workers.inputs import StageInputs, resolve
+from workers.mirrors import RepoCache
 from workers.publish import Publisher
 from workers.sandboxes import Sandboxes
 from workers.stage import StageOutput, StageSinks, execute_stage
@@ -85,6 +86,8 @@ class WorkerServices:
     """Save every model request as the artifact `REQUESTS_ARTIFACT`."""
     environ: Mapping[str, str] = field(default_factory=dict)
     """The worker's environment, where the secrets declared tools name are read."""
+    mirrors: RepoCache | None = None
+    """The host's repository cache, where the change a run reviews (`{change}`) is read."""
 
     @property
     def store(self) -> RunStore:
@@ -165,6 +168,8 @@ class Execution:
         )
         try:
             inputs = resolve(self.run, self.pipeline, self.spec, self.attempt, self.services.store)
+            if CHANGE_KEY in self.spec.inputs:
+                inputs = await self._with_change(inputs)
             if inputs.needs_workspace:
                 inputs = inputs.in_environment(await self._environment())
             self._model = self._build_model()
@@ -195,6 +200,21 @@ class Execution:
         except Exception:  # how the execution ended matters more than this record of it
             logger.warning("could not keep the model requests of %s of run %s",
                            self.spec.name, self.run.id, exc_info=True)  # fmt: skip
+
+    async def _with_change(self, inputs: StageInputs) -> StageInputs:
+        """The inputs with the change the run reviews, read from the host's mirror (in a
+        thread: it may fetch)."""
+        base, mirrors = self.run.base, self.services.mirrors
+        if base is None:
+            raise StageError(
+                f"stage {self.spec.name!r} reads {{{CHANGE_KEY}}}, but run {self.run.id} has no "
+                "base: enqueue it with a pull request, or with --base"
+            )
+        if mirrors is None:
+            raise StageError(f"stage {self.spec.name!r} reads {{{CHANGE_KEY}}}; this worker "
+                             "has no repository cache to read it from")  # fmt: skip
+        diff = await asyncio.to_thread(mirrors.diff, self.run.repo, base, self.run.commit)
+        return inputs.with_change(diff)
 
     async def _environment(self) -> Environment | None:
         """The run's environment (built in a thread the first time, the fleet over), its logs

@@ -16,10 +16,17 @@ from pydantic import ValidationError
 
 from orchestrator.core.execution import branch_label, session_id
 from orchestrator.core.facts import Fact, Proof, Reproduction, recorded
+from orchestrator.core.git import redact
 from orchestrator.core.models import RunRecord
-from orchestrator.core.pipeline import ISSUE_KEY, PREVIOUS_ATTEMPT_KEY, Pipeline, StageSpec
+from orchestrator.core.pipeline import (
+    CHANGE_KEY,
+    ISSUE_KEY,
+    PREVIOUS_ATTEMPT_KEY,
+    Pipeline,
+    StageSpec,
+)
 from orchestrator.core.store import RunStore
-from orchestrator.core.tools import BUILTIN_TOOLS, CommandTool, ToolDeclaration
+from orchestrator.core.tools import BUILTIN_TOOLS, CommandTool, ToolDeclaration, ToolRun
 from workers import proof
 from workers.environments import Environment
 from workers.errors import StageError
@@ -39,6 +46,12 @@ class StageInputs:
     """Where the code is (a path or URL), for code stages and publishing."""
     commit: str
     """The commit pinned when the run was enqueued."""
+    base: str | None = None
+    """The commit the run's change is measured against, when it is about one."""
+    source: str = "text"
+    """Where the run's issue came from (`IssueSource`), for the tools that ask for the run."""
+    source_id: str | None = None
+    """The issue's id at its source (`owner/repo#number`), for the same."""
     state: Mapping[str, Any] = field(default_factory=dict)
     """The session's seed state: the issue digest and the upstream outputs the stage's
     instruction references, by key."""
@@ -75,6 +88,19 @@ class StageInputs:
         command = environment.test_command if environment is not None else None
         return replace(self, environment=environment, suite_command=command)
 
+    def with_change(self, diff: str) -> StageInputs:
+        """These inputs with the change under review in the seed state (`{change}`), cut to
+        `MAX_CHANGE_CHARS`."""
+        return replace(self, state={**self.state, CHANGE_KEY: change_text(diff)})
+
+    def tool_run(self) -> ToolRun:
+        """The run, as a host tool that asks for it (`ToolRun`) is told of it."""
+        return ToolRun(
+            run_id=self.run_id, pipeline=self.pipeline, stage=self.spec.name,
+            repo=redact(self.repo), commit=self.commit, base=self.base, source=self.source,
+            source_id=self.source_id,
+        )  # fmt: skip
+
     @property
     def labels(self) -> dict[str, str]:
         """The tags of this execution's audit entries."""
@@ -93,7 +119,9 @@ def resolve(
     Raises:
         StageError: the stage verifies with a command an earlier stage did not give.
     """
-    wanted = [key for key in spec.inputs if key not in (ISSUE_KEY, PREVIOUS_ATTEMPT_KEY)]
+    wanted = [
+        key for key in spec.inputs if key not in (ISSUE_KEY, CHANGE_KEY, PREVIOUS_ATTEMPT_KEY)
+    ]
     state: dict[str, Any] = store.outputs(run.id, wanted)
     if ISSUE_KEY in spec.inputs:
         state[ISSUE_KEY] = run.issue.digest()
@@ -110,6 +138,9 @@ def resolve(
         attempt=attempt,
         repo=run.repo,
         commit=run.commit,
+        base=run.base,
+        source=run.issue.source.value,
+        source_id=run.issue.source_id,
         state=state,
         verify_command=_verify_command(run, spec, store),
         upstream_diff=_upstream_diff(run, pipeline, spec, store),
@@ -215,6 +246,26 @@ def _evidence(run: RunRecord, pipeline: Pipeline, spec: StageSpec, store: RunSto
                     )
             return proof.evidence(stage.schema_class(), output)
     return ""
+
+
+MAX_CHANGE_CHARS = 24_000
+"""The most of the change under review a stage's instruction holds (`{change}`); a longer diff
+is cut in the middle, with a marker saying how much, and the stage reads the rest from its
+workspace."""
+
+
+def change_text(diff: str) -> str:
+    """The change under review as a stage reads it: the diff, or its head and tail with a
+    marker where `MAX_CHANGE_CHARS` cut it; a note when there is no change at all."""
+    if not diff.strip():
+        return "(the change is empty: the head and the base hold the same files)"
+    if len(diff) <= MAX_CHANGE_CHARS:
+        return diff
+    half = MAX_CHANGE_CHARS // 2
+    cut = len(diff) - 2 * half
+    marker = (f"\n[… {cut:,} characters of the diff cut here; read the changed files in the "
+              "workspace …]\n")  # fmt: skip
+    return diff[:half] + marker + diff[-half:]
 
 
 PREVIOUS_ATTEMPT_CHARS = 2_500

@@ -91,6 +91,23 @@ class RepoCache:
         )
         return _owned_by(tar, uid, gid)
 
+    def diff(self, repo: str, base: str, head: str) -> str:
+        """The change from `base` to `head` as a unified diff, the way a pull request shows it:
+        from their merge base (`git diff base...head`), renames found, no external diff or
+        text conversion driver run.
+
+        Raises:
+            RepoError: either commit cannot be found, or they share no history.
+        """
+        source, mirror = repo_source(repo), self.mirror_path(repo)
+        with self._locked(mirror):
+            for commit in (base, head):
+                self._ensure_commit(source, mirror, commit)
+        args = ["-C", str(mirror), "diff", "--no-color", "--no-ext-diff", "--no-textconv",
+                "--find-renames", f"{base}...{head}", "--"]  # fmt: skip
+        failed = f"git diff of {redact(source)} from {base[:12]} to {head[:12]} failed"
+        return git_output_bytes(source, args, failed=failed).decode(errors="replace")
+
     @contextmanager
     def _locked(self, mirror: Path) -> Iterator[None]:
         """Hold the mirror's lock: an exclusive `flock`, per open file, so threads wait too."""

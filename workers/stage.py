@@ -124,6 +124,7 @@ async def execute_stage(
             environ=environ or {},
             command_timeout_s=_command_timeout_s(spec),
             model=_tool_models(inputs, model, sinks, checkpoint or fence),
+            run=inputs.tool_run(),
         )
         async with open_toolbox(spec.tools, inputs.tools, bench) as toolbox:
             agent = build_agent(

@@ -83,6 +83,7 @@ def services() -> WorkerServices:
         loop=asyncio.new_event_loop(),
         keep_model_requests=settings.keep_model_requests,
         environ=os.environ,  # declared tools' secrets, read by name when a stage needs them
+        mirrors=mirrors,
     )
 
 

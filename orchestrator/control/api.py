@@ -18,8 +18,8 @@ from orchestrator.control.checks import CHECKS_GROUP, check_pipeline
 from orchestrator.control.intake import parse_payload
 from orchestrator.core import git
 from orchestrator.core.conductor import Conductor
-from orchestrator.core.errors import EnvironmentFileError
-from orchestrator.core.models import IssueSource, RunRecord, RunStatus
+from orchestrator.core.errors import EnvironmentFileError, IntakeError
+from orchestrator.core.models import Issue, IssueSource, RunRecord, RunStatus
 from orchestrator.core.pipeline import Pipeline
 from orchestrator.core.queue import Dispatcher
 from orchestrator.core.settings import Settings
@@ -43,7 +43,8 @@ def submit(
     payload: bytes | str | Mapping[str, Any],
     *,
     repo: str,
-    ref: str = "HEAD",
+    ref: str | None = None,
+    base: str | None = None,
     pipeline: str = "fixer",
     source: IssueSource | str | None = None,
     force: bool = False,
@@ -55,14 +56,44 @@ def submit(
     settings = settings or Settings()
     data = json.dumps(payload) if isinstance(payload, Mapping) else payload
     issue = parse_payload(data, IssueSource(source) if source else None)
+    head, base = change_refs(issue, ref, base)
     checked = checked_pipeline(pipeline, settings)
+    if checked.reads_change and base is None:
+        raise IntakeError(
+            f"pipeline {checked.name!r} reviews a change ({{change}}), so a run needs a base to "
+            "measure it against: send a pull request (a GitHub pull request, its webhook "
+            "payload, or {number, base, head, repository}) or give --base",
+            "base",
+        )
     spec = read_environment(environment) if environment is not None else None
-    commit = git.resolve_commit(repo, ref)  # refuses a path that is not a repository's root
+    commit = git.resolve_commit(repo, head)  # refuses a path that is not a repository's root
+    pinned_base = git.resolve_commit(repo, base) if base is not None else None
     source = git.repo_source(repo)
     with connect(settings) as conductor:
         return conductor.submit(
-            issue, repo=source, commit=commit, pipeline=checked, force=force, environment=spec
-        )
+            issue, repo=source, commit=commit, pipeline=checked, force=force, environment=spec,
+            base=pinned_base,
+        )  # fmt: skip
+
+
+def change_refs(issue: Issue, ref: str | None, base: str | None) -> tuple[str, str | None]:
+    """The head to pin (`ref`, else the pull request's head, else `HEAD`) and the base (`base`,
+    else the pull request's, else none).
+
+    Raises:
+        IntakeError: `ref` or `base` names another commit than the pull request's own.
+    """
+    change = issue.change
+    if change is None:
+        return ref or "HEAD", base
+    for given, own, name in ((ref, change.head, "ref"), (base, change.base, "base")):
+        if given is not None and given != own:
+            raise IntakeError(
+                f"the pull request's {'head' if name == 'ref' else 'base'} is {own!r}, but "
+                f"--{name} says {given!r}; leave --{name} out (the pull request names it)",
+                name,
+            )
+    return change.head, change.base
 
 
 def checked_pipeline(pipeline: str, settings: Settings) -> Pipeline:
@@ -106,22 +137,26 @@ def enqueue(
     payload: bytes | str | Mapping[str, Any],
     *,
     repo: str,
-    ref: str = "HEAD",
+    ref: str | None = None,
+    base: str | None = None,
     pipeline: str = "fixer",
     source: IssueSource | str | None = None,
     force: bool = False,
     environment: Mapping[str, Any] | str | Path | None = None,
     settings: Settings | None = None,
 ) -> str:
-    """Parse `payload` (Sentry event or issue, GitHub issue, or text), pin the commit `ref`
-    names in the repository (a branch, a tag or a sha; its HEAD by default), create a run and
-    enqueue its first stage. Returns the run id. `environment`, a spec file's path (or its
-    table), replaces the repository's environment spec for this run.
+    """Parse `payload` (Sentry event or issue, GitHub issue, pull request, or text), pin the
+    commit `ref` names in the repository (a branch, a tag or a sha; a pull request's head, else
+    its HEAD by default), create a run and enqueue its first stage. Returns the run id.
+    `environment`, a spec file's path (or its table), replaces the repository's environment spec
+    for this run. `base` (a pull request's own by default) makes the run about a change: the diff
+    from `base` to `ref`, which a pipeline that reviews changes (`{change}`) requires.
 
     Nothing is written when the payload, the pipeline or the repository is invalid.
 
     Raises:
-        IntakeError: the payload is malformed; the message names the field.
+        IntakeError: the payload is malformed (the message names the field), `ref` or `base`
+            contradicts the pull request, or the pipeline reviews a change and there is no base.
         PipelineError: the pipeline is unknown or invalid (as `baton pipeline check` says).
         EnvironmentFileError: `environment` is not a valid spec; the message names the field.
         RepoError: the repository cannot be read, or a local path is not the root of a git
@@ -130,7 +165,7 @@ def enqueue(
         ConfigError: BATON_REDIS_URL is not set.
     """
     run_id, _ = submit(
-        payload, repo=repo, ref=ref, pipeline=pipeline, source=source, force=force,
+        payload, repo=repo, ref=ref, base=base, pipeline=pipeline, source=source, force=force,
         environment=environment, settings=settings,
     )  # fmt: skip
     return run_id

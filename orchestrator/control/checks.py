@@ -2,8 +2,8 @@
 exists: each problem names the file, the stage and the field.
 
 Checked here: the file is TOML, the fields are known and valid, stage names are unique, every
-output schema imports, every `{key}` of an instruction names `{issue}` or an earlier stage's
-output, and each stage fits the visibility timeout. Checked by the model of the spec
+output schema imports, every `{key}` of an instruction names `{issue}`, `{change}` or an earlier
+stage's output, and each stage fits the visibility timeout. Checked by the model of the spec
 (`orchestrator.core.pipeline`), then localized here: the rules across stages (stop, verify,
 reproduce, proof, loop, publish) and every model a stage names (`orchestrator.core.providers`).
 Checked by `orchestrator.core.toolcheck`: every tool a stage names is built in or declared, and
@@ -23,6 +23,7 @@ from pydantic import ValidationError
 
 from orchestrator.core.errors import ConfigError, PipelineError
 from orchestrator.core.pipeline import (
+    CHANGE_KEY,
     ISSUE_KEY,
     PREVIOUS_ATTEMPT_KEY,
     Pipeline,
@@ -142,7 +143,7 @@ def _structure(table: Mapping[str, Any], origin: str) -> Iterable[Problem]:
         if isinstance(key := stage.get("output_key") or stage.get("name"), str):
             produced.setdefault(key, str(stage.get("name")))
     seen: set[str] = set()
-    earlier = {ISSUE_KEY, PREVIOUS_ATTEMPT_KEY}
+    earlier = {ISSUE_KEY, CHANGE_KEY, PREVIOUS_ATTEMPT_KEY}
     for index, stage in enumerate(stages):
         label = _stage_label(stage, index)
         if label in seen:
@@ -171,9 +172,9 @@ def _unknown_key(key: str, produced: Mapping[str, str]) -> str:
     if key in produced:
         return (
             f"{{{key}}} is the output of stage {produced[key]!r}, which runs later: a stage reads "
-            "only {issue} and the outputs of the stages before it"
+            "only {issue}, {change} and the outputs of the stages before it"
         )
-    known = ", ".join(f"{{{k}}}" for k in [ISSUE_KEY, *produced])
+    known = ", ".join(f"{{{k}}}" for k in [ISSUE_KEY, CHANGE_KEY, *produced])
     return f"{{{key}}} names no stage's output (known: {known}; write {{{{ for a literal brace)"
 
 

@@ -115,7 +115,13 @@ def main(verbose: bool) -> None:
 @click.argument("payload", type=click.File("rb"))
 @click.option("--repo", required=True, help="Path or URL of the git repository to fix.")
 @click.option(
-    "--ref", default="HEAD", show_default=True, help="The branch, tag or commit to work on."
+    "--ref",
+    help="The branch, tag or commit to work on (default: a pull request's head, else HEAD).",
+)
+@click.option(
+    "--base",
+    help="The branch, tag or commit a change is measured against (default: a pull request's "
+    "base); a pipeline that reviews a change needs one.",
 )
 @click.option("--pipeline", default="fixer", show_default=True, help="Pipeline name or TOML file.")
 @click.option(
@@ -131,7 +137,8 @@ def main(verbose: bool) -> None:
 def enqueue(
     payload: BinaryIO,
     repo: str,
-    ref: str,
+    ref: str | None,
+    base: str | None,
     pipeline: str,
     source: str | None,
     force: bool,
@@ -140,7 +147,7 @@ def enqueue(
     """Enqueue PAYLOAD (a file, or - for stdin) against a repository; prints the run id."""
     data = payload.read()
     run_id, created = api.submit(
-        data, repo=repo, ref=ref, pipeline=pipeline, source=source, force=force,
+        data, repo=repo, ref=ref, base=base, pipeline=pipeline, source=source, force=force,
         environment=env_file,
     )  # fmt: skip
     if not created:

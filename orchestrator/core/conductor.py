@@ -57,6 +57,12 @@ def _env_part(environment: Mapping[str, Any] | None) -> str:
     return "|env:" + hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
+def _change_part(base: str | None, commit: str) -> str:
+    """What a change under review adds to a run's idempotency key: the same pull request
+    pushed again (another head, or another base) is another review."""
+    return "" if base is None else f"|change:{base}..{commit}"
+
+
 def new_run_id() -> str:
     """Sortable and readable: `20261129-190833-3fa2c1`."""
     return datetime.now(UTC).strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3)
@@ -86,11 +92,13 @@ class Conductor:
         pipeline: Pipeline | str,
         force: bool = False,
         environment: Mapping[str, Any] | None = None,
+        base: str | None = None,
     ) -> tuple[str, bool]:
         """Create a run of `pipeline` (loaded already, or its name or file) and enqueue its first
         stage; an issue seen before maps to its run. The run pins the pipeline: its name and
         digest in the record, its spec beside it. `environment`: a spec (a TOML table, checked
-        already) to use instead of the repository's.
+        already) to use instead of the repository's. `base`: the commit a change is measured
+        against, when the run is about one (its head is `commit`).
 
         Returns the run id and whether a new run was created.
         """
@@ -103,8 +111,12 @@ class Conductor:
             pipeline_hash=spec.digest,
             repo=repo,
             commit=commit,
+            base=base,
             issue=issue,
-            idempotency_key=f"{issue.idempotency_key()}|{repo}|{spec.name}{_env_part(environment)}",
+            idempotency_key=(
+                f"{issue.idempotency_key()}|{repo}|{spec.name}{_env_part(environment)}"
+                f"{_change_part(base, commit)}"
+            ),
             current_stage=spec.first.name,
             environment_spec=dict(environment) if environment is not None else None,
             stages=stages,

@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import SecretStr, TypeAdapter
 
-from orchestrator.core.tools import HostTool, ToolModel
+from orchestrator.core.tools import HostTool, ToolModel, ToolRun
 
 RESERVED_PARAMETERS = frozenset({"tool_context", "input_stream"})
 """Parameters ADK fills itself (the session's context): never a declared tool's."""
@@ -37,8 +37,14 @@ class HostSignature:
     """Parameter = variable of the worker's environment."""
     secret_strs: frozenset[str] = frozenset()
     """The secret parameters annotated `SecretStr` (the others get a plain `str`)."""
+    environment: dict[str, str] = field(default_factory=dict)
+    """Parameter = variable of the worker's environment, not secret."""
+    required_environment: frozenset[str] = frozenset()
+    """The parameters of `environment` without a default: their variable must be set."""
     model_client: str | None = None
     """The parameter annotated `ToolModel`, if any."""
+    run: str | None = None
+    """The parameter annotated `ToolRun`, if any."""
 
 
 def host_signature(declaration: HostTool) -> HostSignature:
@@ -88,7 +94,9 @@ def _analysed(declaration: HostTool) -> tuple[HostSignature | None, list[tuple[s
     for parameter in inspect.signature(function).parameters.values():
         reader.read(parameter)
     problems = reader.problems
-    for group, names in (("settings", declaration.settings), ("secrets", declaration.secrets)):
+    groups = (("settings", declaration.settings), ("secrets", declaration.secrets),
+              ("environment", declaration.environment))  # fmt: skip
+    for group, names in groups:
         problems += [
             (f".{group}.{name}", f"names parameter {name!r}, which {path} does not have")
             for name in names
@@ -108,7 +116,10 @@ def _analysed(declaration: HostTool) -> tuple[HostSignature | None, list[tuple[s
         settings=reader.settings,
         secrets=dict(declaration.secrets),
         secret_strs=frozenset(reader.secret_strs),
+        environment=dict(declaration.environment),
+        required_environment=frozenset(reader.required_environment),
         model_client=reader.model_client,
+        run=reader.run,
     ), problems
 
 
@@ -122,7 +133,9 @@ class _Reader:
         self.parameters: list[inspect.Parameter] = []
         self.settings: dict[str, Any] = {}
         self.secret_strs: set[str] = set()
+        self.required_environment: set[str] = set()
         self.model_client: str | None = None
+        self.run: str | None = None
         self.seen: set[str] = set()
 
     def read(self, parameter: inspect.Parameter) -> None:
@@ -133,14 +146,8 @@ class _Reader:
                         "positional-only parameters)")  # fmt: skip
         elif name in RESERVED_PARAMETERS:
             self._wrong(f"parameter {name!r} is reserved: ADK would hand it the session's context")
-        elif hint is ToolModel:
-            if self.model_client is not None:
-                self._wrong("has two ToolModel parameters; one is enough")
-            self.model_client = name
-        elif name in self.declaration.secrets:
-            self._secret(name, hint)
-        elif name in self.declaration.settings:
-            self._setting(name, hint)
+        elif self._filled_by_baton(parameter, hint):
+            pass
         elif hint is None:
             self._wrong(f"parameter {name!r} has no type annotation")
         else:
@@ -151,6 +158,28 @@ class _Reader:
                     f"parameter {name!r}: the model cannot be told its type {hint!r}: {exc}"
                 )
             self.parameters.append(parameter.replace(annotation=hint))
+
+    def _filled_by_baton(self, parameter: inspect.Parameter, hint: Any) -> bool:
+        """Whether Baton fills the parameter (a model client, the run, the declaration's
+        environment, secrets or settings), reading it as such; False: the model fills it."""
+        name = parameter.name
+        if hint is ToolModel:
+            if self.model_client is not None:
+                self._wrong("has two ToolModel parameters; one is enough")
+            self.model_client = name
+        elif hint is ToolRun:
+            if self.run is not None:
+                self._wrong("has two ToolRun parameters; one is enough")
+            self.run = name
+        elif name in self.declaration.environment:
+            self._environment(parameter, hint)
+        elif name in self.declaration.secrets:
+            self._secret(name, hint)
+        elif name in self.declaration.settings:
+            self._setting(name, hint)
+        else:
+            return False
+        return True
 
     def _wrong(self, message: str, at: str = ".function") -> None:
         self.problems.append((at, message))
@@ -163,6 +192,16 @@ class _Reader:
                         "`SecretStr`", f".secrets.{name}")  # fmt: skip
         if hint is SecretStr:
             self.secret_strs.add(name)
+
+    def _environment(self, parameter: inspect.Parameter, hint: Any) -> None:
+        name, at = parameter.name, f".environment.{parameter.name}"
+        if name in self.declaration.settings or name in self.declaration.secrets:
+            self._wrong("is also given in settings or secrets", at)
+        if hint is not str:
+            self._wrong(f"parameter {name!r} is filled from an environment variable, so it is "
+                        "annotated `str`", at)  # fmt: skip
+        if parameter.default is parameter.empty:
+            self.required_environment.add(name)
 
     def _setting(self, name: str, hint: Any) -> None:
         value = self.declaration.settings[name]

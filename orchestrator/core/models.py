@@ -17,6 +17,8 @@ class IssueSource(StrEnum):
     SENTRY_EVENT = "sentry_event"
     SENTRY_ISSUE = "sentry_issue"
     GITHUB = "github"
+    PULL_REQUEST = "pull_request"
+    """A GitHub pull request, or a small JSON naming a change: its base and head."""
     TEXT = "text"
 
 
@@ -30,6 +32,17 @@ class Frame(BaseModel):
     function: str | None = None
     context_line: str | None = None
     in_app: bool = False
+
+
+class ChangeRefs(BaseModel):
+    """The change a pull request proposes, as its payload names it: the base it goes into and
+    its head, each a branch, a tag or a commit. The run pins both when it is enqueued
+    (`RunRecord.base`, `RunRecord.commit`)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    base: str
+    head: str
 
 
 class Issue(BaseModel):
@@ -51,6 +64,8 @@ class Issue(BaseModel):
     tags: dict[str, str] = Field(default_factory=dict)
     links: list[str] = Field(default_factory=list)
     body: str | None = None
+    change: ChangeRefs | None = None
+    """The change a pull request proposes (its base and head); None for a report."""
 
     def idempotency_key(self) -> str:
         """Source plus source id, or a hash of the content when the source has no id."""
@@ -62,6 +77,8 @@ class Issue(BaseModel):
     def digest(self) -> str:
         """A compact, plain-text rendering for prompts."""
         lines = [f"Title: {self.title}", f"Source: {self.source.value}"]
+        if self.change:
+            lines.append(f"Change: {self.change.head} into {self.change.base}")
         if self.error_type or self.error_message:
             lines.append(
                 f"Error: {self.error_type or 'Error'}: {self.error_message or ''}".rstrip()
@@ -216,6 +233,10 @@ class RunRecord(BaseModel):
     repo: str
     commit: str
     issue: Issue
+    base: str | None = None
+    """The commit a change is measured against (a pull request's base, `--base`): the run's
+    `commit` is the change's head, and a stage that reads `{change}` gets the diff from `base`
+    to `commit`. None: the run is not about a change."""
     idempotency_key: str
     status: RunStatus = RunStatus.QUEUED
     reason: str | None = None

@@ -4,10 +4,10 @@ A pipeline is a TOML file, read, named and pinned by `orchestrator.core.specs`; 
 its `name` and the digest of its content (`Pipeline.digest`), which a run pins. Besides its
 stages it may declare tools of its own (`[tools.<name>]`, `orchestrator.core.tools`), which a
 pipeline's loading checks (`orchestrator.core.toolcheck`). Instructions are templates with
-`{key}` placeholders that name the issue (`{issue}`) or an upstream stage's output key; `{key?}`
-renders as empty when the value is missing and `{{` / `}}` are literal braces. Baton renders
-templates itself, in one pass, so braces inside the values (code, diffs, issue bodies) are never
-interpreted.
+`{key}` placeholders that name the issue (`{issue}`), the change under review (`{change}`) or an
+upstream stage's output key; `{key?}` renders as empty when the value is missing and `{{` / `}}`
+are literal braces. Baton renders templates itself, in one pass, so braces inside the values
+(code, diffs, issue bodies) are never interpreted.
 
 The stage features Baton carries out itself (stop rules, verification, reproduction, proof,
 loops, publication, compaction) are rules of `orchestrator.core.rules`: they read the fields of a
@@ -54,6 +54,10 @@ from orchestrator.core.tools import ToolDeclaration
 
 ISSUE_KEY = "issue"
 """State key of the issue digest every stage may reference."""
+CHANGE_KEY = "change"
+"""State key of the change under review: the unified diff from the run's base to its commit
+(`RunRecord.base`: a pull request's base, or `--base`). A pipeline whose stages reference it
+runs only on a run that has a base; enqueueing one without is refused."""
 PREVIOUS_ATTEMPT_KEY = "previous_attempt"
 """State key a looped stage may reference: Baton's compact summary of its previous iteration
 (its diff stat, failing tests and the tail of their output); empty in the first."""
@@ -210,7 +214,7 @@ class Pipeline(BaseModel):
         names = [s.name for s in self.stages]
         if len(set(names)) != len(names):
             raise ValueError(f"stage names repeat: {names}")
-        known = {ISSUE_KEY}
+        known = {ISSUE_KEY, CHANGE_KEY}
         earlier: dict[str, StageSpec] = {}
         for stage in self.stages:
             _check_inputs(stage, known)
@@ -241,6 +245,12 @@ class Pipeline(BaseModel):
     @property
     def first(self) -> StageSpec:
         return self.stages[0]
+
+    @property
+    def reads_change(self) -> bool:
+        """Whether a stage references `{change}`: the pipeline reviews a change, so a run of it
+        needs a base."""
+        return any(CHANGE_KEY in stage.inputs for stage in self.stages)
 
     def stage(self, name: str) -> StageSpec:
         for stage in self.stages:
@@ -278,8 +288,8 @@ def _check_inputs(stage: StageSpec, known: set[str]) -> None:
         elif key not in known:
             raise ValueError(
                 f"stage {stage.name!r} references {{{key}}}, which is neither "
-                f"{{{ISSUE_KEY}}} nor an earlier stage's output key (write {{{{ for a "
-                "literal brace)"
+                f"{{{ISSUE_KEY}}}, {{{CHANGE_KEY}}} nor an earlier stage's output key (write "
+                "{{ for a literal brace)"
             )
 
 

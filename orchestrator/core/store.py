@@ -357,6 +357,7 @@ def run_fields(run: RunRecord) -> dict[str, str]:
                 "pipeline_hash": run.pipeline_hash,
                 "repo": run.repo,
                 "commit": run.commit,
+                "base": run.base,
                 "idempotency_key": run.idempotency_key,
                 "created_at": run.created_at,
                 "environment_spec": run.environment_spec,

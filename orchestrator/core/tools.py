@@ -4,9 +4,10 @@ A pipeline's `[tools.<name>]` tables declare tools; a stage names the tools its 
 in its `tools = [...]`, built-in (`BUILTIN_TOOLS`) or declared. Three kinds:
 
 - `host`: a typed Python function by import path, run in the worker process (calls to outside
-  services). It receives the arguments the model sends, the `settings` and `secrets` its
-  declaration binds to its other parameters, and, for a parameter annotated `ToolModel`, a
-  client of the stage's model through Baton.
+  services). It receives the arguments the model sends, the `settings`, `secrets` and
+  `environment` its declaration binds to its other parameters, for a parameter annotated
+  `ToolModel` a client of the stage's model through Baton, and for one annotated `ToolRun` the
+  run it serves.
 - `command`: a command template run in the stage's sandbox, no shell. Each element of `command`
   and each value of `env` is either literal text (`{{` and `}}` for braces) or exactly one
   `{arg}`: an argument is always one whole argv element or one whole variable, never spliced
@@ -65,6 +66,29 @@ class ToolModel(Protocol):
         ...
 
 
+class ToolRun(BaseModel):
+    """The run a host tool serves, handed to a parameter annotated `ToolRun`: what the run is
+    about and where its code is, filled by Baton and never by the model. A tool that acts on an
+    outside object (the pull request under review, the issue a run started from) takes it from
+    here, so that whatever a prompt talks the model into, the tool acts on the run's own."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    run_id: str
+    pipeline: str
+    stage: str
+    repo: str
+    """The repository (a path or URL, any credential in it replaced by `***`)."""
+    commit: str
+    """The commit the run pinned: for a change, its head."""
+    base: str | None = None
+    """The commit the change is measured against; None for a run not about a change."""
+    source: str
+    """Where the run's issue came from (`orchestrator.core.models.IssueSource`)."""
+    source_id: str | None = None
+    """The issue's id at its source: `owner/repo#number` for GitHub issues and pull requests."""
+
+
 class _Declaration(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -87,6 +111,11 @@ class HostTool(_Declaration):
     """Parameters filled from the worker's environment: parameter name = variable name. Their
     values never reach a prompt, a log line or an artifact: they are removed from the tool's
     output and errors."""
+    environment: dict[str, EnvName] = Field(default_factory=dict)
+    """Parameters (annotated `str`) filled from the worker's environment that are not secret
+    and differ per deployment, an API's URL say: parameter name = variable name. A variable
+    that is not set, or empty, leaves the parameter's default; a parameter without one then
+    fails the stage, naming the variable."""
     timeout_s: float = Field(60.0, gt=0, le=3600)
     """A call still running after this long is answered with an error."""
 

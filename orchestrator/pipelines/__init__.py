@@ -6,3 +6,6 @@ from importlib import resources
 
 FIXER = resources.files(__name__) / "fixer" / "pipeline.toml"
 """The reference pipeline: an error report to a pull request."""
+
+REVIEWER = resources.files(__name__) / "reviewer" / "pipeline.toml"
+"""The second reference pipeline: a pull request to review comments posted on it."""

@@ -358,7 +358,8 @@ def test_text_becomes_an_issue_whose_title_is_the_first_non_blank_line(
         ({"latestEvent": {}, "title": "x"}, IssueSource.SENTRY_ISSUE),
         ({"id": "1", "permalink": "https://acme.sentry.io/issues/1/"}, IssueSource.SENTRY_ISSUE),
         ({"action": "opened", "issue": {}}, IssueSource.GITHUB),
-        ({"action": "opened", "pull_request": {}}, IssueSource.GITHUB),
+        ({"action": "opened", "pull_request": {}}, IssueSource.PULL_REQUEST),
+        ({"number": 1, "base": "main", "head": "fix"}, IssueSource.PULL_REQUEST),
         ({"number": 1, "html_url": "https://github.com/a/b/issues/1"}, IssueSource.GITHUB),
         (
             {"number": 1, "repository_url": "https://ghe.acme.dev/api/v3/repos/a/b"},
@@ -570,14 +571,13 @@ def test_an_unrecognised_object_is_refused_with_the_accepted_shapes() -> None:
 @pytest.mark.parametrize(
     ("payload", "field"),
     [
-        ({"action": "opened", "number": 5, "pull_request": {"title": "Fix"}}, "pull_request"),
         (
             {"action": "created", "issue": {"number": 5, "title": "x", "pull_request": {}}},
             "issue.pull_request",
         ),
         ({"number": 5, "title": "Fix", "html_url": "https://github.com/a/b/pull/5"}, "html_url"),
     ],
-    ids=["pull-request-webhook", "comment-on-a-pull-request", "rest-pull-request"],
+    ids=["comment-on-a-pull-request", "issue-object-of-a-pull-request"],
 )
 def test_a_pull_request_is_refused_as_not_an_issue(payload: dict[str, Any], field: str) -> None:
     with pytest.raises(IntakeError, match="pull request, not an issue") as refused:

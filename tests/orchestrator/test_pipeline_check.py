@@ -36,7 +36,8 @@ BROKEN = {
     ),
     "unknown key": (
         ("Label {triage}", "Label {triage} for {team}"),
-        "label", "instruction", "{team} names no stage's output (known: {issue}, {triage}, {label}",
+        "label", "instruction",
+        "{team} names no stage's output (known: {issue}, {change}, {triage}, {label}",
     ),
     "key only a later stage produces": (
         ("Triage {issue}", "Triage {issue} as {label} says"),

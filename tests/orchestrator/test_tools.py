@@ -115,6 +115,20 @@ def test_a_tool_model_parameter_is_baton_s_to_fill() -> None:
     assert [p.name for p in signature.parameters] == ["text", "style"]
 
 
+def test_the_run_and_the_environment_s_variables_are_baton_s_to_fill() -> None:
+    declaration = HostTool(
+        kind="host", function=f"{SAMPLE}:where_am_i",
+        environment={"region": "OWNERS_REGION", "api_url": "OWNERS_URL"},
+    )  # fmt: skip
+
+    signature = host_signature(declaration)
+
+    assert [p.name for p in signature.parameters] == ["question"]
+    assert signature.run == "run"
+    assert signature.environment == {"region": "OWNERS_REGION", "api_url": "OWNERS_URL"}
+    assert signature.required_environment == {"region"}  # api_url has a default
+
+
 HOST = '[tools.t]\nkind = "host"\nfunction = "{function}"\n{extra}\n'
 
 
@@ -138,6 +152,12 @@ HOST = '[tools.t]\nkind = "host"\nfunction = "{function}"\n{extra}\n'
          "tools.t.settings.region", "3 does not fit the parameter's type"),
         (f"{SAMPLE}:nap", 'secrets = { seconds = "T" }',
          "tools.t.secrets.seconds", "holds a secret, so it is annotated `str` or `SecretStr`"),
+        (f"{SAMPLE}:nap", 'environment = { seconds = "NAP_S" }', "tools.t.environment.seconds",
+         "is filled from an environment variable, so it is annotated `str`"),
+        (f"{SAMPLE}:where_am_i", 'environment = { region = "R", zone = "Z" }',
+         "tools.t.environment.zone", "names parameter 'zone', which"),
+        (f"{SAMPLE}:where_am_i", 'environment = { region = "R" }\nsecrets = { region = "S" }',
+         "tools.t.environment.region", "is also given in settings or secrets"),
     ],
 )  # fmt: skip
 def test_a_host_tool_that_cannot_run_is_refused_naming_file_stage_and_tool(

@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, SecretStr
 
-from orchestrator.core.tools import ToolModel
+from orchestrator.core.tools import ToolModel, ToolRun
 
 
 class Owner(BaseModel):
@@ -96,3 +96,11 @@ def stopped(path: str) -> str:
     from workers.errors import StageCancelledError
 
     raise StageCancelledError()
+
+
+def where_am_i(
+    question: str, *, run: ToolRun, region: str, api_url: str = "https://owners.example"
+) -> dict[str, Any]:
+    """The run a tool serves and the service it reaches."""
+    return {"question": question, "run": run.run_id, "source_id": run.source_id,
+            "repo": run.repo, "region": region, "api_url": api_url}  # fmt: skip

@@ -13,7 +13,7 @@ import pytest
 from google.adk.tools.function_tool import FunctionTool
 
 from orchestrator.core.rules import StageBudget
-from orchestrator.core.tools import CommandTool, HostTool, McpServer
+from orchestrator.core.tools import CommandTool, HostTool, McpServer, ToolRun
 from testkit.inprocess import InProcessGemini
 from testkit.workspace import LocalWorkspace
 from tests.labeller import write_notes_server
@@ -84,6 +84,53 @@ def test_the_model_cannot_replace_a_bound_setting_or_secret() -> None:
     answer = call(tool, path="a.py", token="chosen-by-the-model", region="us")
 
     assert (answer["auth"], answer["team"]) == ("Bearer [secret TOKEN]", "core@eu")
+
+
+RUN = ToolRun(run_id="run-7", pipeline="labeller", stage="label", repo="/srv/git/shop",
+              commit="c" * 40, source="pull_request", source_id="acme/shop#7")  # fmt: skip
+WHERE = HostTool(kind="host", function=f"{SAMPLE}:where_am_i",
+                 environment={"region": "OWNERS_REGION", "api_url": "OWNERS_URL"})  # fmt: skip
+
+
+def where_am_i(environ: dict[str, str], run: ToolRun | None = RUN) -> FunctionTool:
+    return host_tool("where_am_i", WHERE, stage="label", secrets=Secrets(), environ=environ,
+                     run=run)  # fmt: skip
+
+
+def test_a_host_tool_gets_the_run_and_its_variables_of_the_worker_s_environment() -> None:
+    tool = where_am_i({"OWNERS_REGION": "eu", "OWNERS_URL": "https://owners.internal"})
+
+    assert call(tool, question="who?") == {
+        "question": "who?", "run": "run-7", "source_id": "acme/shop#7", "repo": "/srv/git/shop",
+        "region": "eu", "api_url": "https://owners.internal",
+    }  # fmt: skip
+
+
+def test_a_variable_not_set_leaves_the_default_or_fails_the_stage_naming_it() -> None:
+    assert call(where_am_i({"OWNERS_REGION": "eu"}), question="q")["api_url"] == (
+        "https://owners.example"
+    )
+    with pytest.raises(StageError, match="tool 'where_am_i' of stage 'label' needs "
+                       "OWNERS_REGION set in the worker's environment"):  # fmt: skip
+        where_am_i({"OWNERS_URL": "https://owners.internal"})
+
+
+def test_a_tool_that_asks_for_the_run_fails_the_stage_without_one() -> None:
+    with pytest.raises(StageError, match="asks for the run; none is given"):
+        where_am_i({"OWNERS_REGION": "eu"}, run=None)
+
+
+def test_the_model_cannot_name_the_run_or_a_variable() -> None:
+    tool = where_am_i({"OWNERS_REGION": "eu"})
+    guard = ToolGuard([tool.name], stage="label")
+
+    assert guard.argument_problem(tool.name, tool.func, {"question": "q", "run": {}}) == (
+        "run: no such argument"
+    )
+    # past the guard, Baton's values still win
+    answer = call(tool, question="q", run=RUN.model_copy(update={"source_id": "evil/x#1"}),
+                  region="us")  # fmt: skip
+    assert (answer["source_id"], answer["region"]) == ("acme/shop#7", "eu")
 
 
 def test_an_exception_becomes_an_error_for_the_model_without_the_secret() -> None:

@@ -224,3 +224,34 @@ def test_a_commit_the_origin_does_not_have_is_named_in_the_error(
             cache.checkout(str(upstream.bare), missing, tmp_path / "work")
         else:
             cache.archive(str(upstream.bare), missing, uid=1000, gid=1000)
+
+
+def test_the_diff_of_a_change_is_from_the_merge_base_as_a_pull_request_shows_it(
+    make_upstream: Callable[[], Upstream], cache: RepoCache, git: Git
+) -> None:
+    upstream = make_upstream()
+    base = upstream.commit({"cart.py": "a = 1\n", "notes.txt": "one\n"})
+    git("checkout", "--quiet", "-b", "feature", cwd=upstream.work)
+    (upstream.work / "cart.py").write_text("a = 2\n")
+    git("commit", "--quiet", "-am", "feature", cwd=upstream.work)
+    git("push", "--quiet", "origin", "HEAD:feature", cwd=upstream.work)
+    head = git("rev-parse", "HEAD", cwd=upstream.work)
+    git("checkout", "--quiet", "main", cwd=upstream.work)
+    moved = upstream.commit({"notes.txt": "two\n"})  # main moves on after the branch point
+
+    diff = cache.diff(str(upstream.bare), moved, head)
+
+    assert "-a = 1\n+a = 2\n" in diff
+    assert "notes.txt" not in diff  # main's own later change is not the branch's
+    assert cache.diff(str(upstream.bare), base, base) == ""
+
+
+def test_the_diff_fetches_a_head_pushed_after_the_mirror_was_made(
+    make_upstream: Callable[[], Upstream], cache: RepoCache
+) -> None:
+    upstream = make_upstream()
+    base = upstream.commit({"cart.py": "a = 1\n"})
+    cache.mirror(str(upstream.bare))
+    head = upstream.commit({"cart.py": "a = 3\n"})
+
+    assert "+a = 3\n" in cache.diff(str(upstream.bare), base, head)

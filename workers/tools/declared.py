@@ -25,7 +25,14 @@ from typing import Any, Protocol
 from google.adk.tools.base_tool import BaseTool
 from google.adk.tools.function_tool import FunctionTool
 
-from orchestrator.core.tools import CommandTool, HostTool, McpServer, ToolDeclaration, ToolModel
+from orchestrator.core.tools import (
+    CommandTool,
+    HostTool,
+    McpServer,
+    ToolDeclaration,
+    ToolModel,
+    ToolRun,
+)
 from workers.errors import StageError
 from workers.tools.command import command_tool
 from workers.tools.host import host_tool
@@ -49,6 +56,8 @@ class ToolBench:
     """The most a command tool may run (its declaration may say less)."""
     model: Callable[[str, Secrets], ToolModel] | None = None
     """The model for the host tool named, whose secrets leave its prompts; None: none."""
+    run: ToolRun | None = None
+    """The run the stage serves, for a host tool that asks for it; None: none."""
 
 
 class OpenTool(Protocol):
@@ -65,7 +74,8 @@ async def _host(
 ) -> AsyncIterator[list[BaseTool]]:
     make = bench.model
     model = (lambda: make(name, secrets)) if make is not None else None
-    yield [host_tool(name, declaration, stage=bench.stage, secrets=secrets, model=model)]
+    yield [host_tool(name, declaration, stage=bench.stage, secrets=secrets, model=model,
+                     environ=bench.environ, run=bench.run)]  # fmt: skip
 
 
 @asynccontextmanager

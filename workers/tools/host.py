@@ -22,20 +22,22 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 from celery.exceptions import SoftTimeLimitExceeded
 from google.adk.tools.function_tool import FunctionTool
 from pydantic import SecretStr
 from pydantic_core import to_jsonable_python
 
-from orchestrator.core.hostfunction import host_signature
-from orchestrator.core.tools import HostTool, ToolModel
+from orchestrator.core.hostfunction import HostSignature, host_signature
+from orchestrator.core.tools import HostTool, ToolModel, ToolRun
 from workers.errors import ExecutionError, StageError
 from workers.tools.secrets import Secrets
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 PASSED_THROUGH: tuple[type[BaseException], ...] = (ExecutionError, SoftTimeLimitExceeded)
 """Exceptions a host tool's call does not turn into a tool error: they end the stage."""
@@ -48,26 +50,25 @@ def host_tool(
     stage: str,
     secrets: Secrets,
     model: Callable[[], ToolModel] | None = None,
+    environ: Mapping[str, str] | None = None,
+    run: ToolRun | None = None,
 ) -> FunctionTool:
-    """The tool `name` of `stage`: the declaration's function with its settings, `secrets` and
-    (if it asks) a model from `model` bound.
+    """The tool `name` of `stage`: the declaration's function with its settings, `secrets`,
+    its variables of `environ` and (if it asks) a model from `model` and the `run` bound.
 
     Raises:
-        StageError: the function cannot be used (it no longer imports, say), or it asks for a
-            model and none is given.
+        StageError: the function cannot be used (it no longer imports, say), it asks for a
+            model or the run and none is given, or a variable it needs is not set.
     """
     try:
         signature = host_signature(declaration)
     except ValueError as exc:
         raise StageError(f"tool {name!r} of stage {stage!r} cannot run: {exc}") from exc
-    bound: dict[str, Any] = dict(signature.settings)
-    for parameter, variable in signature.secrets.items():
-        value = secrets.value(variable)
-        bound[parameter] = SecretStr(value) if parameter in signature.secret_strs else value
+    bound = _bound(name, stage, signature, secrets, environ or {})
     if signature.model_client is not None:
-        if model is None:
-            raise StageError(f"tool {name!r} of stage {stage!r} asks for a model; none is given")
-        bound[signature.model_client] = model()
+        bound[signature.model_client] = _given(model, "a model", name, stage)()
+    if signature.run is not None:
+        bound[signature.run] = _given(run, "the run", name, stage)
     function, timeout_s = signature.function, declaration.timeout_s
 
     async def call(**arguments: Any) -> dict[str, Any]:
@@ -92,6 +93,31 @@ def host_tool(
 
     return FunctionTool(_declared_as(call, name, signature.parameters, signature.returns,
                                      signature.description))  # fmt: skip
+
+
+def _given(value: T | None, what: str, name: str, stage: str) -> T:
+    if value is None:
+        raise StageError(f"tool {name!r} of stage {stage!r} asks for {what}; none is given")
+    return value
+
+
+def _bound(
+    name: str, stage: str, signature: HostSignature, secrets: Secrets, environ: Mapping[str, str]
+) -> dict[str, Any]:
+    """The values Baton gives the function's own parameters: settings, secrets and the
+    environment's variables (one not set leaves the parameter's default)."""
+    bound: dict[str, Any] = dict(signature.settings)
+    for parameter, variable in signature.secrets.items():
+        value = secrets.value(variable)
+        bound[parameter] = SecretStr(value) if parameter in signature.secret_strs else value
+    for parameter, variable in signature.environment.items():
+        if environ.get(variable):
+            bound[parameter] = environ[variable]
+        elif parameter in signature.required_environment:
+            raise StageError(
+                f"tool {name!r} of stage {stage!r} needs {variable} set in the worker's environment"
+            )
+    return bound
 
 
 def _declared_as(

@@ -5,6 +5,8 @@ Accepted reports, recognised by `detect_source` unless the caller names the sour
 - a Sentry event, in the SDK's shape or the web API's (`orchestrator.control.intake.sentry`);
 - a Sentry issue object carrying its latest event (`orchestrator.control.intake.sentry`);
 - a GitHub issue object or `issues` webhook payload (`orchestrator.control.intake.github`);
+- a pull request: a GitHub pull request object or `pull_request` webhook payload, or a small
+  JSON naming a repository, a number, a base and a head (`orchestrator.control.intake.pull`);
 - plain text (`orchestrator.control.intake.text`).
 
 What is kept is bounded by `IntakeLimits` (`orchestrator.control.intake.limits`). Intake only reads
@@ -22,6 +24,7 @@ from typing import Any
 from orchestrator.control.intake.fields import clean, kind
 from orchestrator.control.intake.github import parse_github
 from orchestrator.control.intake.limits import IntakeLimits, apply_limits, cut
+from orchestrator.control.intake.pull import looks_like_pull_request, parse_pull_request
 from orchestrator.control.intake.sentry import parse_event, parse_issue
 from orchestrator.control.intake.text import parse_text
 from orchestrator.core.errors import IntakeError, PayloadTooLargeError
@@ -33,8 +36,9 @@ DEFAULT_LIMITS = IntakeLimits()
 
 _SHAPES = (
     "a Sentry event (with exception.values[] or entries[]), a Sentry issue carrying its latest "
-    "event (latestEvent), a GitHub issue object (number, title, html_url) or a GitHub `issues` "
-    "webhook payload (action, issue)"
+    "event (latestEvent), a GitHub issue object (number, title, html_url), a GitHub `issues` "
+    "webhook payload (action, issue), or a pull request (a GitHub pull request or its "
+    "`pull_request` webhook payload, or {number, base, head, repository})"
 )
 _SENTRY_ISSUE_KEYS = frozenset({"latestEvent", "latest_event", "shortId"})
 _SENTRY_EVENT_KEYS = frozenset({"exception", "entries", "event_id", "eventID", "sdk", "logentry"})
@@ -44,6 +48,7 @@ _PARSERS: dict[IssueSource, Callable[[Mapping[str, Any]], Issue]] = {
     IssueSource.SENTRY_EVENT: parse_event,
     IssueSource.SENTRY_ISSUE: parse_issue,
     IssueSource.GITHUB: parse_github,
+    IssueSource.PULL_REQUEST: parse_pull_request,
 }
 
 
@@ -78,6 +83,8 @@ def detect_source(payload: Mapping[str, Any]) -> IssueSource:
     permalink = payload.get("permalink")
     if keys & _SENTRY_ISSUE_KEYS or (isinstance(permalink, str) and "sentry" in permalink.lower()):
         return IssueSource.SENTRY_ISSUE
+    if looks_like_pull_request(payload):
+        return IssueSource.PULL_REQUEST
     if _looks_like_github(payload):
         return IssueSource.GITHUB
     if keys & _SENTRY_EVENT_KEYS:

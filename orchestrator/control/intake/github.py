@@ -5,8 +5,9 @@ The source id is `owner/repo#number`, the repository taken from the webhook's
 names it the source id is left out, and the run is keyed by a hash of the issue instead.
 
 Tags: `state` (open, closed), `author` (the opener's login) and one `label:<name>` = `"true"` per
-label. Pull requests (a `pull_request` webhook payload, or an issue object that is a pull
-request) are refused: the pipeline starts from an issue.
+label. An issue object that is a pull request (GitHub's issues API lists pull requests too,
+without their base and head) is refused: an issue pipeline starts from an issue, and a pull
+request is read from its own payload (`orchestrator.control.intake.pull`).
 """
 
 from __future__ import annotations
@@ -20,8 +21,10 @@ from orchestrator.core.errors import IntakeError
 from orchestrator.core.models import Issue, IssueSource
 
 _NOT_AN_ISSUE = (
-    "this is a GitHub pull request, not an issue; Baton starts from an issue: send an `issues` "
-    "webhook payload or an issue object from the REST API"
+    "this is a GitHub pull request, not an issue: for an issue pipeline send an `issues` webhook "
+    "payload or an issue object from the REST API; to review the pull request send the pull "
+    "request itself (its `pull_request` webhook payload, or GET /repos/{owner}/{repo}/pulls/"
+    "{number}), which has its base and head"
 )
 _PULL_URL = re.compile(r"/pull/\d+")
 _FULL_NAME = re.compile(r"[\w.-]+/[\w.-]+")
@@ -77,6 +80,12 @@ def _tags(issue: Node) -> dict[str, str]:
         tags["state"] = state
     if author:
         tags["author"] = author
+    return {**tags, **label_tags(issue)}
+
+
+def label_tags(issue: Node) -> dict[str, str]:
+    """One `label:<name>` = `"true"` per label of an issue or a pull request."""
+    tags: dict[str, str] = {}
     for path, label in issue.items("labels"):
         name = nonblank(_label_name(label, path))
         if name:
