@@ -78,8 +78,10 @@ def new(name: str, parent: Path) -> None:
     spec, scenario = folder / SPEC_FILE, folder / SCENARIO_FILE
     out.print(f"created {escape(str(folder))}: " + ", ".join(p.name for p in written))
     out.print(
-        "Run it on the fake model, from the folder that holds it (so that its schemas import):\n"
+        "Run it on the fake model from the folder that holds it (its schemas import from there),\n"
+        "made a git repository (a run works on one: `--repo .`):\n"
         f"  baton pipeline check {spec}\n"
+        f'  git init -q && git add -A && git commit -qm "{name} pipeline"\n'
         f"  baton fake-gemini --scenario {scenario} --port 8765 &\n"
         "  export BATON_GEMINI_BASE_URL=http://127.0.0.1:8765 GOOGLE_API_KEY=fake\n"
         f"  baton worker --pipeline {spec} &\n"
@@ -116,7 +118,7 @@ def stage_table(found: Pipeline, *, width: int | None = None) -> Any:
     columns = [
         Column("stage"),
         Column("queue"),
-        Column("tools", shrink_to=12),
+        Column("tools"),  # one a line, never cut: what an author declared is what they look for
         Column("model", drop=3),
         Column("calls", justify="right", drop=2),
         Column("req tok", justify="right", drop=4),
@@ -127,7 +129,7 @@ def stage_table(found: Pipeline, *, width: int | None = None) -> Any:
         [
             stage.name,
             stage.queue,
-            ", ".join(stage.tools) or "—",
+            "\n".join(stage.tools) or "—",
             _model(stage),
             str(stage.budget.max_model_calls),
             f"{stage.budget.max_request_tokens:,}",

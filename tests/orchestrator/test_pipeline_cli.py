@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import re
+import tomllib
 from pathlib import Path
 
 from click.testing import CliRunner
 
 from orchestrator.control.cli import main
 
+FIXER_SPEC = Path(__file__).resolve().parents[2] / "orchestrator/pipelines/fixer/pipeline.toml"
 FIXER = ["triage", "search", "plan", "reproduce", "fix", "pr"]
 
 
@@ -35,6 +38,15 @@ def test_show_draws_the_table_and_the_graph_as_text() -> None:
     assert "search     ← {triage} {issue}" in result.output
 
 
+def test_show_names_every_tool_of_a_stage_whole_in_80_columns() -> None:
+    tools = {s["name"]: s.get("tools", []) for s in tomllib.loads(FIXER_SPEC.read_text())["stages"]}
+    result = CliRunner().invoke(main, ["pipeline", "show", "fixer"], terminal_width=80)
+
+    assert result.exit_code == 0, result.output
+    cells = re.findall(r"│ *([a-z_]+) *│", result.output)
+    assert set(tools["fix"]) | set(tools["reproduce"]) <= set(cells)
+
+
 def test_show_of_a_broken_spec_says_what_is_wrong(tmp_path: Path) -> None:
     path = tmp_path / "x.toml"
     path.write_text('name = "x"\nstages = []\n')
@@ -51,6 +63,10 @@ def test_new_writes_a_package_and_refuses_a_bad_name_or_an_existing_folder(tmp_p
     assert (
         'output_schema = "notes.schemas:Summary"' in (tmp_path / "notes/pipeline.toml").read_text()
     )
+    # `--repo .` needs a git repository with a commit: the steps it prints make one first.
+    steps = made.output.splitlines()
+    repo = next(i for i, line in enumerate(steps) if "git init" in line and "git commit" in line)
+    assert repo < next(i for i, line in enumerate(steps) if "baton enqueue" in line)
 
     again = CliRunner().invoke(main, ["pipeline", "new", "notes", "--dir", str(tmp_path)])
     assert again.exit_code == 2 and "exists already" in again.output
