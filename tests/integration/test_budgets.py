@@ -15,7 +15,9 @@ from tests.repos import Git
 
 from .conftest import Stack, demo_scenario, stack_settings, start_worker
 
-FIXER = Path(__file__).resolve().parents[2] / "orchestrator" / "pipelines" / "fixer" / "pipeline.toml"
+FIXER = (
+    Path(__file__).resolve().parents[2] / "orchestrator" / "pipelines" / "fixer" / "pipeline.toml"
+)
 
 
 def with_agents(**scripts: list[dict[str, Any]]) -> dict[str, Any]:
