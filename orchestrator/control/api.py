@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.control.checks import CHECKS_GROUP, check_pipeline
-from orchestrator.control.intake import parse_payload
+from orchestrator.control.intake import DEFAULT_LIMITS, parse_payload
 from orchestrator.core import git
 from orchestrator.core.conductor import Conductor
-from orchestrator.core.errors import EnvironmentFileError
-from orchestrator.core.models import IssueSource, RunRecord, RunStatus
+from orchestrator.core.errors import EnvironmentFileError, IntakeError
+from orchestrator.core.models import Issue, IssueSource, RunRecord, RunStatus
 from orchestrator.core.pipeline import Pipeline
 from orchestrator.core.queue import Dispatcher
 from orchestrator.core.settings import Settings
@@ -40,7 +40,7 @@ def connect(settings: Settings) -> Iterator[Conductor]:
 
 
 def submit(
-    payload: bytes | str | Mapping[str, Any],
+    payload: Path | bytes | str | Mapping[str, Any],
     *,
     repo: str,
     ref: str = "HEAD",
@@ -53,8 +53,7 @@ def submit(
     """Like `enqueue`, and also says whether a new run was created (False: the issue already
     had a run, whose id is returned)."""
     settings = settings or Settings()
-    data = json.dumps(payload) if isinstance(payload, Mapping) else payload
-    issue = parse_payload(data, IssueSource(source) if source else None)
+    issue = read_issue(payload, IssueSource(source) if source else None)
     checked = checked_pipeline(pipeline, settings)
     spec = read_environment(environment) if environment is not None else None
     commit = git.resolve_commit(repo, ref)  # refuses a path that is not a repository's root
@@ -63,6 +62,32 @@ def submit(
         return conductor.submit(
             issue, repo=source, commit=commit, pipeline=checked, force=force, environment=spec
         )
+
+
+def read_issue(
+    payload: Path | bytes | str | Mapping[str, Any], source: IssueSource | None = None
+) -> Issue:
+    """The issue `payload` reports: a payload file (a `Path`, which must hold JSON: a file
+    named by mistake is refused, never read as a report), its content (JSON, or plain text),
+    or a JSON object already read.
+
+    Raises:
+        IntakeError: the file cannot be read (the message names it) or the payload is not valid.
+    """
+    if isinstance(payload, Mapping):
+        return parse_payload(json.dumps(payload), source)
+    if not isinstance(payload, Path):
+        return parse_payload(payload, source)
+    limit = DEFAULT_LIMITS.max_payload_bytes
+    try:
+        with payload.open("rb") as file:
+            data = file.read(limit + 1)  # enough to know it is over the limit
+    except OSError as exc:
+        raise IntakeError(f"{payload}: cannot be read ({exc.strerror or exc})") from exc
+    try:
+        return parse_payload(data, source, json_only=True)
+    except IntakeError as exc:
+        raise type(exc)(f"{payload}: {exc}") from exc
 
 
 def checked_pipeline(pipeline: str, settings: Settings) -> Pipeline:
@@ -103,7 +128,7 @@ def read_environment(spec: Mapping[str, Any] | str | Path) -> dict[str, Any]:
 
 
 def enqueue(
-    payload: bytes | str | Mapping[str, Any],
+    payload: Path | bytes | str | Mapping[str, Any],
     *,
     repo: str,
     ref: str = "HEAD",
@@ -113,10 +138,11 @@ def enqueue(
     environment: Mapping[str, Any] | str | Path | None = None,
     settings: Settings | None = None,
 ) -> str:
-    """Parse `payload` (Sentry event or issue, GitHub issue, or text), pin the commit `ref`
-    names in the repository (a branch, a tag or a sha; its HEAD by default), create a run and
-    enqueue its first stage. Returns the run id. `environment`, a spec file's path (or its
-    table), replaces the repository's environment spec for this run.
+    """Parse `payload` (Sentry event or issue, GitHub issue, or text; a `Path` is a payload
+    file, which must hold JSON), pin the commit `ref` names in the repository (a branch, a tag
+    or a sha; its HEAD by default), create a run and enqueue its first stage. Returns the run
+    id. `environment`, a spec file's path (or its table), replaces the repository's
+    environment spec for this run.
 
     Nothing is written when the payload, the pipeline or the repository is invalid.
 
