@@ -26,7 +26,13 @@ from rich.markup import escape
 
 from orchestrator.control import api, cli_inspect, cli_pipeline
 from orchestrator.control.messages import EXIT_BAD_INPUT, complaint
-from orchestrator.control.report import follow, run_json, run_view, runs_table
+from orchestrator.control.report import (
+    follow,
+    recorded_outputs,
+    run_json,
+    run_view,
+    runs_table,
+)
 from orchestrator.core.errors import BatonError, NotJsonError
 from orchestrator.core.models import IssueSource, RunStatus
 from orchestrator.core.settings import Settings
@@ -195,7 +201,8 @@ def status(run_id: str, as_json: bool) -> None:
         store = conductor.store
         if as_json:
             run = store.get(run_id)
-            shown = run_json(run, store.outputs(run_id, run.stages))
+            pipeline, outputs = recorded_outputs(store, run)
+            shown = run_json(run, outputs, pipeline)
             shown["unserved_queue"] = unserved_queue(store, run)
             click.echo(json.dumps(shown, indent=2))
             return

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 from google.adk.tools.base_tool import BaseTool
 from google.adk.tools.function_tool import FunctionTool
 
+from orchestrator.core.facts import Fact
 from orchestrator.core.tools import CommandTool, HostTool, McpServer, ToolDeclaration, ToolModel
 from workers.errors import StageError
 from workers.tools.command import command_tool
@@ -49,6 +50,8 @@ class ToolBench:
     """The most a command tool may run (its declaration may say less)."""
     model: Callable[[str, Secrets], ToolModel] | None = None
     """The model for the host tool named, whose secrets leave its prompts; None: none."""
+    record: Callable[[Fact, Any], None] | None = None
+    """Records a fact a host tool's result holds (a `Publication`); None: none is kept."""
 
 
 class OpenTool(Protocol):
@@ -65,7 +68,8 @@ async def _host(
 ) -> AsyncIterator[list[BaseTool]]:
     make = bench.model
     model = (lambda: make(name, secrets)) if make is not None else None
-    yield [host_tool(name, declaration, stage=bench.stage, secrets=secrets, model=model)]
+    yield [host_tool(name, declaration, stage=bench.stage, secrets=secrets, model=model,
+                     record=bench.record)]  # fmt: skip
 
 
 @asynccontextmanager
