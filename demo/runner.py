@@ -25,7 +25,7 @@ from rich.text import Text
 
 from demo import SAMPLE_REPO, SCENARIO, SENTRY_EVENT
 from orchestrator.control import api
-from orchestrator.control.report import follow, outcome, run_json, run_table
+from orchestrator.control.report import follow, outcome, published, run_json, run_table
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.git import COMMITTER, git_output
 from orchestrator.core.models import RunRecord
@@ -69,7 +69,7 @@ def demo_summary(run: RunRecord, outputs: dict[str, Any]) -> dict[str, Any]:
     keep = ("status", "attempts", "requests", "prompt_tokens_total", "prompt_tokens_max",
             "output_chars", "duration_s")  # fmt: skip
     stages = {name: {k: stage[k] for k in keep} for name, stage in full["stages"].items()}
-    for name, found in outcome(run, outputs).items():
+    for name, found in outcome(run, outputs, load_pipeline(PIPELINE)).items():
         stages[name].update(found)
     return {"run_id": run.id, "status": run.status.value, "reason": run.reason, "stages": stages}
 
@@ -136,7 +136,8 @@ def run_demo(
             extra = _outcome(run, store, outputs)
         finally:
             store.redis.close()
-        table = run_table(run, width=console.width)
+        where = published(run, outputs, load_pipeline(PIPELINE))
+        table = run_table(run, width=console.width, where=where)
         return DemoResult(summary=demo_summary(run, outputs), table=table, extra=extra)
     raise AssertionError("unreachable")
 

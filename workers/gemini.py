@@ -155,13 +155,21 @@ async def close_model(model: Gemini) -> None:
 
 def missing_key_message(cfg: ModelConfig) -> str:
     """What to do when no API key is configured; the same words at a worker's start and in a
-    run's reason."""
+    run's reason. Without a key, Baton runs on the fake Gemini server of its test kit."""
     if cfg.base_url:
         return (
             f"no Gemini API key: set GOOGLE_API_KEY (BATON_GEMINI_BASE_URL is {cfg.base_url}; "
-            "a fake server takes any non-empty key)"
+            "a fake server takes any non-empty key, e.g. GOOGLE_API_KEY=fake)"
         )
-    return "no Gemini API key: set GOOGLE_API_KEY"
+    return f"no Gemini API key: set GOOGLE_API_KEY, {WITHOUT_A_KEY}"
+
+
+WITHOUT_A_KEY = (
+    "or run without one on the fake Gemini server: `baton fake-gemini --port 8765 &`, then "
+    "BATON_GEMINI_BASE_URL=http://127.0.0.1:8765 GOOGLE_API_KEY=fake (`make demo` runs the "
+    "whole fixer that way)"
+)
+"""How to run with no model key at all: the fake Gemini server (`testkit.gemini`)."""
 
 
 def model_error(exc: BaseException) -> ExecutionError | None:

@@ -125,6 +125,7 @@ async def execute_stage(
             command_timeout_s=_command_timeout_s(spec),
             model=_tool_models(inputs, model, sinks, checkpoint or fence),
             run=inputs.tool_run(),
+            record=facts.__setitem__,
         )
         async with open_toolbox(spec.tools, inputs.tools, bench) as toolbox:
             agent = build_agent(
@@ -373,6 +374,8 @@ def _tools(
             )
         facts[Fact.PUBLISHED_BRANCH] = published.branch
         facts[Fact.PUBLISHED_COMMIT] = published.commit
+        if published.pull_request_url:
+            facts[Fact.PUBLISHED_URL] = published.pull_request_url
         answer = published.model_dump(mode="json")
         artifacts.save("published.json", json.dumps(answer).encode(), "application/json")
         return answer

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.control.checks import CHECKS_GROUP, check_pipeline
-from orchestrator.control.intake import parse_payload
+from orchestrator.control.intake import DEFAULT_LIMITS, parse_payload
 from orchestrator.core import git
 from orchestrator.core.conductor import Conductor
 from orchestrator.core.errors import EnvironmentFileError, IntakeError
@@ -40,7 +40,7 @@ def connect(settings: Settings) -> Iterator[Conductor]:
 
 
 def submit(
-    payload: bytes | str | Mapping[str, Any],
+    payload: Path | bytes | str | Mapping[str, Any],
     *,
     repo: str,
     ref: str | None = None,
@@ -54,8 +54,7 @@ def submit(
     """Like `enqueue`, and also says whether a new run was created (False: the issue already
     had a run, whose id is returned)."""
     settings = settings or Settings()
-    data = json.dumps(payload) if isinstance(payload, Mapping) else payload
-    issue = parse_payload(data, IssueSource(source) if source else None)
+    issue = read_issue(payload, IssueSource(source) if source else None)
     head, base = change_refs(issue, ref, base)
     checked = checked_pipeline(pipeline, settings)
     if checked.reads_change and base is None:
@@ -96,6 +95,32 @@ def change_refs(issue: Issue, ref: str | None, base: str | None) -> tuple[str, s
     return change.head, change.base
 
 
+def read_issue(
+    payload: Path | bytes | str | Mapping[str, Any], source: IssueSource | None = None
+) -> Issue:
+    """The issue `payload` reports: a payload file (a `Path`, which must hold JSON: a file
+    named by mistake is refused, never read as a report), its content (JSON, or plain text),
+    or a JSON object already read.
+
+    Raises:
+        IntakeError: the file cannot be read (the message names it) or the payload is not valid.
+    """
+    if isinstance(payload, Mapping):
+        return parse_payload(json.dumps(payload), source)
+    if not isinstance(payload, Path):
+        return parse_payload(payload, source)
+    limit = DEFAULT_LIMITS.max_payload_bytes
+    try:
+        with payload.open("rb") as file:
+            data = file.read(limit + 1)  # enough to know it is over the limit
+    except OSError as exc:
+        raise IntakeError(f"{payload}: cannot be read ({exc.strerror or exc})") from exc
+    try:
+        return parse_payload(data, source, json_only=True)
+    except IntakeError as exc:
+        raise type(exc)(f"{payload}: {exc}") from exc
+
+
 def checked_pipeline(pipeline: str, settings: Settings) -> Pipeline:
     """The pipeline a name or file gives, with every check of `baton pipeline check` passed.
 
@@ -134,7 +159,7 @@ def read_environment(spec: Mapping[str, Any] | str | Path) -> dict[str, Any]:
 
 
 def enqueue(
-    payload: bytes | str | Mapping[str, Any],
+    payload: Path | bytes | str | Mapping[str, Any],
     *,
     repo: str,
     ref: str | None = None,
@@ -145,12 +170,13 @@ def enqueue(
     environment: Mapping[str, Any] | str | Path | None = None,
     settings: Settings | None = None,
 ) -> str:
-    """Parse `payload` (Sentry event or issue, GitHub issue, pull request, or text), pin the
-    commit `ref` names in the repository (a branch, a tag or a sha; a pull request's head, else
-    its HEAD by default), create a run and enqueue its first stage. Returns the run id.
-    `environment`, a spec file's path (or its table), replaces the repository's environment spec
-    for this run. `base` (a pull request's own by default) makes the run about a change: the diff
-    from `base` to `ref`, which a pipeline that reviews changes (`{change}`) requires.
+    """Parse `payload` (Sentry event or issue, GitHub issue, pull request, or text; a `Path` is a
+    payload file, which must hold JSON), pin the commit `ref` names in the repository (a branch,
+    a tag or a sha; a pull request's head, else its HEAD by default), create a run and enqueue
+    its first stage. Returns the run id. `environment`, a spec file's path (or its table),
+    replaces the repository's environment spec for this run. `base` (a pull request's own by
+    default) makes the run about a change: the diff from `base` to `ref`, which a pipeline that
+    reviews changes (`{change}`) requires.
 
     Nothing is written when the payload, the pipeline or the repository is invalid.
 

@@ -15,16 +15,25 @@ import os
 import sys
 import time
 from importlib import metadata
-from typing import BinaryIO
+from pathlib import Path
 
 import click
+import redis.exceptions
+from pydantic import ValidationError
 from rich.console import Console
 from rich.live import Live
 from rich.markup import escape
 
 from orchestrator.control import api, cli_inspect, cli_pipeline
-from orchestrator.control.report import follow, run_json, run_view, runs_table
-from orchestrator.core.errors import BatonError
+from orchestrator.control.messages import EXIT_BAD_INPUT, complaint
+from orchestrator.control.report import (
+    follow,
+    recorded_outputs,
+    run_json,
+    run_view,
+    runs_table,
+)
+from orchestrator.core.errors import BatonError, NotJsonError
 from orchestrator.core.models import IssueSource, RunStatus
 from orchestrator.core.settings import Settings
 
@@ -32,7 +41,6 @@ err = Console(stderr=True)
 out = Console()
 
 EXIT_FAILED_RUN = 1
-EXIT_BAD_INPUT = 2
 
 
 COMMANDS_GROUP = "baton.commands"
@@ -62,14 +70,13 @@ class BatonGroup(click.Group):
     def invoke(self, ctx: click.Context) -> object:
         try:
             return super().invoke(ctx)
-        except BatonError as exc:
+        except (BatonError, ValidationError, redis.exceptions.RedisError) as exc:
+            said = complaint(exc)
+            if said is None:
+                raise
             # The message may quote the payload: never read it as markup, never wrap it.
-            err.print(
-                f"[red]error:[/] {type(exc).__name__}: {escape(str(exc))}",
-                highlight=False,
-                soft_wrap=True,
-            )
-            sys.exit(EXIT_BAD_INPUT)
+            err.print(f"[red]error:[/] {escape(said.message)}", highlight=False, soft_wrap=True)
+            sys.exit(said.exit_code)
 
 
 @functools.cache
@@ -112,7 +119,9 @@ def main(verbose: bool) -> None:
 
 
 @main.command()
-@click.argument("payload", type=click.File("rb"))
+@click.argument("payload", required=False)
+@click.option("--text", help="The report as plain text (its first line is the title), instead of "
+              "PAYLOAD.")  # fmt: skip
 @click.option("--repo", required=True, help="Path or URL of the git repository to fix.")
 @click.option(
     "--ref",
@@ -135,7 +144,8 @@ def main(verbose: bool) -> None:
     help="An environment spec (TOML) to use instead of the repository's.",
 )
 def enqueue(
-    payload: BinaryIO,
+    payload: str | None,
+    text: str | None,
     repo: str,
     ref: str | None,
     base: str | None,
@@ -144,15 +154,45 @@ def enqueue(
     force: bool,
     env_file: str | None,
 ) -> None:
-    """Enqueue PAYLOAD (a file, or - for stdin) against a repository; prints the run id."""
-    data = payload.read()
-    run_id, created = api.submit(
-        data, repo=repo, ref=ref, base=base, pipeline=pipeline, source=source, force=force,
-        environment=env_file,
-    )  # fmt: skip
+    """Enqueue a report against a repository; prints the run id.
+
+    PAYLOAD is a JSON payload file (a Sentry event or issue, a GitHub issue or webhook): a file
+    that is not JSON is refused. A report in plain text comes on stdin (PAYLOAD `-`) or in
+    --text.
+    """
+    report = _report(payload, text, source)
+    if text is not None:
+        source = IssueSource.TEXT.value  # even text that starts with `{`
+    try:
+        run_id, created = api.submit(
+            report, repo=repo, ref=ref, base=base, pipeline=pipeline, source=source, force=force,
+            environment=env_file,
+        )  # fmt: skip
+    except NotJsonError as exc:
+        raise NotJsonError(f"{exc}; a report in plain text goes on stdin (`baton enqueue - "
+                           '...`) or in --text "..."') from exc  # fmt: skip
     if not created:
         err.print(f"this issue already has run {run_id}; use --force for a new one")
     click.echo(run_id)
+
+
+def _report(payload: str | None, text: str | None, source: str | None) -> Path | bytes | str:
+    """What `enqueue` was given to read: a payload file, stdin, or the text of --text."""
+    if payload is None and text is None:
+        raise click.UsageError("give a PAYLOAD file (or - for stdin), or --text")
+    if payload is not None and text is not None:
+        raise click.UsageError("give a PAYLOAD file (or - for stdin) or --text, not both")
+    if payload is None:
+        if source not in (None, IssueSource.TEXT.value):
+            raise click.UsageError("--text is a plain-text report; --source does not apply")
+        return text or ""
+    if payload == "-":
+        return sys.stdin.buffer.read()
+    if source == IssueSource.TEXT.value:
+        raise click.UsageError(
+            "a PAYLOAD file is read as JSON; give plain text on stdin (-) or with --text"
+        )
+    return Path(payload)
 
 
 @main.command()
@@ -168,7 +208,8 @@ def status(run_id: str, as_json: bool) -> None:
         store = conductor.store
         if as_json:
             run = store.get(run_id)
-            shown = run_json(run, store.outputs(run_id, run.stages))
+            pipeline, outputs = recorded_outputs(store, run)
+            shown = run_json(run, outputs, pipeline)
             shown["unserved_queue"] = unserved_queue(store, run)
             click.echo(json.dumps(shown, indent=2))
             return

@@ -68,13 +68,24 @@ def show(run_id: str, stage: str | None, as_json: bool) -> None:
         out.print(Text(f"why:   {run.reason}", style="red"))
     if not outputs:
         out.print("no stage has recorded an output yet")
-    for name, value in outputs.items():
+    for name, value in outputs.items() if stage else distinct_outputs(outputs).items():
         out.print(Panel(render_output(value), title=name, title_align="left"))
 
 
+def distinct_outputs(outputs: dict[str, Any]) -> dict[str, Any]:
+    """`outputs` without the iterations that repeat their stage's output: a looped stage keeps
+    each iteration's output (`fix.1`, `fix.2`) beside its own (`fix`, the last one's), so a
+    stage that ran once would show the same output twice."""
+    return {
+        name: value
+        for name, value in outputs.items()
+        if "." not in name or outputs.get(name.split(".", 1)[0]) != value
+    }
+
+
 def render_output(value: dict[str, Any]) -> RenderableType:
-    """A stage output as a two-column table: field, value (lists one item a line, nested
-    objects as indented fields)."""
+    """A stage output as a two-column table: field, value (a list of plain items on one line,
+    comma-joined and wrapped; nested objects as indented fields)."""
     table = Table(show_header=False, box=None, pad_edge=False, expand=False)
     table.add_column("field", style="bold", no_wrap=True)
     table.add_column("value", overflow="fold")
@@ -90,7 +101,7 @@ def _render_value(item: Any) -> RenderableType:
         if not item:
             return Text("none", style="dim")
         if all(not isinstance(i, (dict, list)) for i in item):
-            return Text("\n".join(f"• {i}" for i in item))
+            return Text(", ".join(str(i) for i in item))
         return Group(*(_render_value(i) for i in item))
     if item is None:
         return Text("—", style="dim")
@@ -115,11 +126,21 @@ def diff(run_id: str, as_json: bool) -> None:
             _echo_json({"run_id": run_id, "artifact": ref.name, "diff": text})
         elif out.is_terminal:
             text = b"".join(chunks).decode("utf-8", "replace")
-            out.print(Syntax(text, "diff", background_color="default", word_wrap=True))
+            out.print(render_diff(text))
         else:
             for chunk in chunks:
                 sys.stdout.buffer.write(chunk)
             sys.stdout.buffer.flush()
+
+
+def render_diff(text: str) -> Group:
+    """A diff highlighted, one line of the terminal per line of the diff: a line wider than the
+    terminal ends in `…` rather than going on to the next line, where it would read as a line
+    of its own (piped, `baton diff` prints the diff as it is)."""
+    lines = Syntax(text, "diff", background_color="default").highlight(text).split("\n")
+    for line in lines:
+        line.no_wrap, line.overflow = True, "ellipsis"
+    return Group(*lines)
 
 
 @click.command()
@@ -178,25 +199,34 @@ def artifact(run_id: str, name: str, path: Path | None, as_json: bool) -> None:
 @click.argument("run_id")
 @click.option("--stage", help="Only this stage's sessions.")
 @click.option("--follow", "-f", is_flag=True, help="Keep printing new entries until the run ends.")
+@click.option("--full", is_flag=True, help="Whole arguments, results and messages, wrapped to "
+              "the terminal's width (by default each entry is one line, cut to fit).")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
-def log(run_id: str, stage: str | None, follow: bool, as_json: bool) -> None:
+def log(run_id: str, stage: str | None, follow: bool, full: bool, as_json: bool) -> None:
     """Print RUN_ID's audit stream as a transcript: the messages each stage's session was
     given, the model's replies and tool calls (arguments and results cut to the terminal's
-    width), retries and waits, each with its time and branch."""
+    width, or whole with --full), retries and waits, each with its time and branch."""
     width = max(out.width, 60)
     with _store() as store:
         after: str | None = None
         while True:
             # The run's status before its entries: once it has ended, what is read next is all.
             ended = store.get(run_id).status.is_terminal
-            after = _print_audit(store, run_id, stage, after, as_json, width)
+            after = _print_audit(store, run_id, stage, after, as_json, width, full=full)
             if not follow or ended:
                 break
             time.sleep(FOLLOW_INTERVAL_S)
 
 
 def _print_audit(
-    store: RunStore, run_id: str, stage: str | None, after: str | None, as_json: bool, width: int
+    store: RunStore,
+    run_id: str,
+    stage: str | None,
+    after: str | None,
+    as_json: bool,
+    width: int,
+    *,
+    full: bool,
 ) -> str | None:
     """Print the entries after `after`, page by page, to the last; returns the last one's id."""
     while True:
@@ -204,6 +234,8 @@ def _print_audit(
         for entry in page.entries:
             if as_json:
                 click.echo(entry.model_dump_json())
+            elif full:
+                out.print(transcript_entry(entry))
             else:
                 out.print(transcript_line(entry, width), soft_wrap=True)
         if page.entries:
@@ -237,7 +269,20 @@ def transcript_line(entry: Entry, width: int) -> Text:
     return line
 
 
-def _describe(entry: Entry) -> str:
+def transcript_entry(entry: Entry) -> Table:
+    """One entry whole, for `log --full`: its time and branch, and beside them every part of
+    it, each on lines of its own, wrapped to the width it is printed at and never cut."""
+    clock = datetime.fromtimestamp(entry.ts).strftime("%H:%M:%S.%f")[:-3]
+    grid = Table.grid(padding=(0, 1))
+    grid.add_column(no_wrap=True, style="dim")
+    grid.add_column(overflow="fold")
+    body = Text(_describe(entry, joiner="\n"), style=_KIND_STYLE.get(entry.kind, ""))
+    grid.add_row(f"{clock} {entry.branch or '-':<16}", body)
+    return grid
+
+
+def _describe(entry: Entry, *, joiner: str = " | ") -> str:
+    """The entry in words: its parts joined by `joiner`, or its kind and data."""
     if entry.parts:
         said = []
         for part in entry.parts:
@@ -251,7 +296,7 @@ def _describe(entry: Entry) -> str:
             else:
                 who = "user" if entry.kind == "user_message" else "model"
                 said.append(f"{who}: {part.text}")
-        text = " | ".join(said)
+        text = joiner.join(said)
         if entry.usage:
             text = f"[{entry.usage.prompt_tokens:,} tok in] " + text
         return text

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -15,8 +16,12 @@ from rich.text import Text
 
 from orchestrator.control import api
 from orchestrator.control.tables import Cell, Column, counted, fitted_table
+from orchestrator.core.errors import PipelineError
+from orchestrator.core.facts import Fact, measured_fields
 from orchestrator.core.models import RunRecord, RunStatus, StageRecord, StageStatus
+from orchestrator.core.pipeline import Pipeline
 from orchestrator.core.settings import Settings
+from orchestrator.core.specs import pipeline_of
 from orchestrator.core.store import RunStore
 
 _STYLE = {
@@ -53,14 +58,16 @@ def stage_json(record: StageRecord) -> dict[str, Any]:
     }
 
 
-def run_json(run: RunRecord, outputs: dict[str, Any] | None = None) -> dict[str, Any]:
+def run_json(
+    run: RunRecord, outputs: dict[str, Any] | None = None, pipeline: Pipeline | None = None
+) -> dict[str, Any]:
     """The run for scripts (`status --json`, `runs --json`). Its times are epoch seconds, as a
     stage's `waiting_until` and an iteration's times are: `created_at`, `updated_at` (its last
     change) and `ended_at` (its last change once it has ended, else null). With `outputs`, the
-    stages' recorded outputs, each stage also holds what Baton measured and published
-    (`outcome`)."""
+    stages' recorded outputs, and the `pipeline` that wrote them, each stage also holds what
+    Baton measured and published (`outcome`), and `published` says where the result went."""
     stages = {name: stage_json(record) for name, record in run.stages.items()}
-    for name, found in outcome(run, outputs or {}).items():
+    for name, found in outcome(run, outputs or {}, pipeline).items():
         stages[name].update(found)
     return {
         "run_id": run.id,
@@ -77,39 +84,109 @@ def run_json(run: RunRecord, outputs: dict[str, Any] | None = None) -> dict[str,
         "created_at": run.created_at,
         "updated_at": run.updated_at,
         "ended_at": run.updated_at if run.status.is_terminal else None,
+        "published": published(run, outputs or {}, pipeline),
         "stages": stages,
     }
 
 
-OUTCOME_FIGURES: dict[str, tuple[str, ...]] = {
-    "tests_before": ("exit_code", "passed", "failed"),
-    "tests_after": ("exit_code", "passed", "failed"),
-    "proof": ("passed", "reason", "fail_to_pass", "pass_to_fail"),
-    "branch": (),
+OUTCOME_FIGURES: dict[Fact, tuple[str, ...]] = {
+    Fact.TESTS_BEFORE: ("exit_code", "passed", "failed"),
+    Fact.TESTS_AFTER: ("exit_code", "passed", "failed"),
+    Fact.PROOF: ("passed", "reason", "fail_to_pass", "pass_to_fail"),
+    Fact.PUBLISHED_BRANCH: (),
+    Fact.PUBLISHED_URL: (),
 }
-"""The fields of a stage's output that Baton fills itself (`orchestrator.core.facts.Measured`) and
-a run's JSON repeats, with the figures of each it keeps (none: the value as it is): the tests
-before and after a change, the verdict of its proof, the branch it was pushed to."""
+"""The facts Baton measures (`orchestrator.core.facts`) that a run's JSON repeats, with the
+figures of each it keeps (none: the value as it is): the tests before and after a change, the
+verdict of its proof, where it was published. Each is found in a stage's output at the field
+its schema declares for it (`Measured(Fact.X)`), under that field's name: no pipeline's field
+is named here."""
+
+PUBLICATION: dict[Fact, str] = {
+    Fact.PUBLISHED_URL: "url",
+    Fact.PUBLISHED_BRANCH: "branch",
+    Fact.PUBLISHED_COMMIT: "commit",
+}
+"""The facts that say where a run's result went, by the key `published` gives each."""
 
 
-def outcome(run: RunRecord, outputs: dict[str, Any]) -> dict[str, dict[str, Any]]:
+def outcome(
+    run: RunRecord, outputs: dict[str, Any], pipeline: Pipeline | None
+) -> dict[str, dict[str, Any]]:
     """By stage, what Baton measured of its work and what it published, read from the stages'
-    recorded `outputs` (`RunStore.outputs`): in the fixer pipeline, `fix`'s tests before and
-    after and its proof, `pr`'s branch. A stage whose output has none of them (or that has no
-    output yet) is left out."""
+    recorded `outputs` (`RunStore.outputs`) at the fields `pipeline`'s schemas declare for
+    those facts (in the fixer, `fix`'s tests before and after and its proof, `pr`'s branch).
+    A stage whose output holds none of them (or that has no output yet) is left out; so is
+    every stage when the pipeline is not known (None: its schemas do not import here)."""
     found: dict[str, dict[str, Any]] = {}
-    for name in run.stages:
-        output = outputs.get(name)
-        if not isinstance(output, dict):
-            continue
+    for name, output, fields in _measured(run, outputs, pipeline):
         figures = {
-            field: {k: (output[field] or {}).get(k) for k in kept} if kept else output[field]
-            for field, kept in OUTCOME_FIGURES.items()
-            if field in output
+            field: {k: output[field].get(k) for k in kept} if kept else output[field]
+            for fact, kept in OUTCOME_FIGURES.items()
+            if (field := fields.get(fact)) is not None and output.get(field) is not None
         }
         if figures:
             found[name] = figures
     return found
+
+
+def published(
+    run: RunRecord, outputs: dict[str, Any], pipeline: Pipeline | None
+) -> dict[str, Any] | None:
+    """Where the run's result went — `url` (a pull request's or a posted review's page),
+    `branch`, `commit`, and the `stage` that published it — as its last publishing stage
+    recorded it; None if no stage has published anything."""
+    where = None
+    for name, output, fields in _measured(run, outputs, pipeline):
+        said = {
+            key: output[field]
+            for fact, key in PUBLICATION.items()
+            if (field := fields.get(fact)) is not None and output.get(field)
+        }
+        if said:
+            where = {"stage": name, **{key: said.get(key) for key in PUBLICATION.values()}}
+    return where
+
+
+def _measured(
+    run: RunRecord, outputs: dict[str, Any], pipeline: Pipeline | None
+) -> Iterator[tuple[str, dict[str, Any], dict[Fact, str]]]:
+    """Each stage of the run with an output (in `outputs` by its output key), in pipeline
+    order, and its schema's measured fields."""
+    if pipeline is None:
+        return
+    for spec in pipeline.stages:
+        output = outputs.get(spec.output_key)
+        if spec.name not in run.stages or not isinstance(output, dict):
+            continue
+        try:
+            schema = spec.schema_class()
+        except PipelineError:  # its schema does not import in this process
+            continue
+        yield spec.name, output, measured_fields(schema)
+
+
+def recorded_outputs(store: RunStore, run: RunRecord) -> tuple[Pipeline | None, dict[str, Any]]:
+    """The pipeline `run` pinned and its stages' recorded outputs, by output key; (None, {})
+    when this process cannot read the pipeline (its schemas do not import here, say): what it
+    measured is then not shown, and nothing else changes."""
+    try:
+        pipeline = pipeline_of(store, run)
+    except PipelineError:
+        return None, {}
+    return pipeline, store.outputs(run.id, [spec.output_key for spec in pipeline.stages])
+
+
+def published_line(where: dict[str, Any] | None) -> Text | None:
+    """`published: https://…/pull/7 · branch baton/r · commit 0123456789ab`, or None."""
+    if where is None:
+        return None
+    parts = [where["url"]] if where.get("url") else []
+    if where.get("branch"):
+        parts.append(f"branch {where['branch']}")
+    if where.get("commit"):
+        parts.append(f"commit {str(where['commit'])[:12]}")
+    return Text(f"published ({where['stage']}): " + " · ".join(parts), style="green")
 
 
 @dataclass(frozen=True)
@@ -165,18 +242,19 @@ def _tool_name(entry: dict[str, str]) -> str:
 def runs_table(
     runs: list[RunRecord], *, now: float | None = None, width: int | None = None
 ) -> Table:
-    """One line per run, the newest first. Within `width`, the pipeline, the stage, the reason
-    and the age give way, in that order; the run id and status are always whole, the issue and
-    the reason on one line."""
+    """One line per run, the newest first. Within `width`, the issue and the reason shrink to
+    a few characters (ending in an ellipsis) and the stage, the reason, the pipeline and the
+    age give way, in that order: at 80 columns the pipeline stays. The run id and status are
+    always whole, the issue and the reason on one line."""
     now = time.time() if now is None else now
     columns = [
         Column("run"),
         Column("status"),
-        Column("pipeline", drop=4),
-        Column("stage", drop=3),
+        Column("pipeline", drop=2),
+        Column("stage", drop=4),
         Column("age", drop=1),
-        Column("issue", shrink_to=12),
-        Column("reason", shrink_to=12, drop=2),
+        Column("issue", shrink_to=11),
+        Column("reason", shrink_to=8, drop=3),
     ]
     rows = [
         [run.id, run.status.value, run.pipeline, run.current_stage or "",
@@ -201,9 +279,11 @@ def run_table(
     now: float | None = None,
     activity: dict[str, Activity] | None = None,
     width: int | None = None,
+    where: dict[str, Any] | None = None,
 ) -> Table:
     """One line per stage, with the live figures of a running stage (`activity`); below it,
-    the waits, a failed stage's error and why the run ended. Within `width`, the request and
+    the waits, a failed stage's error, why the run ended and where its result went (`where`,
+    as `published` says). Within `width`, the request and
     output sizes give way first, then the tries and the prompt tokens; the note stays on one
     line."""
     now = time.time() if now is None else now
@@ -223,8 +303,15 @@ def run_table(
         for name, record in run.stages.items()
     ]
     title = f"run {run.id} · {run.pipeline} · {run.status.value}"
-    return fitted_table(columns, rows, width=width, title=title, caption=_caption(run, now),
-                        title_justify="left", caption_justify="left")  # fmt: skip
+    caption, line = _caption(run, now), published_line(where)
+    if line is not None:
+        caption = Text("\n").join([caption, line]) if caption else line
+    # The line that says where the result went stays whole, as the title does: a URL cut in
+    # two is no longer one to copy.
+    least = max(Text(title).cell_len, line.cell_len if line is not None else 0)
+    return fitted_table(columns, rows, width=width, title=title, caption=caption,
+                        title_justify="left", caption_justify="left",
+                        min_width=least if width is None else min(width, least))  # fmt: skip
 
 
 def _stage_row(
@@ -345,9 +432,13 @@ def _history(record: StageRecord) -> str:
 
 def run_view(store: RunStore, run_id: str, *, width: int | None = None) -> tuple[RunRecord, Table]:
     """The run as it is now, and its table with what each running stage is doing (read from
-    the audit log): what `baton status` prints and `baton watch` redraws."""
+    the audit log) and where its result went: what `baton status` prints and `baton watch`
+    redraws."""
     run = store.get(run_id)
-    return run, run_table(run, activity=live_activity(run, store.audit_tail(run_id)), width=width)
+    pipeline, outputs = recorded_outputs(store, run)
+    where = published(run, outputs, pipeline)
+    activity = live_activity(run, store.audit_tail(run_id))
+    return run, run_table(run, activity=activity, width=width, where=where)
 
 
 def follow(

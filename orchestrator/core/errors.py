@@ -3,7 +3,8 @@
     BatonError
     ├── ConfigError          (ValueError)
     ├── IntakeError          (ValueError)
-    │   └── PayloadTooLargeError
+    │   ├── PayloadTooLargeError
+    │   └── NotJsonError
     ├── PipelineError        (ValueError)
     ├── RepoError            (RuntimeError)
     ├── RunNotFoundError     (KeyError)
@@ -49,6 +50,10 @@ class IntakeError(BatonError, ValueError):
 
 class PayloadTooLargeError(IntakeError):
     """Raised when a payload exceeds the intake size cap."""
+
+
+class NotJsonError(IntakeError):
+    """Raised when a payload file (or anything else that must be JSON) holds plain text."""
 
 
 class PipelineError(BatonError, ValueError):

@@ -31,6 +31,10 @@ class Fact(Enum):
     """The branch the change was pushed to (a `str`)."""
     PUBLISHED_COMMIT = auto()
     """The commit that holds the change on that branch (a `str`)."""
+    PUBLISHED_URL = auto()
+    """Where a person sees what the stage published: a pull request's page, a posted review's
+    (a `str`). Recorded by the built-in `publish` tool, and by a host tool that returns a
+    `Publication`."""
     REPRODUCED = auto()
     """The reproducing tests run on the unchanged code (a `Reproduced`)."""
     PROOF = auto()
@@ -134,7 +138,23 @@ class Proof(_Fact):
     attempt)."""
 
 
-FACT_TYPES: tuple[type[_Fact], ...] = (TestRun, Reproduced, Reproduction, TestCounts, Proof)
+class Publication(_Fact):
+    """What a host tool that publishes (posts a review, opens an issue) returns for Baton to
+    record where the result went (`Fact.PUBLISHED_URL`): the model reads it as the tool's
+    result, as it would any other."""
+
+    url: str
+    """The page a person opens to see it."""
+
+
+FACT_TYPES: tuple[type[_Fact], ...] = (
+    TestRun,
+    Reproduced,
+    Reproduction,
+    TestCounts,
+    Proof,
+    Publication,
+)
 """The engine's fact types: their field names are the engine's own
 (tests/test_architecture.py lets the engine name them)."""
 

@@ -389,6 +389,9 @@ def test_running_the_pr_stage_twice_yields_one_branch_and_one_pull_request(
 
     assert results[0].output["branch"] == results[1].output["branch"] == f"baton/{run.id}"
     assert results[0].output["commit"] == results[1].output["commit"]
+    # where it went, the fact the publish tool recorded (and `baton status` shows)
+    pull = "https://github.com/octo/widgets/pull/1"
+    assert results[0].output["pull_request_url"] == results[1].output["pull_request_url"] == pull
     assert git("for-each-ref", "--format=%(refname)", "refs/heads/baton/", cwd=bare).split() == [
         f"refs/heads/baton/{run.id}"
     ]

@@ -98,7 +98,7 @@ def test_baton_enqueue_with_a_folder_inside_a_repository_exits_2_naming_it_and_w
 
     assert done.returncode == 2, done.stderr
     assert done.stderr == (
-        "error: RepoError: shop: not the root of a git repository (it is inside the repository "
+        "error: shop: not the root of a git repository (it is inside the repository "
         f"whose root is {upstream.work}); {ADVICE}\n"
     )
     assert done.stdout == ""

@@ -12,6 +12,8 @@ from orchestrator.control.report import (
     Activity,
     live_activity,
     outcome,
+    published,
+    published_line,
     run_json,
     run_table,
     run_view,
@@ -26,6 +28,8 @@ from orchestrator.core.models import (
     StageRecord,
     StageStatus,
 )
+from orchestrator.core.specs import load_pipeline
+from tests.twin import Names
 
 SESSION = "r1:search:2"
 RUN_ID = "20261130-225200-4f1c2a"
@@ -109,14 +113,14 @@ def test_a_looped_stage_shows_its_iteration_and_why_the_last_one_failed() -> Non
 
 
 def a_run(number: int = 0, **fields: Any) -> RunRecord:
-    """A run of the fixer pipeline with a long issue title, created at 0 (epoch seconds)."""
+    """A run (of the fixer pipeline unless told) with a long issue title, created at 0."""
     issue = Issue(
         source=IssueSource.SENTRY_EVENT,
         title="ZeroDivisionError: division by zero in checkout_summary of an empty cart",
     )
-    fields = {"created_at": 0.0, "updated_at": 60.0, **fields}
+    fields = {"created_at": 0.0, "updated_at": 60.0, "pipeline": "fixer", **fields}
     return RunRecord(
-        id=f"{RUN_ID[:-1]}{number}", pipeline="fixer", repo="/srv/git/shop", commit="c",
+        id=f"{RUN_ID[:-1]}{number}", repo="/srv/git/shop", commit="c",
         issue=issue, idempotency_key=f"k{number}", **fields,
     )  # fmt: skip
 
@@ -149,7 +153,7 @@ def test_the_runs_table_shows_every_run_id_whole_on_one_line_at_any_width(width:
     ("width", "headers"),
     [
         (60, ["run", "status", "age", "issue"]),
-        (80, ["run", "status", "age", "issue", "reason"]),
+        (80, ["run", "status", "pipeline", "age", "issue", "reason"]),
         (120, ["run", "status", "pipeline", "stage", "age", "issue", "reason"]),
     ],
 )
@@ -161,6 +165,24 @@ def test_a_narrow_runs_table_leaves_out_the_least_needed_columns(
     )
 
     assert list(cells_of(table)) == headers
+
+
+def test_at_80_columns_the_runs_table_keeps_each_runs_pipeline_whole() -> None:
+    """The widest a run's row gets at 80 columns: a cancelled run, a stage named, a long issue
+    title and reason, pipelines of eight characters: the issue and the reason give way."""
+    runs = [
+        a_run(n, pipeline=name, status=RunStatus.CANCELLED, current_stage="reproduce",
+              reason=f"fix: {LONG_ERROR}")
+        for n, name in enumerate(["fixer", "reviewer", "labeller"])
+    ]  # fmt: skip
+
+    lines = rendered(runs_table(runs, now=3_600.0, width=80), 80).splitlines()
+
+    assert lines[2].split("┃")[3].strip() == "pipeline"
+    for run in runs:
+        row = next(line for line in lines if run.id in line)
+        assert run.pipeline in row.split("│")[3] and len(row.rstrip()) <= 80
+        assert "│ ZeroDivi" in row and "… │" in row  # the issue shrank, ending in an ellipsis
 
 
 @pytest.mark.parametrize(("count", "title"), [(0, "0 runs"), (1, "1 run"), (2, "2 runs")])
@@ -251,6 +273,9 @@ class RecordedStore:
     def audit_tail(self, run_id: str, count: int = 200) -> list[dict[str, str]]:
         return self.audit[-count:]
 
+    def outputs(self, run_id: str, names: list[str]) -> dict[str, Any]:
+        return {}  # no stage has finished
+
 
 def test_status_shows_the_live_figures_of_a_running_stage_as_watch_does() -> None:
     run = run_with_search_running()
@@ -284,22 +309,79 @@ FIX_OUTPUT = {
 }  # fmt: skip
 
 
-def test_the_outcome_is_what_baton_measured_and_published_by_stage() -> None:
+PR_OUTPUT = {"branch": "baton/r", "commit": "0123456789abcdef", "title": "t", "body": "b",
+             "pull_request_url": "https://github.com/o/r/pull/7"}  # fmt: skip
+
+
+def test_the_outcome_is_what_baton_measured_and_published_by_stage(names: Names) -> None:
+    """Found at the fields the pipeline's schemas mark `Measured`, under their names: the same
+    figures for the fixer and its twin, whose every field is named otherwise."""
+    pipeline = load_pipeline(names.pipeline)
     run = a_run(status=RunStatus.DONE)
-    run.stages = {name: StageRecord(status=StageStatus.DONE) for name in ("plan", "fix", "pr")}
-    outputs = {"plan": {"steps": ["x"]}, "fix": FIX_OUTPUT, "pr": {"branch": "baton/r", "x": 1}}
+    run.stages = {
+        names.stages[n]: StageRecord(status=StageStatus.DONE) for n in ("plan", "fix", "pr")
+    }
+    outputs = {
+        names.stages["plan"]: names.output("plan", {"steps": ["x"]}),
+        names.stages["fix"]: names.output("fix", FIX_OUTPUT),
+        names.stages["pr"]: names.output("pr", PR_OUTPUT),
+    }
+    fix, pr = names.stages["fix"], names.stages["pr"]
 
-    found = outcome(run, outputs)
-    stages = run_json(run, outputs)["stages"]
+    found = outcome(run, outputs, pipeline)
+    stages = run_json(run, outputs, pipeline)["stages"]
 
-    assert found == {
-        "fix": {
+    assert {stage: names.output_back(name, found[stage]) for name, stage in
+            (("fix", fix), ("pr", pr))} == {
+        fix: {
             "tests_before": {"exit_code": 1, "passed": 2, "failed": 3},
             "tests_after": {"exit_code": 0, "passed": 5, "failed": 0},
             "proof": {"passed": True, "reason": "proven",
                       "fail_to_pass": ["t.T.test_empty"], "pass_to_fail": []},
         },
-        "pr": {"branch": "baton/r"},
+        pr: {"branch": "baton/r", "pull_request_url": "https://github.com/o/r/pull/7"},
     }  # fmt: skip
-    assert stages["fix"]["proof"]["passed"] is True and stages["pr"]["branch"] == "baton/r"
-    assert "tests_before" not in stages["plan"] and "branch" not in run_json(run)["stages"]["pr"]
+    assert names.stages["plan"] not in found
+    assert stages[pr][names.fields["branch"]] == "baton/r"
+    assert names.fields["branch"] not in run_json(run)["stages"][pr]
+
+
+def test_where_a_run_published_is_read_from_the_facts_its_schemas_declare(names: Names) -> None:
+    pipeline = load_pipeline(names.pipeline)
+    run = a_run(status=RunStatus.DONE)
+    run.stages = {names.stages[n]: StageRecord(status=StageStatus.DONE) for n in ("fix", "pr")}
+    outputs = {names.stages["pr"]: names.output("pr", PR_OUTPUT)}
+
+    where = run_json(run, outputs, pipeline)["published"]
+    table = rendered(run_table(run, now=0.0, width=100, where=where), 100)
+
+    assert where == {"stage": names.stages["pr"], "url": "https://github.com/o/r/pull/7",
+                     "branch": "baton/r", "commit": "0123456789abcdef"}  # fmt: skip
+    assert (
+        f"published ({names.stages['pr']}): https://github.com/o/r/pull/7 · branch baton/r · "
+        "commit 0123456789ab"
+    ) in table
+
+
+def test_a_run_that_published_nothing_says_so_with_null() -> None:
+    pipeline = load_pipeline("fixer")
+    run = a_run(status=RunStatus.DONE)
+    run.stages = {"fix": StageRecord(status=StageStatus.DONE)}
+    outputs = {"fix": FIX_OUTPUT}
+
+    assert run_json(run, outputs, pipeline)["published"] is None
+    assert "published" not in rendered(run_table(run, now=0.0, width=100), 100)
+    assert outcome(run, outputs, None) == {}  # a pipeline this process cannot read: no figures
+
+
+def test_a_publication_without_a_page_names_its_branch() -> None:
+    pipeline = load_pipeline("fixer")
+    run = a_run(status=RunStatus.DONE)
+    run.stages = {"pr": StageRecord(status=StageStatus.DONE)}
+    outputs = {"pr": {**PR_OUTPUT, "pull_request_url": None}}
+
+    where = published(run, outputs, pipeline)
+
+    assert where == {"stage": "pr", "url": None, "branch": "baton/r", "commit": "0123456789abcdef"}
+    assert published_line(where) is not None
+    assert str(published_line(where)) == "published (pr): branch baton/r · commit 0123456789ab"

@@ -183,7 +183,16 @@ def test_a_missing_key_with_a_base_url_says_the_url_is_set_and_what_it_needs() -
 
     assert "BATON_GEMINI_BASE_URL is http://127.0.0.1:8765" in str(caught.value)
     assert "(or BATON_GEMINI_BASE_URL" not in str(caught.value)
-    assert gemini.missing_key_message(ModelConfig()) == "no Gemini API key: set GOOGLE_API_KEY"
+    assert "GOOGLE_API_KEY=fake" in str(caught.value)
+
+
+def test_a_missing_key_without_a_base_url_points_at_the_fake_server() -> None:
+    said = gemini.missing_key_message(ModelConfig())
+
+    assert said.startswith("no Gemini API key: set GOOGLE_API_KEY, or run without one")
+    assert "`baton fake-gemini --port 8765 &`" in said
+    assert "BATON_GEMINI_BASE_URL=http://127.0.0.1:8765 GOOGLE_API_KEY=fake" in said
+    assert "`make demo`" in said
 
 
 def test_gemini_calls_go_through_httpx_though_aiohttp_is_installed() -> None:

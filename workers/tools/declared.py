@@ -25,6 +25,7 @@ from typing import Any, Protocol
 from google.adk.tools.base_tool import BaseTool
 from google.adk.tools.function_tool import FunctionTool
 
+from orchestrator.core.facts import Fact
 from orchestrator.core.tools import (
     CommandTool,
     HostTool,
@@ -58,6 +59,8 @@ class ToolBench:
     """The model for the host tool named, whose secrets leave its prompts; None: none."""
     run: ToolRun | None = None
     """The run the stage serves, for a host tool that asks for it; None: none."""
+    record: Callable[[Fact, Any], None] | None = None
+    """Records a fact a host tool's result holds (a `Publication`); None: none is kept."""
 
 
 class OpenTool(Protocol):
@@ -75,7 +78,7 @@ async def _host(
     make = bench.model
     model = (lambda: make(name, secrets)) if make is not None else None
     yield [host_tool(name, declaration, stage=bench.stage, secrets=secrets, model=model,
-                     environ=bench.environ, run=bench.run)]  # fmt: skip
+                     environ=bench.environ, run=bench.run, record=bench.record)]  # fmt: skip
 
 
 @asynccontextmanager

@@ -30,6 +30,7 @@ from google.adk.tools.function_tool import FunctionTool
 from pydantic import SecretStr
 from pydantic_core import to_jsonable_python
 
+from orchestrator.core.facts import Fact, Publication
 from orchestrator.core.hostfunction import HostSignature, host_signature
 from orchestrator.core.tools import HostTool, ToolModel, ToolRun
 from workers.errors import ExecutionError, StageError
@@ -52,9 +53,11 @@ def host_tool(
     model: Callable[[], ToolModel] | None = None,
     environ: Mapping[str, str] | None = None,
     run: ToolRun | None = None,
+    record: Callable[[Fact, Any], None] | None = None,
 ) -> FunctionTool:
     """The tool `name` of `stage`: the declaration's function with its settings, `secrets`,
-    its variables of `environ` and (if it asks) a model from `model` and the `run` bound.
+    its variables of `environ` and (if it asks) a model from `model` and the `run` bound. A
+    `Publication` it returns is given to `record` as the facts of where the stage's result went.
 
     Raises:
         StageError: the function cannot be used (it no longer imports, say), it asks for a
@@ -88,6 +91,7 @@ def host_tool(
             logger.info("host tool %s of %s raised %s", name, stage, type(exc).__name__)
             said = str(exc) or "(no message)"
             return {"error": secrets.redact(f"{name} failed: {type(exc).__name__}: {said}")}
+        _record_publication(result, record, secrets)
         ready = to_jsonable_python(result, fallback=str)
         return secrets.redact(ready if isinstance(ready, dict) else {"result": ready})
 
@@ -118,6 +122,16 @@ def _bound(
                 f"tool {name!r} of stage {stage!r} needs {variable} set in the worker's environment"
             )
     return bound
+
+
+def _record_publication(
+    result: Any, record: Callable[[Fact, Any], None] | None, secrets: Secrets
+) -> None:
+    """Where a host tool published, if its `result` is a `Publication`, as the facts Baton
+    keeps (without any secret value)."""
+    if not isinstance(result, Publication) or record is None:
+        return
+    record(Fact.PUBLISHED_URL, secrets.redact(result.url))
 
 
 def _declared_as(

@@ -7,7 +7,9 @@ Accepted reports, recognised by `detect_source` unless the caller names the sour
 - a GitHub issue object or `issues` webhook payload (`orchestrator.control.intake.github`);
 - a pull request: a GitHub pull request object or `pull_request` webhook payload, or a small
   JSON naming a repository, a number, a base and a head (`orchestrator.control.intake.pull`);
-- plain text (`orchestrator.control.intake.text`).
+- plain text (`orchestrator.control.intake.text`), unless the caller asks for JSON only
+  (`json_only`: what a payload file holds, so that a file given by mistake is refused rather
+  than read as a report).
 
 What is kept is bounded by `IntakeLimits` (`orchestrator.control.intake.limits`). Intake only reads
 and validates: it writes nothing anywhere.
@@ -27,7 +29,7 @@ from orchestrator.control.intake.limits import IntakeLimits, apply_limits, cut
 from orchestrator.control.intake.pull import looks_like_pull_request, parse_pull_request
 from orchestrator.control.intake.sentry import parse_event, parse_issue
 from orchestrator.control.intake.text import parse_text
-from orchestrator.core.errors import IntakeError, PayloadTooLargeError
+from orchestrator.core.errors import IntakeError, NotJsonError, PayloadTooLargeError
 from orchestrator.core.models import Issue, IssueSource
 
 __all__ = ["DEFAULT_LIMITS", "IntakeLimits", "detect_source", "parse_payload"]
@@ -57,21 +59,29 @@ def parse_payload(
     source: IssueSource | None = None,
     *,
     limits: IntakeLimits = DEFAULT_LIMITS,
+    json_only: bool = False,
 ) -> Issue:
     """The `Issue` an error report describes.
 
     `data` is UTF-8 bytes or text. With `source` None, text that starts with `{` or `[` must
     be a JSON object of a recognised shape and anything else is plain text; a named source is
-    parsed as that source (`IssueSource.TEXT` takes even JSON as text).
+    parsed as that source (`IssueSource.TEXT` takes even JSON as text). With `json_only`, plain
+    text is refused, whatever `source` says.
 
     Raises:
         PayloadTooLargeError: `data` is over `limits.max_payload_bytes` (checked first).
+        NotJsonError: `json_only` and `data` is not JSON (or `source` is `IssueSource.TEXT`).
         IntakeError: the report is malformed, empty or of no accepted shape; `field` names the
             offending field as a dotted path where there is one.
     """
     source = _source(source)
     text = _decode(data, limits.max_payload_bytes)
-    if source == IssueSource.TEXT or (source is None and not text.lstrip().startswith(("{", "["))):
+    as_text = source == IssueSource.TEXT or (
+        source is None and not text.lstrip().startswith(("{", "["))
+    )
+    if as_text and json_only:
+        raise NotJsonError(f"not a JSON payload ({_opening(text)}); send {_SHAPES}")
+    if as_text:
         return apply_limits(parse_text(text), limits)
     payload = _load_object(text)
     return apply_limits(_PARSERS[source or detect_source(payload)](payload), limits)
@@ -148,6 +158,14 @@ def _load_object(text: str) -> dict[str, Any]:
     if not isinstance(payload, dict):
         raise IntakeError(f"expected a JSON object, got {kind(payload)}; send {_SHAPES}")
     return payload
+
+
+def _opening(text: str, shown: int = 40) -> str:
+    """How `text` begins, for a message: `it begins '# Baton…'`."""
+    words = " ".join(clean(text).split())
+    if not words:
+        return "it is blank"
+    return f"it begins {(words[:shown] + '…' if len(words) > shown else words)!r}"
 
 
 def _key_list(payload: Mapping[str, Any], shown: int = 12) -> str:

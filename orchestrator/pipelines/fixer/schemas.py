@@ -103,5 +103,8 @@ class PullRequest(_Output):
 
     branch: Annotated[str, Measured(Fact.PUBLISHED_BRANCH)]
     commit: Annotated[str, Measured(Fact.PUBLISHED_COMMIT)]
+    pull_request_url: Annotated[str | None, Measured(Fact.PUBLISHED_URL)] = Field(
+        None, description="Filled in by Baton: the pull request's page, when there is one."
+    )
     title: str
     body: str
