@@ -6,6 +6,9 @@ with the expected comments; the GitHub token shows up in no request, log, artifa
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -95,7 +98,17 @@ def test_the_reviewer_posts_one_review_of_the_pull_request_and_its_token_stays_o
     assert review["body"].endswith(f"<!-- baton-review run={run.id} -->")
     output = run_store.output(run.id, "review")
     assert output is not None
+    # the review's page, recorded from what post_review answered (never the model's word), is
+    # where `status` says the result went
     assert (output["posted"], output["review_url"]) == (True, review["html_url"])
+    shown = subprocess.run(
+        [sys.executable, "-m", "orchestrator.control.cli", "status", run.id, "--json"],
+        env={**os.environ, "BATON_REDIS_URL": stack.settings.require_redis_url()},
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    assert json.loads(shown.stdout)["published"] == {
+        "stage": "review", "url": review["html_url"], "branch": None, "commit": None,
+    }  # fmt: skip
 
     # the stages read the change, worked at the head, and Baton measured the tests there
     [summarise] = stack.requests("summarise")

@@ -14,6 +14,7 @@ import pytest
 from pydantic import SecretStr
 
 from demo.review import NAME, OWNER, ReviewRepo
+from orchestrator.core.facts import Publication
 from orchestrator.core.tools import ToolRun
 from orchestrator.pipelines.reviewer.github import GitHubError
 from orchestrator.pipelines.reviewer.tools import post_review
@@ -32,8 +33,11 @@ COMMENTS = [
 
 
 def post(github: FakeGitHub, run: ToolRun, token: str = TOKEN) -> dict[str, Any]:
-    return asyncio.run(post_review(BODY, COMMENTS, run=run, token=SecretStr(token),  # type: ignore[arg-type]
-                                   api_url=github.url))  # fmt: skip
+    """The tool's answer as the model reads it (what it did not say left out)."""
+    answer = asyncio.run(post_review(BODY, COMMENTS, run=run, token=SecretStr(token),  # type: ignore[arg-type]
+                                     api_url=github.url))  # fmt: skip
+    assert isinstance(answer, Publication)  # so Baton records where the review went
+    return answer.model_dump(exclude_none=True)
 
 
 def test_one_review_is_posted_with_comments_on_their_lines_and_the_rest_in_its_body(

@@ -105,4 +105,6 @@ class Review(_Output):
     comments: list[ReviewComment] = Field(default_factory=list, max_length=MAX_COMMENTS)
     posted: bool = Field(description="Whether post_review posted the review (or found it "
                          "posted already).")  # fmt: skip
-    review_url: str = Field("", description="The posted review's URL, as post_review said.")
+    review_url: Annotated[str, Measured(Fact.PUBLISHED_URL)] = Field(
+        "", description="Filled in by Baton: the posted review's page, as post_review answered."
+    )

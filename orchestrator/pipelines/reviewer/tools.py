@@ -16,8 +16,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import SecretStr, TypeAdapter
+from pydantic import BaseModel, SecretStr, TypeAdapter
 
+from orchestrator.core.facts import Publication
 from orchestrator.core.tools import ToolRun
 from orchestrator.pipelines.reviewer.diff import comment_text, place_comments, review_body
 from orchestrator.pipelines.reviewer.github import GITHUB_API_URL, GitHubClient, GitHubError
@@ -29,6 +30,26 @@ MARKER = "<!-- baton-review run={run_id} -->"
 """Ends the body of every review the tool posts: a run that posts again finds its review."""
 _PULL_REQUEST = re.compile(r"^([\w.-]+)/([\w.-]+)#(\d+)$")
 _COMMENTS = TypeAdapter(list[ReviewComment])
+
+
+class MovedComment(BaseModel):
+    """A comment that could not sit on its line, so it went into the review's body."""
+
+    path: str
+    line: int
+    reason: str
+
+
+class PostedReview(Publication):
+    """What `post_review` answers. A `Publication`, so Baton records its `url` as where the
+    run's result went (`status` and `watch` show it; the review stage's `review_url`)."""
+
+    posted: bool = True
+    already_posted: bool
+    review_id: int | None
+    comments_on_lines: int | None = None
+    """How many comments sit on their lines; None when the review was posted before."""
+    moved_to_body: list[MovedComment] | None = None
 
 
 @dataclass(frozen=True)
@@ -63,7 +84,7 @@ async def post_review(
     run: ToolRun,
     token: SecretStr,
     api_url: str = GITHUB_API_URL,
-) -> dict[str, Any]:
+) -> PostedReview:
     """Post the review to the pull request under review, as one GitHub review: the body, and
     each comment on its line. A comment on a line the pull request's diff does not show cannot
     sit there: it is moved into the body, and the answer lists it with the reason. Posting again
@@ -117,16 +138,15 @@ async def _posted(github: GitHubClient, target: PullTarget, marker: str) -> Any 
 
 def _answer(
     review: dict[str, Any], *, placed: int | None, moved: list[Any], already: bool
-) -> dict[str, Any]:
-    answer: dict[str, Any] = {
-        "posted": True,
-        "already_posted": already,
-        "review_id": review.get("id"),
-        "url": review.get("html_url", ""),
-    }
-    if placed is not None:
-        answer["comments_on_lines"] = placed
-        answer["moved_to_body"] = [
-            {"path": m.comment.path, "line": m.comment.line, "reason": m.reason} for m in moved
-        ]
-    return answer
+) -> PostedReview:
+    return PostedReview(
+        url=str(review.get("html_url") or ""),
+        already_posted=already,
+        review_id=review.get("id"),
+        comments_on_lines=placed,
+        moved_to_body=None
+        if placed is None
+        else [
+            MovedComment(path=m.comment.path, line=m.comment.line, reason=m.reason) for m in moved
+        ],
+    )
