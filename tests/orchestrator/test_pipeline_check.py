@@ -63,6 +63,10 @@ BROKEN = {
         ('name = "label"', 'name = "label'),
         None, None, "not valid TOML: ",
     ),
+    "unknown model": (
+        ('instruction = "Label', 'model = "openia/gpt-4.1-mini"\ninstruction = "Label'),
+        "label", "model", "names an unknown provider 'openia'",
+    ),
     "unknown field": (
         ('instruction = "Label', 'colour = "red"\ninstruction = "Label'),
         "label", "colour", "unknown field",
