@@ -45,10 +45,13 @@ def test_show_renders_every_output_and_one_stage_alone(
     assert all(len(line) <= 80 for line in lines)
     assert lines[0] == f"run {demo_run.id} · fixer · done"
     titles = [m.group(1) for line in lines if (m := re.match(r"╭─ (\S+) ─", line))]
-    assert titles == ["triage", "search", "plan", "reproduce", "fix", "fix.1", "pr"]
+    # The fix loop's one iteration (fix.1) is the fix's own output: shown once, not twice.
+    assert titles == ["triage", "search", "plan", "reproduce", "fix", "pr"]
 
     fix = run_store.output(demo_run.id, "fix")
     assert fix is not None
+    iteration = "\n".join(lines_of(baton(session_stack, "show", demo_run.id, "--stage", "fix.1")))
+    assert "╭─ fix.1" in iteration and fix["files_changed"][0] in iteration
     one = "\n".join(lines_of(baton(session_stack, "show", demo_run.id, "--stage", "fix")))
     assert "╭─ triage" not in one
     assert fix["files_changed"][0] in one
