@@ -198,7 +198,7 @@ def served(stack: Stack, names: Names, logs: Path) -> Iterator[None]:
         yield
         return
     path = os.pathsep.join(filter(None, [str(names.folder), os.environ.get("PYTHONPATH")]))
-    queues = [f"baton.{stage}" for stage in names.stages.values()]
+    queues = [names.queue(stage) for stage in names.stages]  # `baton.<pipeline>.<stage>`
     env = {**worker_env(stack.settings), "PYTHONPATH": path}
     with services.worker(env, queues, logfile=logs / "twin-worker.log", name="baton-twin"):
         yield
