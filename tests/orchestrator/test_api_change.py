@@ -101,12 +101,11 @@ def test_a_pipeline_that_reviews_a_change_refuses_a_run_without_a_base_and_write
 
 
 def test_baton_enqueue_takes_a_base(
-    pull: Upstream, unit_redis_url: str, redis_client: redis.Redis, tmp_path: Path
+    pull: Upstream, unit_redis_url: str, redis_client: redis.Redis
 ) -> None:
-    report = tmp_path / "report.txt"
-    report.write_text("Review the discount\n")
     done = subprocess.run(
-        [sys.executable, "-m", "orchestrator.control.cli", "enqueue", str(report), "--repo",
+        [sys.executable, "-m", "orchestrator.control.cli", "enqueue", "--text",
+         "Review the discount", "--repo",
          str(pull.bare), "--ref", "discount", "--base", "main", "--pipeline", str(SPEC)],
         env={**os.environ, "BATON_REDIS_URL": unit_redis_url, "PYTHONPATH": str(ROOT)},
         capture_output=True, text=True, timeout=60,
