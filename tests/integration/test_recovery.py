@@ -191,8 +191,9 @@ def test_a_soak_with_workers_killed_at_random_loses_and_duplicates_nothing(
     to a minute) and 5 interruptions per stage instead of 3, because four kills 2–5 s apart, all
     in the first half minute, can hit one stage more than three times. The kills are
     front-loaded for the same reason: time, as is the size: 6 runs and 4 kills (each run is six
-    stages with a reproduction and a proof; the kills all land while runs are in flight). `python -m bench
-    soak` runs the soak at the default settings, with kills spread over the whole of it."""
+    stages with a reproduction and a proof; the kills all land while runs are in flight).
+    `python -m bench soak` runs the soak at the default settings, with kills spread over the
+    whole of it."""
     runs_wanted, kills_wanted = 6, 4
     own_db.fake.set_scenario({**demo_scenario(), "latency_ms": 150})
     env = {**worker_env(own_db.settings), **FAST_RECOVERY, "BATON_QUEUE__MAX_INTERRUPTED": "5"}
