@@ -27,7 +27,7 @@ from demo import HERE, SAMPLE_REPO
 from demo.review_view import review_panel
 from demo.runner import DemoResult, demo_summary
 from orchestrator.control import api
-from orchestrator.control.report import follow, run_table
+from orchestrator.control.report import follow, published, run_table
 from orchestrator.core.git import COMMITTER, git_output
 from orchestrator.core.pipeline import load_pipeline
 from orchestrator.core.settings import FAKE_API_KEY, Settings
@@ -144,7 +144,9 @@ def run_review_demo(settings: Settings, *, timeout_s: float, console: Console) -
         if isinstance(outputs.get("test"), dict):
             summary["stages"]["test"]["tests"] = outputs["test"].get("tests")
         summary["reviews"] = [_review_json(review) for review in reviews]
-        table = run_table(run, width=console.width)
+        where = published(run, outputs, load_pipeline(str(SPEC)))  # the review's page
+        summary["published"] = where
+        table = run_table(run, width=console.width, where=where)
         written = (outputs.get("review") or {}).get("comments") or []
         shown = review_panel(reviews[-1], written, pull) if reviews else None
         return DemoResult(summary=summary, table=table, extra=shown)

@@ -253,6 +253,24 @@ def test_demo_json_reports_every_stage_the_proof_and_the_branch(tmp_path: Path) 
     assert sandboxes(summary["run_id"]) == []
 
 
+def test_demo_review_json_posts_one_review_and_says_where_it_went(tmp_path: Path) -> None:
+    """`make demo-review`'s command, as a newcomer runs it: the reviewer on the bundled pull
+    request, against a private Redis, the fake Gemini and the fake GitHub."""
+    env = {k: v for k, v in os.environ.items() if k != "BATON_REDIS_URL"} | {"HOME": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "-m", "orchestrator.control.cli", "demo-review", "--json"],
+        env=env, capture_output=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    summary = json.loads(done.stdout)
+    assert summary["status"] == "done"
+    assert list(summary["stages"]) == ["summarise", "inspect", "test", "review"]
+    [review] = summary["reviews"]
+    assert summary["published"]["stage"] == "review"
+    assert summary["published"]["url"].endswith(f"#pullrequestreview-{review['id']}")
+    assert sandboxes(summary["run_id"]) == []
+
+
 def test_top_shows_the_queues_the_workers_and_the_runs(stack: Stack) -> None:
     env = {"BATON_REDIS_URL": stack.settings.require_redis_url()}
     run = stack.wait(stack.enqueue(SENTRY_EVENT.read_bytes(), stack.sample_repo()))
