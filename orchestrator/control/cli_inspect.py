@@ -23,7 +23,7 @@ from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
 
-from orchestrator.control import inspection
+from orchestrator.control import inspection, plain
 from orchestrator.control.api import connect
 from orchestrator.control.inspection import Entry
 from orchestrator.control.tables import Column, counted, fitted_table
@@ -63,9 +63,9 @@ def show(run_id: str, stage: str | None, as_json: bool) -> None:
         return
     title = f"run {run.id} · {run.pipeline} · {run.status.value}"
     out.print(Text(title, style="bold"), soft_wrap=True)
-    out.print(Text(f"issue: {run.issue.title}\nrepo:  {run.repo} @ {run.commit[:12]}"))
+    out.print(Text(plain.safe(f"issue: {run.issue.title}\nrepo:  {run.repo} @ {run.commit[:12]}")))
     if run.reason:
-        out.print(Text(f"why:   {run.reason}", style="red"))
+        out.print(Text(plain.safe(f"why:   {run.reason}"), style="red"))
     if not outputs:
         out.print("no stage has recorded an output yet")
     for name, value in outputs.items() if stage else distinct_outputs(outputs).items():
@@ -101,11 +101,11 @@ def _render_value(item: Any) -> RenderableType:
         if not item:
             return Text("none", style="dim")
         if all(not isinstance(i, (dict, list)) for i in item):
-            return Text(", ".join(str(i) for i in item))
+            return Text(plain.safe(", ".join(str(i) for i in item)))
         return Group(*(_render_value(i) for i in item))
     if item is None:
         return Text("—", style="dim")
-    return Text(str(item))
+    return Text(plain.safe(str(item)))
 
 
 @click.command()
@@ -137,6 +137,7 @@ def render_diff(text: str) -> Group:
     """A diff highlighted, one line of the terminal per line of the diff: a line wider than the
     terminal ends in `…` rather than going on to the next line, where it would read as a line
     of its own (piped, `baton diff` prints the diff as it is)."""
+    text = plain.safe(text)  # a diff holds the repository's and the model's bytes
     lines = Syntax(text, "diff", background_color="default").highlight(text).split("\n")
     for line in lines:
         line.no_wrap, line.overflow = True, "ellipsis"
@@ -264,7 +265,7 @@ def transcript_line(entry: Entry, width: int) -> Text:
     head = f"{clock} {entry.branch or '-':<16} "
     room = max(20, width - len(head) - 1)
     line = Text(head, style="dim")
-    body = _describe(entry)
+    body = plain.safe(_describe(entry))
     line.append(_cut(body, room), style=_KIND_STYLE.get(entry.kind, ""))
     return line
 
@@ -276,13 +277,31 @@ def transcript_entry(entry: Entry) -> Table:
     grid = Table.grid(padding=(0, 1))
     grid.add_column(no_wrap=True, style="dim")
     grid.add_column(overflow="fold")
-    body = Text(_describe(entry, joiner="\n"), style=_KIND_STYLE.get(entry.kind, ""))
+    body = Text(_describe_whole(entry), style=_KIND_STYLE.get(entry.kind, ""))
     grid.add_row(f"{clock} {entry.branch or '-':<16}", body)
     return grid
 
 
-def _describe(entry: Entry, *, joiner: str = " | ") -> str:
-    """The entry in words: its parts joined by `joiner`, or its kind and data."""
+def _describe_whole(entry: Entry) -> str:
+    """The entry in words, every part on lines of its own: a call's arguments and a result's
+    fields one per line under it, a text whole (`orchestrator.control.plain`)."""
+    if not entry.parts:
+        return plain.safe(_describe(entry))
+    said = []
+    for part in entry.parts:
+        if part.kind in ("call", "result"):
+            value = part.args if part.kind == "call" else part.result
+            said += [f"{part.kind} {part.tool}", *plain.lines(value or {}, depth=1)]
+        else:
+            alone = entry.model_copy(update={"parts": [part], "usage": None})
+            said.append(plain.safe(_describe(alone)))
+    if entry.usage:
+        said[0] = f"[{entry.usage.prompt_tokens:,} tok in] " + said[0]
+    return "\n".join(said)
+
+
+def _describe(entry: Entry) -> str:
+    """The entry in words on one line: its parts joined by ` | `, or its kind and data."""
     if entry.parts:
         said = []
         for part in entry.parts:
@@ -296,7 +315,7 @@ def _describe(entry: Entry, *, joiner: str = " | ") -> str:
             else:
                 who = "user" if entry.kind == "user_message" else "model"
                 said.append(f"{who}: {part.text}")
-        text = joiner.join(said)
+        text = " | ".join(said)
         if entry.usage:
             text = f"[{entry.usage.prompt_tokens:,} tok in] " + text
         return text

@@ -17,6 +17,8 @@ from rich.console import JustifyMethod
 from rich.table import Table
 from rich.text import Text
 
+from orchestrator.control.plain import safe
+
 Cell = str | Text
 """A cell's content; a string is shown as it is, never read as rich markup."""
 
@@ -75,6 +77,8 @@ def _least_width(column: Column, cells: list[Cell]) -> int:
 
 
 def _shown(cell: Cell, column: Column) -> Text:
+    if isinstance(cell, str):
+        cell = safe(cell)  # a cell may quote an issue, a model or a repository
     if column.shrink_to is None:
         return Text(cell) if isinstance(cell, str) else cell
     one_line = Text(" ".join(cell.split())) if isinstance(cell, str) else cell.copy()

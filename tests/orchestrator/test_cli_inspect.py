@@ -4,8 +4,8 @@ says each output once with a list's items on one line, `diff` never splits a lin
 from __future__ import annotations
 
 import io
-import json
 import re
+from typing import Any
 
 import pytest
 from rich.console import Console, RenderableType
@@ -18,6 +18,7 @@ from orchestrator.control.cli_inspect import (
     transcript_line,
 )
 from orchestrator.control.inspection import Entry, Part
+from orchestrator.control.tables import Column, fitted_table
 
 LONG_PATCH = "".join(f"line {n}: the quick brown fox jumps over the lazy dog\n" for n in range(40))
 """A tool argument far wider than any terminal: 40 lines, about 2,200 characters."""
@@ -47,24 +48,51 @@ def test_log_full_prints_every_character_of_a_call_wrapped_within_the_width(widt
     entry = a_call(patch=LONG_PATCH, path="cart.py")
 
     lines = rendered(transcript_entry(entry), width).splitlines()
-    head = lines[0].index("call apply_patch(")
+    head = lines[0].index("call apply_patch")
 
     assert all(len(line.rstrip()) <= width for line in lines)
-    assert len(lines) > len(LONG_PATCH) // width  # wrapped, not one cut line
-    assert all(line[:head].strip() == "" for line in lines[1:])  # wrapped beside the head
+    assert all(line[:head].strip() == "" for line in lines[1:])  # beside the time and branch
     body = _ink("".join(line[head:] for line in lines))
-    assert _ink(json.dumps(LONG_PATCH)) in body  # whole: not one character cut
-    assert _ink(f'"log": "{"x" * 300}"}}') in body and "…" not in body
+    assert _ink(LONG_PATCH) in body  # whole: not one character cut, no escapes
+    assert _ink(f"log: {'x' * 300}") in body and "…" not in body
     assert lines[0].split()[1] == "fixer.fix"
 
 
-def test_log_full_puts_each_part_on_lines_of_its_own() -> None:
-    lines = rendered(transcript_entry(a_call(path="cart.py")), 400).splitlines()
+def test_log_full_puts_each_part_and_each_field_on_lines_of_its_own() -> None:
+    entry = a_call(path="cart.py", patch="-old\n+new", hunks=[{"line": 3}, 7])
 
-    assert [lines[0].split(None, 2)[-1].rstrip(), *(line.strip() for line in lines[1:])] == [
-        'call apply_patch(path="cart.py")',
-        f'result apply_patch: {{"applied": true, "log": "{"x" * 300}"}}',
+    lines = rendered(transcript_entry(entry), 400).splitlines()
+    head = lines[0].index("call")
+
+    assert [line[head:].rstrip() for line in lines] == [
+        "call apply_patch",
+        "  path: cart.py",
+        "  patch:",
+        "    -old",
+        "    +new",
+        "  hunks:",
+        "    -",
+        "      line: 3",
+        "    - 7",
+        "result apply_patch",
+        "  applied: true",
+        f"  log: {'x' * 300}",
     ]
+
+
+def test_log_full_shows_a_hostile_tool_result_s_control_characters_escaped() -> None:
+    hostile = "ok\x1b]0;owned\x07\x1b[2J\rdone\u009b31m"
+    entry = Entry(
+        id="1-0", ts=0.0, branch="fixer.search", stage="search", attempt=1, kind="tool_call",
+        parts=[Part(kind="result", tool="read_file", result={"content": hostile}),
+               Part(kind="text", text=f"model says {hostile}")],
+    )  # fmt: skip
+
+    shown = rendered(transcript_entry(entry), 200)
+
+    assert _no_control(shown)
+    assert "ok\\x1b]0;owned\\x07\\x1b[2J\\x0ddone\\x9b31m" in shown  # both, escaped
+    assert shown.count("\\x1b]0;owned") == 2
 
 
 def test_the_default_log_line_stays_one_cut_line() -> None:
@@ -119,3 +147,29 @@ def test_diff_never_breaks_a_line_of_the_diff_and_marks_a_cut_one() -> None:
     cut = next(line for line in lines if line.startswith("-    return"))
     assert len(cut.rstrip()) == 60 and cut.rstrip().endswith("…")
     assert re.fullmatch(r"-    return sum\(prices\) / len\(prices\)  # a+…", cut.rstrip())
+
+
+HOSTILE = "ok\x1b]0;owned\x07\x1b[2J\rdone\x9b31m"
+"""A repository's or a model's bytes that would retitle, clear and recolour a terminal."""
+
+
+def _no_control(shown: str) -> bool:
+    return not any((ord(c) < 32 and c not in "\n\t") or 0x7F <= ord(c) <= 0x9F for c in shown)
+
+
+@pytest.mark.parametrize(
+    "renderable",
+    [
+        pytest.param(lambda: transcript_line(Entry(
+            id="1-0", ts=0.0, branch="fixer.triage", stage="triage", attempt=1,
+            kind="model_reply", parts=[Part(kind="text", text=HOSTILE)]), 200), id="log"),
+        pytest.param(lambda: render_output({"summary": HOSTILE, "files": [HOSTILE]}), id="show"),
+        pytest.param(lambda: render_diff(f"+{HOSTILE}\n"), id="diff"),
+        pytest.param(lambda: fitted_table([Column("issue")], [[HOSTILE]], width=80), id="table"),
+    ],
+)  # fmt: skip
+def test_no_view_passes_a_control_character_to_the_terminal(renderable: Any) -> None:
+    shown = rendered(renderable(), 200)
+
+    assert _no_control(shown)
+    assert "\\x1b]0;owned" in shown  # still there for the reader, escaped
