@@ -15,6 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from orchestrator.control import api
+from orchestrator.control.plain import safe
 from orchestrator.control.tables import Cell, Column, counted, fitted_table
 from orchestrator.core.errors import PipelineError
 from orchestrator.core.facts import Fact, measured_fields
@@ -186,7 +187,8 @@ def published_line(where: dict[str, Any] | None) -> Text | None:
         parts.append(f"branch {where['branch']}")
     if where.get("commit"):
         parts.append(f"commit {str(where['commit'])[:12]}")
-    return Text(f"published ({where['stage']}): " + " · ".join(parts), style="green")
+    said = f"published ({where['stage']}): " + " · ".join(parts)
+    return Text(safe(said), style="green")  # a host tool's URL: the tool's word
 
 
 @dataclass(frozen=True)
@@ -379,7 +381,7 @@ def _caption(run: RunRecord, now: float) -> Text | None:
 def _cut(text: str, *, max_chars: int = 300, max_lines: int = 3) -> str:
     """`text` in at most `max_lines` lines and `max_chars` characters, and a marker saying how
     much was left out and where it is whole."""
-    text = text.strip()
+    text = safe(text.strip())  # an error may quote a model, a tool or a repository
     kept = "\n".join(text.splitlines()[:max_lines])[:max_chars].rstrip()
     if kept == text:
         return text

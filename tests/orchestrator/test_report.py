@@ -238,6 +238,18 @@ def test_a_failed_stages_error_is_cut_and_put_below_the_table() -> None:
     assert len(text.splitlines()) <= 14
 
 
+def test_an_error_or_a_publication_quoting_hostile_bytes_reaches_the_terminal_escaped() -> None:
+    hostile = "boom\x1b]0;owned\x07\x1b[2J\x9b31m"
+    run = a_run(status=RunStatus.FAILED, reason=f"fix: {hostile}")
+    run.stages = {"fix": StageRecord(status=StageStatus.FAILED, attempts=1, error=hostile)}
+    where = {"stage": "pr", "url": f"https://example.com/{hostile}", "branch": None}
+
+    text = rendered(run_table(run, now=100.0, width=80, where=where), 120)
+
+    assert not any((ord(c) < 32 and c not in "\n\t") or 0x7F <= ord(c) <= 0x9F for c in text)
+    assert text.count("boom\\x1b]0;owned") == 2  # the error below the table, and the page
+
+
 @pytest.mark.parametrize(
     ("run_status", "stage_status", "status_shown", "note"),
     [
