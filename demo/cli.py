@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from typing import TYPE_CHECKING
 
 import click
 from rich.console import Console
@@ -15,6 +16,9 @@ from rich.table import Table
 from demo import SCENARIO
 from orchestrator.core.models import RunRecord, RunStatus, StageStatus
 from orchestrator.core.settings import Settings
+
+if TYPE_CHECKING:  # the runner is imported when a demo runs, not when `baton` starts
+    from demo.runner import DemoResult
 
 EXIT_FAILED_RUN = 1
 
@@ -36,6 +40,12 @@ def demo(as_json: bool, timeout: float, keep: bool, real_model: bool) -> None:
         Settings(), timeout_s=timeout, console=err if as_json else out, keep=keep,
         real_model=real_model,
     )  # fmt: skip
+    _finish(result, as_json, out)
+
+
+def _finish(result: DemoResult, as_json: bool, out: Console) -> None:
+    """Print a demo's result (its summary as JSON, or its table and what follows it) and exit
+    with its run's outcome."""
     if as_json:
         click.echo(json.dumps(result.summary, indent=2))
     else:
@@ -56,13 +66,7 @@ def demo_review(as_json: bool, timeout: float) -> None:
 
     out, err = Console(), Console(stderr=True)
     result = run_review_demo(Settings(), timeout_s=timeout, console=err if as_json else out)
-    if as_json:
-        click.echo(json.dumps(result.summary, indent=2))
-    else:
-        out.print(result.table)
-        if result.extra:
-            out.print(result.extra)
-    sys.exit(0 if result.summary["status"] == RunStatus.DONE.value else EXIT_FAILED_RUN)
+    _finish(result, as_json, out)
 
 
 @click.command("fake-gemini")
