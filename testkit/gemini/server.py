@@ -37,13 +37,14 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from pydantic import TypeAdapter, ValidationError
+from pydantic import TypeAdapter
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from testkit.control import FakeControl
 from testkit.gemini import tokens, wire
 from testkit.gemini.cache import PrefixCache
 from testkit.gemini.faults import FaultBook
@@ -95,10 +96,13 @@ class _DroppedResponse(Response):
         await send({"type": "http.response.start", "status": 200, "headers": headers})
 
 
-class FakeServer:
+class FakeServer(FakeControl[Scenario, FaultRule]):
     """The server's state (scenario, fault counters, quota windows, record, signing secret,
     implicit cache) and its endpoints. `clock` tells the time in seconds since the epoch: when
     requests arrive and are answered, for the record and the quota windows."""
+
+    _scenario_type = Scenario
+    _fault_rules = _RULES
 
     def __init__(
         self,
@@ -225,36 +229,12 @@ class FakeServer:
         )
         return parts, usage
 
-    async def health(self, request: Request) -> Response:
-        return JSONResponse({"status": "ok"})
-
-    async def requests(self, request: Request) -> Response:
-        return JSONResponse(self._ledger.entries())
-
-    async def reset(self, request: Request) -> Response:
-        self._ledger.clear()
-        self._faults.reset()
+    def _reset_more(self) -> None:
         self._quota.reset()
         self._cache.reset()
-        return JSONResponse({"status": "ok"})
 
-    async def set_faults(self, request: Request) -> Response:
-        try:
-            rules = _RULES.validate_json(await request.body())
-        except ValidationError as exc:
-            return Response(exc.json(include_url=False), 422, media_type="application/json")
-        self._faults.replace(rules)
-        return JSONResponse({"status": "ok", "faults": len(rules)})
-
-    async def set_scenario(self, request: Request) -> Response:
-        try:
-            scenario = Scenario.model_validate_json(await request.body())
-        except ValidationError as exc:
-            return Response(exc.json(include_url=False), 422, media_type="application/json")
-        self._scenario = scenario
-        self._faults.replace(scenario.faults)
+    def _adopt(self, scenario: Scenario) -> None:
         self._quota.replace(scenario.quota)
-        return JSONResponse({"status": "ok", "agents": sorted(scenario.agents)})
 
 
 def create_app(
@@ -275,11 +255,7 @@ def create_app(
     server = FakeServer(scenario, ledger, secrets.token_bytes(SECRET_BYTES), clock)
     routes = [
         Route("/{version}/models/{target}", server.model_call, methods=["POST"]),
-        Route("/_fake/health", server.health, methods=["GET"]),
-        Route("/_fake/requests", server.requests, methods=["GET"]),
-        Route("/_fake/reset", server.reset, methods=["POST"]),
-        Route("/_fake/faults", server.set_faults, methods=["PUT"]),
-        Route("/_fake/scenario", server.set_scenario, methods=["PUT"]),
+        *server.control_routes(),
     ]
     return Starlette(routes=routes)
 

@@ -38,12 +38,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from pydantic import TypeAdapter, ValidationError
+from pydantic import TypeAdapter
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from testkit.control import FakeControl
 from testkit.gemini.faults import FaultBook
 from testkit.gemini.harness import ADMIN_TIMEOUT_S, serve_in_thread
 from testkit.gemini.ledger import Ledger
@@ -56,9 +57,12 @@ logger = logging.getLogger(__name__)
 _RULES = TypeAdapter(list[ChatFault])
 
 
-class FakeOpenAIServer:
+class FakeOpenAIServer(FakeControl[ChatScenario, ChatFault]):
     """The server's state (scenario, fault counters, record) and its endpoints. `api_key`, when
     given, is the only key it accepts; `clock` tells the time for the record and the dates."""
+
+    _scenario_type = ChatScenario
+    _fault_rules = _RULES
 
     def __init__(
         self,
@@ -142,34 +146,6 @@ class FakeOpenAIServer:
         given = header.removeprefix("Bearer ").strip()
         return hmac.compare_digest(given.encode(), self._api_key.encode())
 
-    async def health(self, request: Request) -> Response:
-        return JSONResponse({"status": "ok"})
-
-    async def requests(self, request: Request) -> Response:
-        return JSONResponse(self._ledger.entries())
-
-    async def reset(self, request: Request) -> Response:
-        self._ledger.clear()
-        self._faults.reset()
-        return JSONResponse({"status": "ok"})
-
-    async def set_faults(self, request: Request) -> Response:
-        try:
-            rules = _RULES.validate_json(await request.body())
-        except ValidationError as exc:
-            return Response(exc.json(include_url=False), 422, media_type="application/json")
-        self._faults.replace(rules)
-        return JSONResponse({"status": "ok", "faults": len(rules)})
-
-    async def set_scenario(self, request: Request) -> Response:
-        try:
-            scenario = ChatScenario.model_validate_json(await request.body())
-        except ValidationError as exc:
-            return Response(exc.json(include_url=False), 422, media_type="application/json")
-        self._scenario = scenario
-        self._faults.replace(scenario.faults)
-        return JSONResponse({"status": "ok", "agents": sorted(scenario.agents)})
-
 
 def create_app(
     scenario: ChatScenario,
@@ -182,11 +158,7 @@ def create_app(
     server = FakeOpenAIServer(scenario, Ledger(record_path), api_key=api_key, clock=clock)
     routes = [
         Route("/v1/chat/completions", server.chat_completions, methods=["POST"]),
-        Route("/_fake/health", server.health, methods=["GET"]),
-        Route("/_fake/requests", server.requests, methods=["GET"]),
-        Route("/_fake/reset", server.reset, methods=["POST"]),
-        Route("/_fake/faults", server.set_faults, methods=["PUT"]),
-        Route("/_fake/scenario", server.set_scenario, methods=["PUT"]),
+        *server.control_routes(),
     ]
     return Starlette(routes=routes)
 
