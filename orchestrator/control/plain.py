@@ -15,13 +15,14 @@ from collections.abc import Mapping
 from typing import Any
 
 INDENT = "  "
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
-"""C0 (but tab and line feed), DEL and C1: a carriage return too, which would overwrite a line."""
+CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+"""C0 (but tab and line feed), DEL and C1: a carriage return too, which would overwrite a line.
+Intake removes them from a report; the views escape them."""
 
 
 def safe(text: str) -> str:
     """`text` with its control characters escaped (tab and line feed kept)."""
-    return _CONTROL.sub(lambda found: f"\\x{ord(found.group()):02x}", text)
+    return CONTROL.sub(lambda found: f"\\x{ord(found.group()):02x}", text)
 
 
 def lines(value: Any, depth: int = 0) -> list[str]:

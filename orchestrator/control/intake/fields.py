@@ -12,9 +12,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from orchestrator.control.plain import CONTROL
 from orchestrator.core.errors import IntakeError
 
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 _SURROGATE = re.compile(r"[\ud800-\udfff]")
 _URL = re.compile(r"https?://[^\s/]+\S*", re.IGNORECASE)
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,39}")
@@ -26,7 +26,7 @@ def clean(text: str) -> str:
     """`text` without control characters (newline and tab stay). Surrogates, which JSON can
     smuggle in as `\\ud800` and a `str` payload can hold as they are, become the character a
     pair of them encodes, or U+FFFD when alone: either way the result encodes as UTF-8."""
-    text = _CONTROL.sub("", text)
+    text = CONTROL.sub("", text)
     if _SURROGATE.search(text):
         text = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
     return text
