@@ -20,17 +20,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import SecretStr
 from rich.console import Console
 
 from demo import HERE, SAMPLE_REPO
 from demo.review_view import review_panel
-from demo.runner import DemoResult, demo_summary
+from demo.runner import DemoResult, demo_settings, demo_summary
 from orchestrator.control import api
 from orchestrator.control.report import follow, published, run_table
 from orchestrator.core.git import COMMITTER, git_output
 from orchestrator.core.pipeline import load_pipeline
-from orchestrator.core.settings import FAKE_API_KEY, Settings
+from orchestrator.core.settings import Settings
 from orchestrator.core.store import RunStore
 from orchestrator.pipelines.reviewer import SPEC
 from testkit import services
@@ -108,15 +107,7 @@ def run_review_demo(settings: Settings, *, timeout_s: float, console: Console) -
     token = f"ghp_demo_{secrets.token_hex(16)}"
     with ExitStack() as stack:
         work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="baton-review-")))
-        overrides: dict[str, Any] = {"repo_cache_dir": work / "repo-cache"}
-        if not settings.redis_url:
-            console.print("starting a private redis-server (AOF on)")
-            overrides["redis_url"] = stack.enter_context(services.redis_server(work / "redis"))
-        overrides["gemini_base_url"] = stack.enter_context(
-            services.fake_gemini(SCENARIO, record=work / "fake-gemini.jsonl")
-        )
-        overrides["google_api_key"] = SecretStr(FAKE_API_KEY)
-        settings = settings.model_copy(update=overrides)
+        settings = demo_settings(settings, stack, work, console, SCENARIO)
         console.print(f"model: the fake Gemini server at {settings.gemini_base_url}, playing "
                       "the reviewer's scenario")  # fmt: skip
         github = stack.enter_context(FakeGitHub.start(token=token, owner=OWNER, name=NAME))

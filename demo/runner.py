@@ -74,6 +74,24 @@ def demo_summary(run: RunRecord, outputs: dict[str, Any]) -> dict[str, Any]:
     return {"run_id": run.id, "status": run.status.value, "reason": run.reason, "stages": stages}
 
 
+def demo_settings(
+    settings: Settings, stack: ExitStack, work: Path, console: Console, scenario: Path | None
+) -> Settings:
+    """`settings` for a demo working in `work`: a repository cache of its own, a private
+    redis-server unless `BATON_REDIS_URL` names one, and with `scenario` the fake Gemini server
+    playing it (recorded in `work`); what it starts stops with `stack`."""
+    overrides: dict[str, Any] = {"repo_cache_dir": work / "repo-cache"}
+    if not settings.redis_url:
+        console.print("starting a private redis-server (AOF on)")
+        overrides["redis_url"] = stack.enter_context(services.redis_server(work / "redis"))
+    if scenario is not None:
+        overrides["gemini_base_url"] = stack.enter_context(
+            services.fake_gemini(scenario, record=work / "fake-gemini.jsonl")
+        )
+        overrides["google_api_key"] = SecretStr(FAKE_API_KEY)
+    return settings.model_copy(update=overrides)
+
+
 def run_demo(
     settings: Settings,
     *,
@@ -99,16 +117,7 @@ def run_demo(
             work = Path(tempfile.mkdtemp(prefix="baton-demo-"))
         else:
             work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="baton-demo-")))
-        overrides: dict[str, Any] = {"repo_cache_dir": work / "repo-cache"}
-        if not settings.redis_url:
-            console.print("starting a private redis-server (AOF on)")
-            overrides["redis_url"] = stack.enter_context(services.redis_server(work / "redis"))
-        if not real_model:
-            overrides["gemini_base_url"] = stack.enter_context(
-                services.fake_gemini(SCENARIO, record=work / "fake-gemini.jsonl")
-            )
-            overrides["google_api_key"] = SecretStr(FAKE_API_KEY)
-        settings = settings.model_copy(update=overrides)
+        settings = demo_settings(settings, stack, work, console, None if real_model else SCENARIO)
         endpoint = settings.gemini_base_url or GEMINI_API_URL
         if real_model:
             model = f"{settings.model} at {endpoint}"
