@@ -242,6 +242,8 @@ ENGINE = ("workers", "orchestrator/core")
 COINCIDENCES: dict[str, tuple[frozenset[str], str]] = {
     "branch": (frozenset({"workers/inputs.py", "orchestrator/core/conductor.py"}),
                "an audit entry's branch label, `<pipeline>.<stage>`"),
+    "proof": (frozenset({"orchestrator/core/branches.py"}),
+              'a fan-out stage\'s `select = "proof"`: selection by the measured proof'),
     "commit": (frozenset({"orchestrator/core/store.py", "workers/envcli.py", "workers/publish.py",
                           "workers/tools/container.py"}),
                "the run's pinned commit, and git's `commit` command and object type"),
