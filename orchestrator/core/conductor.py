@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from orchestrator.core import keys
+from orchestrator.core import fanout, keys
 from orchestrator.core.errors import PipelineError, RunStateError
 from orchestrator.core.execution import (
     Completion,
@@ -105,6 +105,8 @@ class Conductor:
         spec = pipeline if isinstance(pipeline, Pipeline) else load_pipeline(pipeline)
         stages = {stage.name: StageRecord() for stage in spec.stages}
         stages[spec.first.name] = StageRecord(status=StageStatus.QUEUED, queued_at=time.time())
+        if spec.first.fans_out:
+            fanout.open_fan(stages[spec.first.name], spec.first)
         run = RunRecord(
             id=new_run_id(),
             pipeline=spec.name,
@@ -122,7 +124,9 @@ class Conductor:
             stages=stages,
         )
         stored, created = self.store.create(run, force=force, pipeline_content=spec.content)
-        if created:
+        if created and spec.first.fans_out:
+            fanout.send_branches(self, stored.id, spec.name, spec.first)
+        elif created:
             self.dispatcher.send_stage(stored.id, spec.name, spec.first)
             logger.info("run %s created for %s (%s)", stored.id, issue.source.value, spec.name)
         else:
@@ -499,6 +503,9 @@ class Conductor:
             return None
         pipeline = pipeline or self.pipeline_of(run)
         spec = pipeline.stage(decision.send)
+        if spec.fans_out:
+            fanout.send_branches(self, run.id, pipeline.name, spec)
+            return decision.send
         self.dispatcher.send_stage(run.id, pipeline.name, spec, run.stages[decision.send].iteration)
         return decision.send
 
@@ -605,5 +612,7 @@ def _decide(run: RunRecord, pipeline: Pipeline, completed: str, output: dict[str
     if record.status != StageStatus.PENDING:
         return Next()
     record.status, record.queued_at = StageStatus.QUEUED, time.time()
+    if following.fans_out:
+        fanout.open_fan(record, following)
     run.current_stage = following.name
     return Next(send=following.name)

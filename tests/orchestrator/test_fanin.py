@@ -4,7 +4,7 @@ exactly one completion, and the selection by measured facts."""
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orchestrator.core.fanin import (
@@ -22,6 +22,7 @@ from orchestrator.core.fanin import (
     why_none,
 )
 from orchestrator.core.models import StageRecord
+from tests.tiers import examples
 
 LEASE_S = 10.0
 
@@ -172,6 +173,7 @@ def _deliveries(draw: st.DrawFn) -> tuple[list[tuple[bool, bool | None, int | No
     return facts, order
 
 
+@settings(max_examples=examples(300), deadline=None)
 @given(_deliveries())
 def test_any_order_and_duplication_of_completions_joins_exactly_once(
     case: tuple[list[tuple[bool, bool | None, int | None]], list[int]],
