@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import redis
@@ -176,3 +177,25 @@ def test_only_the_owner_of_a_branch_renews_it_and_a_cancel_stops_every_branch(
         Completion.LOST
     )
     assert conductor.store.output(run_id, "fix#b1") is None
+
+
+def test_branch_ends_racing_in_threads_join_once(
+    conductor: Conductor, redis_client: redis.Redis
+) -> None:
+    run_id = fanned_out(conductor)
+    for n in (1, 2, 3):
+        begin(conductor, run_id, f"b{n}", f"w{n}")
+    ends = [(f"b{n}", fix_result(run_id, f"fix {n}", n != 2, 100 * n)) for n in (1, 2, 3)]
+
+    def end(index: int) -> Completion:
+        branch, result = ends[index % 3]
+        return fanout.complete_branch(
+            conductor, run_id, "fix", branch, result, owner=f"w{branch[1]}"
+        )
+
+    with ThreadPoolExecutor(max_workers=8) as pool:  # each branch ended four times at once
+        assert set(pool.map(end, range(12))) == {Completion.RECORDED}
+    joins = [e for e in conductor.store.audit_log(run_id) if e["kind"] == "fan_in_joined"]
+    assert [e["branch"] for e in joins] == ["wide.fix.b1"]
+    assert headers(redis_client, "baton.wide.pr") == [(f"{run_id}.pr", "baton.wide.pr")]
+    assert conductor.store.output(run_id, "fix") == ends[0][1].output
