@@ -11,8 +11,10 @@ a racing transaction's `WATCH` fails and it re-reads a fan-in whose branch has a
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -58,6 +60,10 @@ class BranchRecord(BaseModel):
     requests: int = 0
     prompt_tokens_total: int = 0
     output_tokens: int = 0
+    artifacts: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    """What the branch stored beside the run (its diff, its test logs), by name, each an
+    `ArtifactRef` as JSON: the selected branch's become the stage's, so a later stage applies
+    the chosen change."""
 
 
 class FanIn(BaseModel):
@@ -145,6 +151,7 @@ class BranchEnd:
     requests: int = 0
     prompt_tokens_total: int = 0
     output_tokens: int = 0
+    artifacts: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
 
 class Recorded(StrEnum):
@@ -178,6 +185,7 @@ def record_end(fan: FanIn, end: BranchEnd, *, now: float, by_facts: bool = True)
     record.proof_passed, record.diff_bytes = end.proof_passed, end.diff_bytes
     record.output_chars, record.requests = end.output_chars, end.requests
     record.prompt_tokens_total, record.output_tokens = end.prompt_tokens_total, end.output_tokens
+    record.artifacts = {name: dict(ref) for name, ref in end.artifacts.items()}
     fan.ended += 1
     if not fan.complete:
         return Recorded.COUNTED

@@ -39,7 +39,7 @@ from orchestrator.core.fanin import (
     record_end,
     why_none,
 )
-from orchestrator.core.models import RunRecord, RunStatus, StageRecord, StageStatus
+from orchestrator.core.models import ArtifactRef, RunRecord, RunStatus, StageRecord, StageStatus
 from orchestrator.core.queue import STAGE_TASK
 
 if TYPE_CHECKING:
@@ -246,6 +246,8 @@ def _join(
         else _stored(conductor, run.id, spec, fan.selected)
     )
     pipe.hset(keys.outputs(run.id), spec.output_key, chosen)
+    artifacts = fan.branches[fan.selected].artifacts
+    record.artifacts = {name: ArtifactRef.model_validate(ref) for name, ref in artifacts.items()}
     record.status, record.output_chars = StageStatus.DONE, len(chosen)
     _audit(conductor, run, spec.name, fan.selected, fan.branches[fan.selected].attempts,
            "fan_in_joined", pipe, selected=fan.selected, ended=fan.ended)  # fmt: skip
@@ -269,7 +271,8 @@ def _end(
     if result is None:
         return BranchEnd(branch, done=False, owner=owner, error=error)
     proof = recorded(schema, result.output, Fact.PROOF, Proof)
-    diff = result.figures.artifacts.get(DIFF_ARTIFACT)
+    figures = result.figures
+    diff = figures.artifacts.get(DIFF_ARTIFACT)
     return BranchEnd(
         branch, done=True, owner=owner,
         proof_passed=proof.passed if proof is not None else None,
@@ -277,6 +280,7 @@ def _end(
         output_chars=len(payload or ""), requests=result.figures.requests,
         prompt_tokens_total=result.figures.prompt_tokens_total,
         output_tokens=result.figures.output_tokens,
+        artifacts={name: ref.model_dump(mode="json") for name, ref in figures.artifacts.items()},
     )  # fmt: skip
 
 

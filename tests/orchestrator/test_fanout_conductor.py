@@ -59,6 +59,7 @@ def headers(client: redis.Redis, queue: str) -> list[tuple[str, str]]:
 
 
 def fix_result(run_id: str, summary: str, passed: bool, diff_bytes: int) -> StageResult:
+    """A fix branch's output whose measured proof `passed`, with a diff of `diff_bytes`."""
     output = {
         "summary": summary,
         "files_changed": ["a.py"],
@@ -66,7 +67,8 @@ def fix_result(run_id: str, summary: str, passed: bool, diff_bytes: int) -> Stag
         "tests_passed": passed,
         "proof": {"passed": passed, "reason": "measured", "reproducing_command": "pytest"},
     }
-    diff = ArtifactRef(run_id=run_id, name="workspace.diff", size_bytes=diff_bytes, sha256="0")
+    diff = ArtifactRef(run_id=run_id, name=f"fix/{summary}/workspace.diff", size_bytes=diff_bytes,
+                       sha256=summary)  # fmt: skip
     return StageResult(output, StageFigures(requests=1, artifacts={"workspace.diff": diff}))
 
 
@@ -113,6 +115,7 @@ def test_the_branch_whose_proof_passed_with_the_smaller_diff_becomes_the_output_
     assert run.stages["fix"].fan_in is not None and run.stages["fix"].fan_in.selected == "b3"
     assert conductor.store.output(run_id, "fix") == ends["b3"].output
     assert conductor.store.output(run_id, "fix#b2") == ends["b2"].output
+    assert run.stages["fix"].artifacts == ends["b3"].figures.artifacts  # the pr applies b3's diff
     assert (run.current_stage, run.stages["pr"].status) == ("pr", StageStatus.QUEUED)
     assert headers(redis_client, "baton.wide.pr") == [(f"{run_id}.pr", "baton.wide.pr")]
     joins = [e for e in conductor.store.audit_log(run_id) if e["kind"] == "fan_in_joined"]
