@@ -93,6 +93,26 @@ def check_spec(stage: StageSpec) -> None:
         )
 
 
+def check_runnable(stage: StageSpec) -> None:
+    """What of a fan-out, checked already, this version of Baton can run: `parallel` with
+    `select = "proof"`. A `map` stage and a judge are designed (docs/architecture.md) and
+    checked, but refused here until the conductor runs them, so that no run starts that would
+    stop at them.
+
+    Raises:
+        ValueError: names the stage and what is not run yet.
+    """
+    if stage.map is not None:
+        raise ValueError(
+            f"stage {stage.name!r}: `map` is checked but not run yet; use `parallel` for now"
+        )
+    if stage.select is not None and stage.select.judge is not None:
+        raise ValueError(
+            f'stage {stage.name!r}: a judge is checked but not run yet; use select = "proof" '
+            "for now"
+        )
+
+
 def map_source(stage: StageSpec) -> tuple[str, str]:
     """The upstream output key and the list field a `map` stage fans out over."""
     assert stage.map is not None

@@ -247,6 +247,7 @@ class Pipeline(BaseModel):
             if stage.select is not None and stage.select.judge is not None:
                 after = self.stages[index + 1] if index + 1 < len(self.stages) else None
                 references.check_judge(stage, after)
+            branches.check_runnable(stage)
         return self
 
     @property

@@ -51,19 +51,17 @@ def test_best_of_three_selected_by_proof_loads() -> None:
     assert stage.select is not None and stage.select.by_facts
 
 
-def test_a_map_over_an_upstream_list_loads_and_reads_its_item() -> None:
+def test_a_map_over_an_upstream_list_passes_its_checks_and_is_refused_as_not_run_yet() -> None:
     spec = _fixer_like(map="search.locations", instruction="look at {item} {issue}")
-    stage = Pipeline.model_validate(spec).stage("fix")
-    assert stage.fans_out and stage.map == "search.locations" and stage.select is None
-    assert stage.inputs == ["item", "issue"]
+    with pytest.raises(ValueError, match="stage 'fix': `map` is checked but not run yet"):
+        Pipeline.model_validate(spec)
 
 
-def test_a_judge_right_after_with_a_string_field_loads() -> None:
+def test_a_judge_right_after_passes_its_checks_and_is_refused_as_not_run_yet() -> None:
     spec = _fixer_like(parallel=2, select={"judge": "after", "field": "branch"})
     spec["stages"][-1]["output_schema"] = f"{__name__}:Pick"  # type: ignore[index]
-    stage = Pipeline.model_validate(spec).stage("fix")
-    assert stage.select is not None and stage.select.judge == "after"
-    assert stage.select.field == "branch"
+    with pytest.raises(ValueError, match="stage 'fix': a judge is checked but not run yet"):
+        Pipeline.model_validate(spec)
 
 
 def test_a_stage_without_fan_out_fields_does_not_fan_out() -> None:
