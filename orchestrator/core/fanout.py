@@ -58,10 +58,17 @@ _CLAIMED = {
 }
 
 
-def open_fan(record: StageRecord, spec: StageSpec) -> None:
-    """Within the transaction that queues a `parallel` stage: its branches, all queued."""
-    assert spec.parallel is not None, "a map stage's branches are not wired yet"
+def open_fan(record: StageRecord, spec: StageSpec, previous: FanIn | None = None) -> None:
+    """Within the transaction that queues a stage: if it fans out, its branches, all queued.
+    Given the `previous` fan-in of the stage (a resumed run), each branch's attempt count
+    carries on, so its session ids stay unique."""
+    if not spec.fans_out:
+        return
+    assert spec.parallel is not None, "a map stage is refused when its pipeline loads"
     record.fan_in = fan_out(spec.parallel)
+    for name, branch in record.fan_in.branches.items():
+        if previous is not None and name in previous.branches:
+            branch.attempts = previous.branches[name].attempts
 
 
 def send_branches(

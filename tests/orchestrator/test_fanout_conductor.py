@@ -202,3 +202,21 @@ def test_branch_ends_racing_in_threads_join_once(
     assert [e["branch"] for e in joins] == ["wide.fix.b1"]
     assert headers(redis_client, "baton.wide.pr") == [(f"{run_id}.pr", "baton.wide.pr")]
     assert conductor.store.output(run_id, "fix") == ends[0][1].output
+
+
+def test_a_resumed_run_fans_out_again_with_fresh_sessions(
+    conductor: Conductor, redis_client: redis.Redis
+) -> None:
+    run_id = fanned_out(conductor)
+    for n in (1, 2, 3):
+        begin(conductor, run_id, f"b{n}", f"w{n}")
+        fanout.complete_branch(conductor, run_id, "fix", f"b{n}", None, owner=f"w{n}", error="no")
+    redis_client.delete("baton.wide.fix")
+    assert conductor.resume(run_id) == "fix"
+    assert headers(redis_client, "baton.wide.fix") == [
+        (f"{run_id}.fix.b{n}", f"baton.wide.fix.b{n}") for n in (1, 2, 3)
+    ]
+    assert begin(conductor, run_id, "b2", "w4").action == StartAction.RUN
+    fan = conductor.store.get(run_id).stages["fix"].fan_in
+    assert fan is not None and (fan.ended, fan.joined) == (0, False)
+    assert fan.branches["b2"].session_id == f"{run_id}:fix:b2:2"
