@@ -240,8 +240,11 @@ def test_the_string_check_sees_a_module_named_in_a_string(tmp_path: Path) -> Non
 ENGINE = ("workers", "orchestrator/core")
 """What runs any pipeline: it names none of the fixer's stages or fields."""
 COINCIDENCES: dict[str, tuple[frozenset[str], str]] = {
-    "branch": (frozenset({"workers/inputs.py", "orchestrator/core/conductor.py"}),
-               "an audit entry's branch label, `<pipeline>.<stage>`"),
+    "branch": (frozenset({"workers/inputs.py", "orchestrator/core/conductor.py",
+                          "orchestrator/core/fanout.py"}),
+               "an audit entry's branch label, `<pipeline>.<stage>` (`.<branch>` for a branch)"),
+    "proof": (frozenset({"orchestrator/core/branches.py"}),
+              'a fan-out stage\'s `select = "proof"`: selection by the measured proof'),
     "commit": (frozenset({"orchestrator/core/store.py", "workers/envcli.py", "workers/publish.py",
                           "workers/tools/container.py"}),
                "the run's pinned commit, and git's `commit` command and object type"),

@@ -18,6 +18,7 @@ from typing import Any
 from celery import Task
 from celery.signals import worker_process_shutdown, worker_shutdown
 
+from orchestrator.core import fanout
 from orchestrator.core.conductor import Completion, Conductor, StageResult, StageStart, StartAction
 from orchestrator.core.errors import PipelineError
 from orchestrator.core.providers import LITELLM_PROVIDERS
@@ -120,9 +121,12 @@ def warm_pool() -> WarmPool | None:
 
 
 @app.task(name=STAGE_TASK, bind=True, max_retries=None, acks_late=True, reject_on_worker_lost=True)
-def run_stage(self: Task, run_id: str, stage: str) -> None:
+def run_stage(self: Task, run_id: str, stage: str, branch: str | None = None) -> None:
     svc, queue = services(), settings.queue
     owner = f"{socket.gethostname()}:{os.getpid()}:{self.request.id}"
+    if branch is not None:
+        _branch_not_run(svc.conductor, run_id, stage, branch, owner=owner)
+        return
     start = svc.conductor.begin(
         run_id, stage, owner=owner, lease_s=queue.lease_s, max_interrupted=queue.max_interrupted
     )
@@ -202,6 +206,27 @@ def _settle(task: Task, execution: Execution, error: ExecutionError) -> metrics.
     else:
         conductor.fail(run_id, stage, error.message, owner=owner, figures=figures)
     return "failed"
+
+
+BRANCHES_NOT_RUN = (
+    "this worker does not run a fan-out stage's branches yet (docs/architecture.md, "
+    "Fan-out and fan-in)"
+)
+
+
+def _branch_not_run(
+    conductor: Conductor, run_id: str, stage: str, branch: str, *, owner: str
+) -> None:
+    """A branch of a fan-out stage: ended as failed, saying why, so that the run fails with
+    that reason once every branch has, rather than waiting on branches nobody runs."""
+    queue = settings.queue
+    start = fanout.begin_branch(
+        conductor, run_id, stage, branch, owner=owner, lease_s=queue.lease_s,
+        max_interrupted=queue.max_interrupted,
+    )  # fmt: skip
+    if start.action == StartAction.RUN:
+        fanout.complete_branch(conductor, run_id, stage, branch, None, owner=owner,
+                               error=BRANCHES_NOT_RUN)  # fmt: skip
 
 
 def _not_run(conductor: Conductor, start: StageStart, run_id: str, stage: str) -> None:

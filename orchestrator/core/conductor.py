@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from orchestrator.core import keys
+from orchestrator.core import fanout, keys
 from orchestrator.core.errors import PipelineError, RunStateError
 from orchestrator.core.execution import (
     Completion,
@@ -105,6 +105,7 @@ class Conductor:
         spec = pipeline if isinstance(pipeline, Pipeline) else load_pipeline(pipeline)
         stages = {stage.name: StageRecord() for stage in spec.stages}
         stages[spec.first.name] = StageRecord(status=StageStatus.QUEUED, queued_at=time.time())
+        fanout.open_fan(stages[spec.first.name], spec.first)
         run = RunRecord(
             id=new_run_id(),
             pipeline=spec.name,
@@ -123,7 +124,7 @@ class Conductor:
         )
         stored, created = self.store.create(run, force=force, pipeline_content=spec.content)
         if created:
-            self.dispatcher.send_stage(stored.id, spec.name, spec.first)
+            self._send(stored.id, spec.name, spec.first)
             logger.info("run %s created for %s (%s)", stored.id, issue.source.value, spec.name)
         else:
             logger.info("issue already has run %s; not enqueued again", stored.id)
@@ -468,12 +469,15 @@ class Conductor:
                         f"it has (within {left_s:.0f}s)"
                     )
             target = from_stage or _resume_point(run, names)
+            previous = run.stages.get(target)
             for name in names[names.index(target) :]:
                 run.stages[name] = _fresh(run.stages.get(name))
             run.stages[target].status, run.stages[target].queued_at = (
                 StageStatus.QUEUED,
                 time.time(),
             )
+            fanout.open_fan(run.stages[target], pipeline.stage(target),
+                            previous.fan_in if previous else None)  # fmt: skip
             run.status, run.reason, run.current_stage = RunStatus.QUEUED, None, target
             return run
 
@@ -484,9 +488,7 @@ class Conductor:
         self.store.revive(run, drop_outputs=redo)
         self._audit(run, target, 0, "run_resumed", from_stage=target,
                     pipeline_hash=run.pipeline_hash)  # fmt: skip
-        self.dispatcher.send_stage(
-            run_id, pipeline.name, pipeline.stage(target), run.stages[target].iteration
-        )
+        self._send(run_id, pipeline.name, pipeline.stage(target), run.stages[target].iteration)
         return target
 
     def _carry_out(
@@ -499,8 +501,15 @@ class Conductor:
             return None
         pipeline = pipeline or self.pipeline_of(run)
         spec = pipeline.stage(decision.send)
-        self.dispatcher.send_stage(run.id, pipeline.name, spec, run.stages[decision.send].iteration)
+        self._send(run.id, pipeline.name, spec, run.stages[decision.send].iteration)
         return decision.send
+
+    def _send(self, run_id: str, pipeline: str, spec: StageSpec, iteration: int = 1) -> None:
+        """Send a queued stage: its task, or one per branch of a fan-out stage."""
+        if spec.fans_out:
+            fanout.send_branches(self, run_id, pipeline, spec)
+        else:
+            self.dispatcher.send_stage(run_id, pipeline, spec, iteration)
 
     def _record_execution(self, run: RunRecord, pipe: Any, figures: StageFigures | None) -> None:
         """What an ending execution leaves on its run whatever the transaction decides (they
@@ -605,5 +614,6 @@ def _decide(run: RunRecord, pipeline: Pipeline, completed: str, output: dict[str
     if record.status != StageStatus.PENDING:
         return Next()
     record.status, record.queued_at = StageStatus.QUEUED, time.time()
+    fanout.open_fan(record, following)
     run.current_stage = following.name
     return Next(send=following.name)

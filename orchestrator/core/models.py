@@ -10,6 +10,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from orchestrator.core.fanin import FanIn
+
 
 class IssueSource(StrEnum):
     """Where an issue came from."""
@@ -210,6 +212,9 @@ class StageRecord(BaseModel):
     error: str | None = None
     session_id: str | None = None
     artifacts: dict[str, ArtifactRef] = Field(default_factory=dict)
+    fan_in: FanIn | None = None
+    """A fan-out stage's branches and its join (`orchestrator.core.fanin`); None for a stage
+    that runs as one execution."""
 
     @property
     def duration_s(self) -> float | None:

@@ -35,12 +35,13 @@ from pydantic import (
     model_validator,
 )
 
-from orchestrator.core import references
+from orchestrator.core import branches, references
 from orchestrator.core.errors import PipelineError
 from orchestrator.core.facts import Fact, Reproduced, Reproduction, recorded
 from orchestrator.core.providers import parse_model
 from orchestrator.core.rules import (
     NAME,
+    SOURCE,
     CompactionRule,
     LoopRule,
     ProofRule,
@@ -104,6 +105,14 @@ class StageSpec(BaseModel):
     compaction: CompactionRule | None = None
     """Summarise the older part of a long history rather than only trimming it; off by
     default."""
+    parallel: int | None = None
+    """Run the stage as this many branches at once, each in a fresh session (best-of-N); its
+    `select` picks the one whose output is the stage's (`orchestrator.core.branches`)."""
+    map: str | None = Field(None, pattern=SOURCE)
+    """`<upstream output key>.<field>`: run one branch per item of that list, each reading its
+    item as `{item}`."""
+    select: branches.SelectRule | None = None
+    """Which branch's output becomes the stage's: `"proof"` or `{ judge = "<stage>" }`."""
     sandbox_network: str | None = Field(None, pattern=r"^\w[\w.-]*$")
     """The Docker network this stage's sandbox joins (an egress proxy's, say); by default it
     has no network at all. Never `host` or another container's."""
@@ -145,6 +154,16 @@ class StageSpec(BaseModel):
                 "exchanges it keeps"
             )
         return self
+
+    @model_validator(mode="after")
+    def _fan_out(self) -> StageSpec:
+        branches.check_spec(self)
+        return self
+
+    @property
+    def fans_out(self) -> bool:
+        """Whether the stage runs as branches (`parallel` or `map`)."""
+        return self.parallel is not None or self.map is not None
 
     @model_validator(mode="after")
     def _defaults(self) -> StageSpec:
@@ -224,6 +243,11 @@ class Pipeline(BaseModel):
                 raise ValueError(f"stage {stage.name!r} reuses output key {stage.output_key!r}")
             known.add(stage.output_key)
             earlier[stage.output_key] = stage
+        for index, stage in enumerate(self.stages):
+            if stage.select is not None and stage.select.judge is not None:
+                after = self.stages[index + 1] if index + 1 < len(self.stages) else None
+                references.check_judge(stage, after)
+            branches.check_runnable(stage)
         return self
 
     @property
@@ -279,6 +303,12 @@ class Pipeline(BaseModel):
 
 def _check_inputs(stage: StageSpec, known: set[str]) -> None:
     for key in stage.inputs:
+        if key == branches.ITEM_KEY and stage.map is None:
+            raise ValueError(
+                f"stage {stage.name!r} references {{{key}}}, which only a stage with a `map` has"
+            )
+        if key == branches.ITEM_KEY:
+            continue
         if key == PREVIOUS_ATTEMPT_KEY:
             if stage.loop is None:
                 raise ValueError(

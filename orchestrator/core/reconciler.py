@@ -27,10 +27,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.core import keys
+from orchestrator.core import fanout, keys
 from orchestrator.core.conductor import Conductor
 from orchestrator.core.errors import PipelineError
 from orchestrator.core.models import RunRecord, StageStatus
+from orchestrator.core.pipeline import StageSpec
 from orchestrator.core.queue import stage_task_id
 from orchestrator.core.settings import QueueConfig
 
@@ -136,6 +137,8 @@ class Reconciler:
         spec = self.conductor.stage_of(run, stage)
         queue = spec.queue
         record = run.stages[stage]
+        if record.fan_in is not None:
+            return self._repair_branches(run, spec, now, held)
         if not self._stuck(run, stage, queue, now, held):
             return None
         was = record.status.value
@@ -155,6 +158,18 @@ class Reconciler:
         self.conductor.dispatcher.send_stage(run.id, run.pipeline, spec, record.iteration)
         logger.warning("run %s: stage %s was stuck %s; sent again", run.id, stage, was)
         return Repair(run.id, stage, was)
+
+    def _repair_branches(
+        self, run: RunRecord, spec: StageSpec, now: float, held: Held
+    ) -> Repair | None:
+        """A fan-out stage: send its lost branches again (`fanout.lost_branches`)."""
+        late_s = self.queue.stuck_after_s
+        lost = fanout.lost_branches(run, spec.name, now=now, late_s=late_s, held=held)
+        if not lost:
+            return None
+        fanout.send_branches(self.conductor, run.id, run.pipeline, spec, only=lost)
+        logger.warning("run %s: branches %s of %s were lost; sent again", run.id, lost, spec.name)
+        return Repair(run.id, spec.name, "branches " + ",".join(lost))
 
     def _stuck(self, run: RunRecord, stage: str, queue: str, now: float, held: Held) -> bool:
         record = run.stages[stage]

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Union, get_args, get_origin
 from pydantic import BaseModel
 
 from orchestrator.core.facts import Fact, measured_fields
+from orchestrator.core.rules import split_source
 
 if TYPE_CHECKING:
     from orchestrator.core.pipeline import StageSpec
@@ -29,6 +30,7 @@ class Kind(Enum):
     ANY = "anything"
     TEXT = "a string"
     TEXTS = "a list of strings"
+    LIST = "a list"
     FLAG = "a boolean"
 
 
@@ -51,6 +53,10 @@ def check_stage(stage: StageSpec, earlier: Mapping[str, StageSpec]) -> None:
     for (key, name), written in zip(stage.publish.sources, stage.publish.planned_from, strict=True):
         upstream = _upstream(stage, earlier, key, "publish.planned_from")
         _field(stage, upstream, "publish.planned_from", name, Kind.TEXTS, written)
+    if stage.map is not None:
+        key, name = split_source(stage.map)
+        upstream = _upstream(stage, earlier, key, "map")
+        _field(stage, upstream, "map", name, Kind.LIST, stage.map)
     _check_reproduce(stage, schema)
     _check_proof(stage, schema, earlier)
     if stage.loop is not None:
@@ -59,6 +65,25 @@ def check_stage(stage: StageSpec, earlier: Mapping[str, StageSpec]) -> None:
             path = getattr(stage.loop, rule)
             if path is not None:
                 _field(stage, schema, f"loop.{rule}", path, kind)
+
+
+def check_judge(stage: StageSpec, after: StageSpec | None) -> None:
+    """The judge a fan-out stage's `select` names is the stage right after it, and its output
+    schema has the string field that names the branch it keeps.
+
+    Raises:
+        ValueError: names the stage, the judge and the field.
+    """
+    assert stage.select is not None and stage.select.judge is not None
+    judge = stage.select.judge
+    if after is None or after.name != judge:
+        following = f"the stage after it is {after.name!r}" if after else "it is the last stage"
+        raise ValueError(
+            f"stage {stage.name!r}: select.judge names {judge!r}, which must be the stage right "
+            f"after it; {following}"
+        )
+    rule = f"select.field of stage {stage.name!r}"
+    _field(after, after.schema_class(), rule, stage.select.field, Kind.TEXT)
 
 
 def _check_reproduce(stage: StageSpec, schema: type[BaseModel]) -> None:
@@ -161,6 +186,8 @@ def _fits(annotation: Any, kind: Kind) -> bool:
         return bool in leaves
     if kind == Kind.TEXT:
         return leaves == [str]
+    if kind == Kind.LIST:
+        return len(leaves) == 1 and get_origin(leaves[0]) in (list, tuple)
     return (
         len(leaves) == 1
         and get_origin(leaves[0]) in (list, tuple)

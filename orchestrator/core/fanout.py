@@ -1,0 +1,316 @@
+"""A fan-out stage's run transitions: its branches queued and sent, each claimed and ended in
+the run's one Redis transaction, and the join — the selected branch's output becomes the
+stage's and the run moves on — made by the transaction that ends the last branch.
+
+The bookkeeping is `orchestrator.core.fanin` (pure); this module puts it into `RunStore`
+transactions and sends the branches' tasks. The conductor calls it in a few places
+(docs/architecture.md, "Fan-out and fan-in").
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel
+
+from orchestrator.core import keys
+from orchestrator.core.branches import (
+    branch_label,
+    branch_output_key,
+    branch_session_id,
+    branch_task_id,
+    branch_task_name,
+)
+from orchestrator.core.execution import Completion, Hold, StageResult, StageStart, StartAction
+from orchestrator.core.facts import Fact, Proof, recorded
+from orchestrator.core.fanin import (
+    BranchEnd,
+    BranchStatus,
+    Claim,
+    FanIn,
+    Recorded,
+    claim,
+    fan_out,
+    lapsed,
+    record_end,
+    why_none,
+)
+from orchestrator.core.models import ArtifactRef, RunRecord, RunStatus, StageRecord, StageStatus
+from orchestrator.core.queue import STAGE_TASK
+
+if TYPE_CHECKING:
+    from orchestrator.core.conductor import Conductor, Next
+    from orchestrator.core.pipeline import StageSpec
+
+logger = logging.getLogger(__name__)
+
+DIFF_ARTIFACT = "workspace.diff"
+"""The artifact whose size is a branch's diff size (the code tools' `workspace.diff`)."""
+_CLAIMED = {
+    Claim.RUN: StartAction.RUN,
+    Claim.ENDED: StartAction.ADVANCE,
+    Claim.BUSY: StartAction.BUSY,
+    Claim.EXHAUSTED: StartAction.EXHAUSTED,
+}
+
+
+def open_fan(record: StageRecord, spec: StageSpec, previous: FanIn | None = None) -> None:
+    """Within the transaction that queues a stage: if it fans out, its branches, all queued.
+    Given the `previous` fan-in of the stage (a resumed run), each branch's attempt count
+    carries on, so its session ids stay unique."""
+    if not spec.fans_out:
+        return
+    assert spec.parallel is not None, "a map stage is refused when its pipeline loads"
+    record.fan_in = fan_out(spec.parallel)
+    for name, branch in record.fan_in.branches.items():
+        if previous is not None and name in previous.branches:
+            branch.attempts = previous.branches[name].attempts
+
+
+def send_branches(
+    conductor: Conductor,
+    run_id: str,
+    pipeline: str,
+    spec: StageSpec,
+    only: list[str] | None = None,
+) -> list[str]:
+    """Send one task per branch of a queued fan-out stage (ids `<run>.<stage>.<branch>`), or
+    of the branches `only` names; returns the task ids. Safe to repeat: the ids are
+    deterministic."""
+    fan = conductor.store.get(run_id).stages[spec.name].fan_in
+    assert fan is not None
+    sent = []
+    for branch in only if only is not None else list(fan.branches):
+        task_id = branch_task_id(run_id, spec.name, branch)
+        conductor.dispatcher.app.send_task(
+            STAGE_TASK,
+            args=[run_id, spec.name, branch],
+            queue=spec.queue,
+            task_id=task_id,
+            shadow=branch_task_name(pipeline, spec.name, branch),
+            soft_time_limit=spec.budget.soft_time_limit_s,
+            time_limit=spec.budget.time_limit_s,
+        )
+        sent.append(task_id)
+    return sent
+
+
+def lost_branches(
+    run: RunRecord, stage: str, *, now: float, late_s: float, held: Callable[[], dict[str, str]]
+) -> list[str]:
+    """The branches of a running fan-out the reconciler sends again: running with a lapsed
+    lease (their worker is gone), or queued for longer than `late_s` while the broker holds no
+    message of theirs (`held`: the broker's task ids, read only if needed). Sending one again
+    changes nothing in the run: the execution that claims it counts the lost one (`claim`)."""
+    record = run.stages[stage]
+    fan = _fan(record)
+    lost = lapsed(fan, now=now)
+    if record.queued_at is not None and record.queued_at + late_s < now:
+        lost += [
+            name
+            for name, branch in fan.branches.items()
+            if branch.status == BranchStatus.QUEUED
+            and branch_task_id(run.id, stage, name) not in held()
+        ]
+    return lost
+
+
+def begin_branch(
+    conductor: Conductor,
+    run_id: str,
+    stage: str,
+    branch: str,
+    *,
+    owner: str,
+    lease_s: float,
+    max_interrupted: int,
+) -> StageStart:
+    """Claim a delivered branch for execution, or say why not (as `Conductor.begin`)."""
+
+    def mutate(run: RunRecord, pipe: Any) -> StageStart:
+        if run.status.is_terminal:
+            return StageStart(StartAction.DROP, run=run)
+        record = run.stages[stage]
+        fan = _fan(record)
+        now = time.time()
+        claimed = claim(fan, branch, run_id=run_id, stage=stage, owner=owner, now=now,
+                        lease_s=lease_s, max_interrupted=max_interrupted)  # fmt: skip
+        attempt = fan.branches[branch].attempts
+        if claimed == Claim.RUN:
+            if record.status != StageStatus.RUNNING:
+                record.status, record.started_at = StageStatus.RUNNING, now
+            run.status, run.current_stage = RunStatus.RUNNING, stage
+        _audit(conductor, run, stage, branch, attempt, "branch_begin", pipe,
+               action=claimed.value, owner=owner)  # fmt: skip
+        return StageStart(_CLAIMED[claimed], attempt=attempt, run=run)
+
+    start: StageStart = conductor.store.transact(run_id, mutate)
+    return start
+
+
+def renew_branch(
+    conductor: Conductor, run_id: str, stage: str, branch: str, *, owner: str, lease_s: float
+) -> Hold:
+    """Extend the owner's lease on a running branch, if it still holds it (as
+    `Conductor.renew`); says where the execution stands."""
+
+    def mutate(run: RunRecord, pipe: Any) -> Hold:
+        hold = _branch_hold(run, stage, branch, owner)
+        if hold == Hold.HELD:
+            _fan(run.stages[stage]).branches[branch].lease_until = time.time() + lease_s
+        return hold
+
+    hold: Hold = conductor.store.transact(run_id, mutate)
+    return hold
+
+
+def hold_branch(conductor: Conductor, run_id: str, stage: str, branch: str, *, owner: str) -> Hold:
+    """Where an execution stands with its branch, read, not changed: the check before a side
+    effect."""
+    return _branch_hold(conductor.store.get(run_id), stage, branch, owner)
+
+
+def _branch_hold(run: RunRecord, stage: str, branch: str, owner: str) -> Hold:
+    if run.status == RunStatus.CANCELLED:
+        return Hold.CANCELLED
+    record = run.stages.get(stage)
+    fan = record.fan_in if record is not None else None
+    held = fan is not None and branch in fan.branches and fan.branches[branch].owner == owner
+    return Hold.HELD if held and not run.status.is_terminal else Hold.LOST
+
+
+def complete_branch(
+    conductor: Conductor,
+    run_id: str,
+    stage: str,
+    branch: str,
+    result: StageResult | None,
+    *,
+    owner: str | None = None,
+    error: str | None = None,
+) -> Completion:
+    """Record that a branch ended — with `result`, or failed with `error` — in one transaction;
+    the one that ends the last branch joins: the selected branch's output becomes the stage's,
+    and the run moves on. A branch that ended before is not recorded again."""
+    payload = None if result is None else json.dumps(result.output, ensure_ascii=False,
+                                                     separators=(",", ":"))  # fmt: skip
+    pipeline = conductor.pipeline_of(conductor.store.get(run_id))
+    spec = pipeline.stage(stage)
+
+    def mutate(run: RunRecord, pipe: Any) -> tuple[Completion, Next | None, RunRecord]:
+        record = run.stages[stage]
+        fan = _fan(record)
+        if run.status.is_terminal:
+            return Completion.LOST, None, run
+        end = _end(spec.schema_class(), branch, result, owner, error, payload)
+        recorded = record_end(fan, end, now=time.time(), by_facts=_by_facts(spec))
+        if recorded in (Recorded.DUPLICATE, Recorded.LOST):
+            return (Completion.RECORDED if recorded == Recorded.DUPLICATE else Completion.LOST,
+                    None, run)  # fmt: skip
+        attempt = fan.branches[branch].attempts
+        if payload is not None:
+            pipe.hset(keys.outputs(run.id), branch_output_key(spec.output_key, branch), payload)
+        _audit(conductor, run, stage, branch, attempt, "branch_done" if result else
+               "branch_failed", pipe, chars=len(payload or ""), error=error)  # fmt: skip
+        if recorded == Recorded.COUNTED:
+            return Completion.RECORDED, None, run
+        return Completion.RECORDED, _join(conductor, run, pipe, spec, fan, payload, branch), run
+
+    done, decision, run = conductor.store.transact(run_id, mutate)
+    if decision is not None:
+        conductor._carry_out(run, decision, pipeline)
+    return done
+
+
+def _join(
+    conductor: Conductor,
+    run: RunRecord,
+    pipe: Any,
+    spec: StageSpec,
+    fan: FanIn,
+    payload: str | None,
+    last: str,
+) -> Next:
+    """Within the transaction that ended the last branch: the selected branch's output becomes
+    the stage's and the run moves on; none selected, the stage and the run fail."""
+    from orchestrator.core.conductor import Next, _decide
+
+    record = run.stages[spec.name]
+    record.finished_at, record.lease_until = time.time(), None
+    if fan.selected is None:
+        error = f"no branch finished: {why_none(fan)}"
+        record.status, record.error = StageStatus.FAILED, error
+        run.status, run.reason, run.current_stage = RunStatus.FAILED, f"{spec.name}: {error}", None
+        _audit(conductor, run, spec.name, "-", 0, "fan_in_failed", pipe, error=error)
+        return Next(ended=True)
+    chosen = (
+        payload
+        if fan.selected == last and payload is not None
+        else _stored(conductor, run.id, spec, fan.selected)
+    )
+    pipe.hset(keys.outputs(run.id), spec.output_key, chosen)
+    artifacts = fan.branches[fan.selected].artifacts
+    record.artifacts = {name: ArtifactRef.model_validate(ref) for name, ref in artifacts.items()}
+    record.status, record.output_chars = StageStatus.DONE, len(chosen)
+    _audit(conductor, run, spec.name, fan.selected, fan.branches[fan.selected].attempts,
+           "fan_in_joined", pipe, selected=fan.selected, ended=fan.ended)  # fmt: skip
+    return _decide(run, conductor.pipeline_of(run), spec.name, json.loads(chosen))
+
+
+def _stored(conductor: Conductor, run_id: str, spec: StageSpec, branch: str) -> str:
+    """An ended branch's output, written by the transaction that ended it and never after."""
+    raw = conductor.store.redis.hget(
+        keys.outputs(run_id), branch_output_key(spec.output_key, branch)
+    )
+    assert raw is not None, f"branch {branch} ended done without an output"
+    return raw.decode() if isinstance(raw, bytes) else str(raw)
+
+
+def _end(
+    schema: type[BaseModel], branch: str, result: StageResult | None, owner: str | None,
+    error: str | None, payload: str | None,
+) -> BranchEnd:  # fmt: skip
+    """A branch's end as the fan-in reads it: its facts from its output and its artifacts."""
+    if result is None:
+        return BranchEnd(branch, done=False, owner=owner, error=error)
+    proof = recorded(schema, result.output, Fact.PROOF, Proof)
+    figures = result.figures
+    diff = figures.artifacts.get(DIFF_ARTIFACT)
+    return BranchEnd(
+        branch, done=True, owner=owner,
+        proof_passed=proof.passed if proof is not None else None,
+        diff_bytes=diff.size_bytes if diff is not None else None,
+        output_chars=len(payload or ""), requests=result.figures.requests,
+        prompt_tokens_total=result.figures.prompt_tokens_total,
+        output_tokens=result.figures.output_tokens,
+        artifacts={name: ref.model_dump(mode="json") for name, ref in figures.artifacts.items()},
+    )  # fmt: skip
+
+
+def _by_facts(spec: StageSpec) -> bool:
+    return spec.select is not None and spec.select.by_facts
+
+
+def _fan(record: StageRecord) -> FanIn:
+    if record.fan_in is None:
+        raise ValueError("the stage does not run as branches")
+    return record.fan_in
+
+
+def _audit(
+    conductor: Conductor, run: RunRecord, stage: str, branch: str, attempt: int, kind: str,
+    pipe: Any, **data: Any,
+) -> None:  # fmt: skip
+    """An audit entry of a branch, labelled `<pipeline>.<stage>.<branch>`, in `pipe`."""
+    entry = {
+        "ts": repr(time.time()),
+        "branch": branch_label(run.pipeline, stage, branch),
+        "session": branch_session_id(run.id, stage, branch, attempt),
+        "kind": kind,
+        "data": data,
+    }
+    conductor.store.queue_audit(pipe, run.id, [entry])
