@@ -59,3 +59,26 @@ def test_a_run_without_a_budget_spends_without_limits(stack: Stack, run_store: R
     assert run.status == RunStatus.DONE, run.reason
     assert run.budget is None
     assert SpendLedger(run_store.redis).spend(run.id).calls == 0
+
+
+def test_a_run_that_crosses_its_token_budget_stops_at_the_call_that_would_cross_it(
+    stack: Stack, run_store: RunStore
+) -> None:
+    limit = 6_000
+    run_id = stack.enqueue(SENTRY_EVENT.read_bytes(), stack.sample_repo(), budget=f"tokens={limit}")
+    run = stack.wait(run_id)
+
+    assert run.status == RunStatus.FAILED
+    assert run.reason is not None and ": run budget exceeded: tokens: " in run.reason, run.reason
+    stopped = run.reason.split(":", 1)[0]
+    assert run.stages[stopped].status == StageStatus.FAILED
+    assert run.stages["pr"].status == StageStatus.PENDING
+    assert sandboxes_of(run_id) == []
+    spend = SpendLedger(run_store.redis).spend(run_id)
+    sent = stack.requests()
+    assert spend.calls == len(sent)  # every call counted was sent, and no other
+    # Reconciled to what the server counted; only the replies can take it past the limit.
+    assert spend.tokens == sum(
+        e["prompt_tokens"] + e["candidates_tokens"] + e["thoughts_tokens"] for e in sent
+    )
+    assert spend.tokens - sent[-1]["candidates_tokens"] - sent[-1]["thoughts_tokens"] <= limit
