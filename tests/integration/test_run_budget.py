@@ -6,10 +6,15 @@ reason, and nothing is published."""
 from __future__ import annotations
 
 import subprocess
+import time
+from collections.abc import Callable
+
+import pytest
 
 from demo import SENTRY_EVENT
 from orchestrator.core.models import RunStatus, StageStatus
-from orchestrator.core.spend import SpendLedger
+from orchestrator.core.runbudget import RunBudget
+from orchestrator.core.spend import BudgetExceeded, SpendLedger
 from orchestrator.core.store import RunStore
 
 from .conftest import Stack, demo_scenario
@@ -24,6 +29,14 @@ def sandboxes_of(run_id: str) -> list[str]:
         capture_output=True, text=True, check=True, timeout=30,
     )  # fmt: skip
     return listed.stdout.split()
+
+
+def until(check: Callable[[], bool], what: str, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(what)
+        time.sleep(0.05)
 
 
 def test_a_run_that_crosses_its_call_budget_mid_stage_fails_with_the_reason(
@@ -82,3 +95,37 @@ def test_a_run_that_crosses_its_token_budget_stops_at_the_call_that_would_cross_
         e["prompt_tokens"] + e["candidates_tokens"] + e["thoughts_tokens"] for e in sent
     )
     assert spend.tokens - sent[-1]["candidates_tokens"] - sent[-1]["thoughts_tokens"] <= limit
+
+
+def test_a_budget_another_execution_exhausts_stops_this_one_at_its_next_call(
+    stack: Stack, run_store: RunStore
+) -> None:
+    """Two executions of one run at once (what a fan-out's branches are): while the fix stage
+    waits for its second reply, another execution of the run (here the test, through the same
+    ledger) spends the rest of the budget and is refused. The fix stage's next call is refused
+    too: it stops, its sandbox is removed, the run fails with the reason, nothing is
+    published."""
+    stack.fake.set_faults([{"agent": "fix", "requests": [2], "latency_ms": 3_000}])
+    limit = 100
+    run_id = stack.enqueue(SENTRY_EVENT.read_bytes(), stack.sample_repo(), budget=f"calls={limit}")
+    # The fake records a request when it answers: once the first is recorded, the second is
+    # sent after one tool call in the sandbox, and then takes 3 s.
+    until(lambda: len(stack.requests("fix")) >= 1, "the fix stage never called its model")
+    time.sleep(1.0)
+    ledger = SpendLedger(run_store.redis)
+    sibling = ledger.spend(run_id).calls
+    with pytest.raises(BudgetExceeded):
+        while True:  # the other execution spends until its budget refuses it
+            ledger.reserve(run_id, RunBudget(calls=limit), tokens=10, cost_usd=None,
+                           model="gemini-3.8-flash", started_at=time.time())  # fmt: skip
+            sibling += 1
+    assert sibling == limit
+
+    run = stack.wait(run_id)
+
+    assert run.status == RunStatus.FAILED
+    assert run.reason == f"fix: run budget exceeded: model calls: {limit} made, limit {limit}"
+    assert len(stack.requests("fix")) == 2  # the call in flight was answered; no third went out
+    assert not stack.requests("pr")
+    assert run.stages["pr"].status == StageStatus.PENDING
+    assert sandboxes_of(run_id) == []
