@@ -15,6 +15,9 @@ for Gemini (`workers.gemini`) and LiteLLM's providers (`workers.lite_llm`) alike
   (exponential backoff with jitter, bounded), but only before the first chunk of a reply
   arrived.
 * 400/401/403/404 → `ModelRejectedError`, at once.
+* With a run budget (`spending`), every attempt is reserved from the run's shared spend before
+  it goes out and reconciled with the reply's usage after (`workers.spending`); a refused one
+  raises `RunBudgetExceededError` before anything is sent.
 
 A subclass says how its provider's failures read as Baton's errors (`failure`), how it sends
 one request (`send`), and what it raises when it gives up (`given_up`).
