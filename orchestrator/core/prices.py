@@ -1,9 +1,12 @@
 """What a model call costs: a small price table per model, for a run's estimated cost.
 
-The figures are list prices in US dollars per million tokens, as published by the providers
-(`PRICES_SOURCE`, read on `PRICES_AS_OF`); they change, and a deployment's own prices (a
-discount, a model this table does not know) go in `BATON_PRICES`, which wins over the table:
-`BATON_PRICES='{"gemini-3.8-flash": {"input_usd_per_mtok": 0.5, "output_usd_per_mtok": 3}}'`.
+The figures are list prices in US dollars per million tokens, as the providers' pricing pages
+(`PRICES_SOURCE`) gave them around `PRICES_AS_OF` (standard tier, no batch or cache discount;
+written down when this table was made, on a machine that could not reach those pages to check
+them again). Prices change, and the default model of this version (`gemini-3.8-flash`) is not
+in the table: a deployment's own prices (a discount, a model this table does not know) go in
+`BATON_PRICES`, which wins over the table:
+`BATON_PRICES='{"gemini-3.8-flash": {"input_usd_per_mtok": …, "output_usd_per_mtok": …}}'`.
 A model in neither has no estimated cost: its calls are counted as not costed, and `status`
 says so, rather than pretending they were free.
 """
@@ -18,7 +21,7 @@ PRICES_SOURCE = (
     "https://ai.google.dev/gemini-api/docs/pricing, https://openai.com/api/pricing, "
     "https://www.anthropic.com/pricing (standard tier, prompts up to 200k tokens)"
 )
-PRICES_AS_OF = "2025-06-01"
+PRICES_AS_OF = "2025-07"
 
 
 class ModelPrice(BaseModel):

@@ -222,8 +222,9 @@ class Settings(BatonSettings):
     default_quota: QuotaConfig = QuotaConfig()
     """The quota of a model `quotas` does not name (`BATON_DEFAULT_QUOTA__REQUESTS_PER_MINUTE`)."""
     prices: dict[str, ModelPrice] = {}
-    """`BATON_PRICES='{"gemini-3.8-flash": {"input_usd_per_mtok": 0.5, "output_usd_per_mtok":
-    3}}'`: model prices per million tokens, over `orchestrator.core.prices.PRICES`."""
+    """`BATON_PRICES='{"gemini-3.8-flash": {"input_usd_per_mtok": …, "output_usd_per_mtok":
+    …}}'`: model prices in US dollars per million tokens, over `orchestrator.core.prices.PRICES`
+    (a model in neither has no estimated cost)."""
 
     @field_validator("model")
     @classmethod

@@ -65,3 +65,24 @@ def test_spend_reads_from_its_hash_and_shows_beside_the_limits() -> None:
     assert shown["wall_s"] == {"spent": 12.3, "limit": None}
     assert shown["cost_usd"]["not_estimated_for"] == {"gemini-x": 2}
     assert shown["exceeded"] == "tokens: …"
+
+
+def test_baton_prices_sets_a_deployments_own_and_a_bad_one_names_its_field(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from pydantic import ValidationError
+
+    from orchestrator.core.settings import Settings
+
+    monkeypatch.setenv(
+        "BATON_PRICES",
+        '{"gemini-3.8-flash": {"input_usd_per_mtok": 0.5, "output_usd_per_mtok": 3}}',
+    )
+    assert Settings().prices == {
+        "gemini-3.8-flash": ModelPrice(input_usd_per_mtok=0.5, output_usd_per_mtok=3)
+    }
+    monkeypatch.setenv(
+        "BATON_PRICES", '{"m": {"input_usd_per_mtok": -1, "output_usd_per_mtok": 3}}'
+    )
+    with pytest.raises(ValidationError, match=r"prices\.m\.input_usd_per_mtok"):
+        Settings()
