@@ -11,6 +11,7 @@
             ├── ModelRejectedError                400/401/403: retrying will not help
             ├── ModelUnavailableError             5xx, timeouts, dropped connections
             ├── ModelCallLimitError               the model-call budget ran out
+            ├── RunBudgetExceededError            the run's budget refused a model call
             ├── StageOutputError  (ValueError)    the output failed its schema
             ├── TestsFailedError                  the tests still fail after the change
             │   └── ProofFailedError              Baton's proof of the change failed
@@ -37,7 +38,7 @@ from orchestrator.core.errors import BatonError
 Reason = Literal[
     "rate_limited", "infrastructure", "cancelled", "lost", "stage_error", "model_rejected",
     "model_unavailable", "model_call_limit", "output_invalid", "tests_failed", "proof_failed",
-    "not_reproduced", "publish_failed", "time_limit", "internal",
+    "not_reproduced", "publish_failed", "time_limit", "internal", "budget_exceeded",
 ]  # fmt: skip
 """Why an execution ended without its output: the `reason` label of
 `baton_stage_failures_total`."""
@@ -130,6 +131,13 @@ class ModelCallLimitError(StageError):
     """Raised when a stage reaches its budget of model calls."""
 
     reason = "model_call_limit"
+
+
+class RunBudgetExceededError(StageError):
+    """Raised when the run's budget refuses a model call (`orchestrator.core.spend`), before
+    it is sent: the message names the limit and the figures, and the run fails with it."""
+
+    reason = "budget_exceeded"
 
 
 class StageOutputError(StageError, ValueError):

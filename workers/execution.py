@@ -25,8 +25,10 @@ from orchestrator.core.errors import RepoError
 from orchestrator.core.execution import Hold, StageFigures
 from orchestrator.core.models import ArtifactRef, RunRecord
 from orchestrator.core.pipeline import CHANGE_KEY, Pipeline, StageSpec
+from orchestrator.core.prices import ModelPrice
 from orchestrator.core.providers import parse_model
 from orchestrator.core.settings import ModelConfig, ProviderConfig, RetryConfig
+from orchestrator.core.spend import SpendLedger
 from orchestrator.core.store import RunStore
 from sandbox.build import EnvironmentBuildError, EnvironmentValidationError
 from sandbox.errors import EnvironmentSpecError
@@ -48,6 +50,7 @@ from workers.inputs import StageInputs, resolve
 from workers.mirrors import RepoCache
 from workers.publish import Publisher
 from workers.sandboxes import Sandboxes
+from workers.spending import RunSpending
 from workers.stage import StageOutput, StageSinks, execute_stage
 
 logger = logging.getLogger(__name__)
@@ -88,6 +91,8 @@ class WorkerServices:
     """The worker's environment, where the secrets declared tools name are read."""
     mirrors: RepoCache | None = None
     """The host's repository cache, where the change a run reviews (`{change}`) is read."""
+    prices: Mapping[str, ModelPrice] = field(default_factory=dict)
+    """The deployment's model prices (`BATON_PRICES`), over `orchestrator.core.prices`'s."""
 
     @property
     def store(self) -> RunStore:
@@ -293,17 +298,36 @@ class Execution:
         def on_wait(seconds: float, why: str) -> None:
             svc.conductor.show_wait(run_id, stage, seconds, why)
 
+        model: GovernedLlm
         if ref.via_litellm:
             from workers import lite_llm
 
             cfg = svc.providers.get(ref.provider) or ProviderConfig(provider=ref.provider)
-            return lite_llm.build_model(
+            model = lite_llm.build_model(
                 ref, cfg, svc.retry, governor=svc.governor, on_wait=on_wait, stage=stage
             )
-        gemini = svc.model.model_copy(update={"name": ref.id})
-        shared = svc.clients.get(gemini, svc.retry) if svc.clients is not None else None
-        return build_model(
-            gemini, svc.retry, governor=svc.governor, on_wait=on_wait, stage=stage, client=shared
+        else:
+            gemini = svc.model.model_copy(update={"name": ref.id})
+            shared = svc.clients.get(gemini, svc.retry) if svc.clients is not None else None
+            model = build_model(
+                gemini, svc.retry, governor=svc.governor, on_wait=on_wait, stage=stage,
+                client=shared,
+            )  # fmt: skip
+        model.spending = self._spending()
+        return model
+
+    def _spending(self) -> RunSpending | None:
+        """The run's budget as this execution spends from it; None: the run has none."""
+        if self.run.budget is None:
+            return None
+        record = self.run.stages.get(self.spec.name)
+        return RunSpending(
+            ledger=SpendLedger(self.services.store.redis),
+            run_id=self.run.id,
+            budget=self.run.budget,
+            started_at=self.run.created_at,
+            iteration=record.iteration if record is not None else 1,
+            prices=self.services.prices,
         )
 
 

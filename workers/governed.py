@@ -15,6 +15,9 @@ for Gemini (`workers.gemini`) and LiteLLM's providers (`workers.lite_llm`) alike
   (exponential backoff with jitter, bounded), but only before the first chunk of a reply
   arrived.
 * 400/401/403/404 → `ModelRejectedError`, at once.
+* With a run budget (`spending`), every attempt is reserved from the run's shared spend before
+  it goes out and reconciled with the reply's usage after (`workers.spending`); a refused one
+  raises `RunBudgetExceededError` before anything is sent.
 
 A subclass says how its provider's failures read as Baton's errors (`failure`), how it sends
 one request (`send`), and what it raises when it gives up (`given_up`).
@@ -40,6 +43,7 @@ from workers import metrics
 from workers.budget import request_tokens
 from workers.errors import ExecutionError, ModelUnavailableError, RateLimitedError
 from workers.governor import JITTER_S, REASONS, Governor, Permit, WaitCallback
+from workers.spending import RunSpending
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +71,9 @@ class GovernedLlm(BaseLlm):
     """Told the seconds about to be slept and why, so that the stage can show it."""
     stage: str = ""
     """The stage this model serves, for the metrics."""
+    spending: SkipValidation[RunSpending | None] = Field(default=None, exclude=True)
+    """The run's budget, which every attempt is reserved from before it is sent
+    (`workers.spending`); None: no run budget."""
     _waited_s: float = PrivateAttr(0.0)
     _answered: int = PrivateAttr(0)
     _inline_429s: int = PrivateAttr(0)
@@ -144,22 +151,25 @@ class GovernedLlm(BaseLlm):
         )
         async for attempt in retrying:
             with attempt:
-                permit = await self._acquire(llm_request)
-                metrics.model_call(self.model, self.stage)
+                spending, reserved, sent = self.spending, None, False
+                if spending is not None:
+                    reserved = spending.reserve(self.model, request_tokens(llm_request))
                 final: LlmResponse | None = None
-                async for response in self.send(llm_request, stream):
-                    started = True
-                    if response.usage_metadata is not None and not response.partial:
-                        final = response
-                    yield response
+                try:
+                    permit = await self._acquire(llm_request)
+                    metrics.model_call(self.model, self.stage)
+                    sent = True
+                    async for response in self.send(llm_request, stream):
+                        started = True
+                        if response.usage_metadata is not None and not response.partial:
+                            final = response
+                        yield response
+                finally:
+                    prompt, output = reply_usage(final)
+                    if spending is not None and reserved is not None:
+                        spending.reconcile(self.model, reserved, prompt, output, sent=sent)
                 if final is not None and final.usage_metadata is not None:
-                    usage = final.usage_metadata
-                    metrics.tokens_used(
-                        self.model, self.stage,
-                        prompt=usage.prompt_token_count or 0,
-                        output=(usage.candidates_token_count or 0)
-                        + (usage.thoughts_token_count or 0),
-                    )  # fmt: skip
+                    metrics.tokens_used(self.model, self.stage, prompt=prompt, output=output)
                 if self.governor is not None and permit is not None and final is not None:
                     self.governor.reconcile(permit, reply_tokens(final))
 
@@ -215,6 +225,15 @@ class GovernedLlm(BaseLlm):
             self.describe(exc) if exc is not None else "unknown error",
             state.attempt_number,
         )
+
+
+def reply_usage(response: LlmResponse | None) -> tuple[int, int]:
+    """A reply's prompt tokens and output tokens (its thoughts included); none without one."""
+    usage = response.usage_metadata if response is not None else None
+    if usage is None:
+        return 0, 0
+    output = (usage.candidates_token_count or 0) + (usage.thoughts_token_count or 0)
+    return usage.prompt_token_count or 0, output
 
 
 def reply_tokens(response: LlmResponse) -> int:

@@ -23,6 +23,10 @@ is first used.
     baton_model_rate_limited_total{model}      counter   429 answers
     baton_quota_wait_seconds_total{model}      counter   time slept for the quota or a cooldown
     baton_sandbox_lifetime_seconds{stage}      histogram  from creating a sandbox to its removal
+    baton_run_budget_cost_usd_total{model}     counter   estimated cost of the calls of runs
+                                          with a budget (priced models only)
+    baton_run_budget_stops_total{limit}        counter   model calls a run's budget refused;
+                                          limit: calls, tokens, cost, wall, iterations
 
 Labels never hold a run id: each one takes a handful of values.
 """
@@ -142,6 +146,17 @@ def quota_wait(model: str, seconds: float) -> None:
         _metrics().quota_wait.labels(model).inc(seconds)
 
 
+def budget_cost(model: str, cost_usd: float) -> None:
+    """A call of a run with a budget cost about this much (`orchestrator.core.prices`)."""
+    if cost_usd > 0:
+        _metrics().budget_cost.labels(model).inc(cost_usd)
+
+
+def budget_stop(limit: str) -> None:
+    """A run's budget refused a model call; `limit` says which one (`calls`, `tokens`, ...)."""
+    _metrics().budget_stops.labels(limit).inc()
+
+
 def sandbox_closed(stage: str, lifetime_s: float) -> None:
     _metrics().sandbox_lifetime.labels(stage).observe(lifetime_s)
 
@@ -170,6 +185,8 @@ class _Metrics:
     rate_limited: Counter
     quota_wait: Counter
     sandbox_lifetime: Histogram
+    budget_cost: Counter
+    budget_stops: Counter
 
 
 @cache
@@ -211,6 +228,14 @@ def _metrics() -> _Metrics:
         sandbox_lifetime=Histogram(
             "baton_sandbox_lifetime_seconds", "Time from creating a sandbox to its removal.",
             ["stage"], buckets=LIFETIME_BUCKETS_S, registry=None,
+        ),
+        budget_cost=Counter(
+            "baton_run_budget_cost_usd", "Estimated cost of the model calls of runs with a "
+            "budget.", ["model"], registry=None,
+        ),
+        budget_stops=Counter(
+            "baton_run_budget_stops", "Model calls a run's budget refused, by limit.",
+            ["limit"], registry=None,
         ),
     )  # fmt: skip
 

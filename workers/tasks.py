@@ -85,6 +85,7 @@ def services() -> WorkerServices:
         keep_model_requests=settings.keep_model_requests,
         environ=os.environ,  # declared tools' secrets, read by name when a stage needs them
         mirrors=mirrors,
+        prices=settings.prices,
     )
 
 

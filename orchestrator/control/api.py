@@ -22,6 +22,7 @@ from orchestrator.core.errors import EnvironmentFileError, IntakeError
 from orchestrator.core.models import Issue, IssueSource, RunRecord, RunStatus
 from orchestrator.core.pipeline import Pipeline
 from orchestrator.core.queue import Dispatcher
+from orchestrator.core.runbudget import RunBudget, parse_budget
 from orchestrator.core.settings import Settings
 from orchestrator.core.store import RunStore
 
@@ -50,10 +51,12 @@ def submit(
     force: bool = False,
     environment: Mapping[str, Any] | str | Path | None = None,
     settings: Settings | None = None,
+    budget: RunBudget | str | None = None,
 ) -> tuple[str, bool]:
     """Like `enqueue`, and also says whether a new run was created (False: the issue already
     had a run, whose id is returned)."""
     settings = settings or Settings()
+    limits = parse_budget(budget) if isinstance(budget, str) else budget
     issue = read_issue(payload, IssueSource(source) if source else None)
     head, base = change_refs(issue, ref, base)
     checked = checked_pipeline(pipeline, settings)
@@ -71,7 +74,7 @@ def submit(
     with connect(settings) as conductor:
         return conductor.submit(
             issue, repo=source, commit=commit, pipeline=checked, force=force, environment=spec,
-            base=pinned_base,
+            base=pinned_base, budget=limits,
         )  # fmt: skip
 
 
@@ -169,12 +172,15 @@ def enqueue(
     force: bool = False,
     environment: Mapping[str, Any] | str | Path | None = None,
     settings: Settings | None = None,
+    budget: RunBudget | str | None = None,
 ) -> str:
     """Parse `payload` (Sentry event or issue, GitHub issue, pull request, or text; a `Path` is a
     payload file, which must hold JSON), pin the commit `ref` names in the repository (a branch,
     a tag or a sha; a pull request's head, else its HEAD by default), create a run and enqueue
     its first stage. Returns the run id. `environment`, a spec file's path (or its table),
-    replaces the repository's environment spec for this run. `base` (a pull request's own by
+    replaces the repository's environment spec for this run. `budget` (a `RunBudget`, or
+    `tokens=…,calls=…,wall_s=…,iterations=…,cost_usd=…`) replaces those limits of the
+    pipeline's `[run_budget]` for this run. `base` (a pull request's own by
     default) makes the run about a change: the diff from `base` to `ref`, which a pipeline that
     reviews changes (`{change}`) requires.
 
@@ -188,11 +194,12 @@ def enqueue(
         RepoError: the repository cannot be read, or a local path is not the root of a git
             repository (a folder inside one, a plain folder, a path that does not exist); the
             message names the path first.
-        ConfigError: BATON_REDIS_URL is not set.
+        ConfigError: BATON_REDIS_URL is not set, or `budget` is not a valid budget (the
+            message names the limit).
     """
     run_id, _ = submit(
         payload, repo=repo, ref=ref, base=base, pipeline=pipeline, source=source, force=force,
-        environment=environment, settings=settings,
+        environment=environment, settings=settings, budget=budget,
     )  # fmt: skip
     return run_id
 

@@ -25,6 +25,7 @@ from rich.live import Live
 from rich.markup import escape
 
 from orchestrator.control import api, cli_inspect, cli_pipeline
+from orchestrator.control.budget_view import budget_cell, budget_json, budget_line, spend_of_each
 from orchestrator.control.messages import EXIT_BAD_INPUT, complaint
 from orchestrator.control.report import (
     follow,
@@ -143,6 +144,11 @@ def main(verbose: bool) -> None:
     type=click.Path(dir_okay=False),
     help="An environment spec (TOML) to use instead of the repository's.",
 )
+@click.option(
+    "--budget",
+    help="Limits for this run in place of the pipeline's [run_budget] ones: "
+    "tokens=N,calls=N,wall_s=S,iterations=N,cost_usd=USD (any of them).",
+)
 def enqueue(
     payload: str | None,
     text: str | None,
@@ -153,6 +159,7 @@ def enqueue(
     source: str | None,
     force: bool,
     env_file: str | None,
+    budget: str | None,
 ) -> None:
     """Enqueue a report against a repository; prints the run id.
 
@@ -166,7 +173,7 @@ def enqueue(
     try:
         run_id, created = api.submit(
             report, repo=repo, ref=ref, base=base, pipeline=pipeline, source=source, force=force,
-            environment=env_file,
+            environment=env_file, budget=budget,
         )  # fmt: skip
     except NotJsonError as exc:
         raise NotJsonError(f"{exc}; a report in plain text goes on stdin (`baton enqueue - "
@@ -210,11 +217,14 @@ def status(run_id: str, as_json: bool) -> None:
             run = store.get(run_id)
             pipeline, outputs = recorded_outputs(store, run)
             shown = run_json(run, outputs, pipeline)
+            shown["budget"] = budget_json(run, spend_of_each(store, [run]).get(run.id))
             shown["unserved_queue"] = unserved_queue(store, run)
             click.echo(json.dumps(shown, indent=2))
             return
         run, table = run_view(store, run_id, width=out.width)
         out.print(table)
+        if (line := budget_line(run, spend_of_each(store, [run]).get(run.id))) is not None:
+            out.print(escape(line), highlight=False)
         if (queue := unserved_queue(store, run)) is not None:
             out.print(f"[red]{escape(unserved_note(run, queue))}[/]", highlight=False)
 
@@ -227,10 +237,14 @@ def status(run_id: str, as_json: bool) -> None:
 def runs(status: str | None, pipeline: str | None, limit: int, as_json: bool) -> None:
     """List runs, the newest first."""
     found = api.list_runs(status=status, pipeline=pipeline, limit=limit)
+    with api.connect(Settings()) as conductor:
+        spent = spend_of_each(conductor.store, found)
     if as_json:
-        click.echo(json.dumps([run_json(run) for run in found], indent=2))
+        shown = [{**run_json(run), "budget": budget_json(run, spent.get(run.id))} for run in found]
+        click.echo(json.dumps(shown, indent=2))
     else:
-        out.print(runs_table(found, width=out.width))
+        cells = {run.id: budget_cell(run, spent.get(run.id)) for run in found if run.budget}
+        out.print(runs_table(found, width=out.width, budgets=cells))
 
 
 @main.command()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -242,12 +242,18 @@ def _tool_name(entry: dict[str, str]) -> str:
 
 
 def runs_table(
-    runs: list[RunRecord], *, now: float | None = None, width: int | None = None
+    runs: list[RunRecord],
+    *,
+    now: float | None = None,
+    width: int | None = None,
+    budgets: Mapping[str, str] | None = None,
 ) -> Table:
     """One line per run, the newest first. Within `width`, the issue and the reason shrink to
     a few characters (ending in an ellipsis) and the stage, the reason, the pipeline and the
     age give way, in that order: at 80 columns the pipeline stays. The run id and status are
-    always whole, the issue and the reason on one line."""
+    always whole, the issue and the reason on one line. With `budgets` (run id → its spend
+    against its budget, `orchestrator.control.budget_view`), a `budget` column shows them; it
+    gives way first."""
     now = time.time() if now is None else now
     columns = [
         Column("run"),
@@ -263,6 +269,9 @@ def runs_table(
          _age(now - run.created_at), run.issue.title, run.reason or ""]
         for run in runs
     ]  # fmt: skip
+    if budgets:
+        columns.append(Column("budget", drop=5))
+        rows = [[*row, budgets.get(run.id, "")] for row, run in zip(rows, runs, strict=True)]
     return fitted_table(
         columns, rows, width=width, title=counted(len(runs), "run"), title_justify="left"
     )

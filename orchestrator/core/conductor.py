@@ -42,6 +42,7 @@ from orchestrator.core.models import (
 from orchestrator.core.pipeline import Pipeline, StageSpec
 from orchestrator.core.queue import Dispatcher
 from orchestrator.core.rules import LoopRule
+from orchestrator.core.runbudget import RunBudget, run_budget
 from orchestrator.core.specs import load_pipeline, pipeline_of, stage_of
 from orchestrator.core.store import RunStore
 
@@ -93,12 +94,14 @@ class Conductor:
         force: bool = False,
         environment: Mapping[str, Any] | None = None,
         base: str | None = None,
+        budget: RunBudget | None = None,
     ) -> tuple[str, bool]:
         """Create a run of `pipeline` (loaded already, or its name or file) and enqueue its first
         stage; an issue seen before maps to its run. The run pins the pipeline: its name and
         digest in the record, its spec beside it. `environment`: a spec (a TOML table, checked
         already) to use instead of the repository's. `base`: the commit a change is measured
-        against, when the run is about one (its head is `commit`).
+        against, when the run is about one (its head is `commit`). `budget`: limits that replace
+        the pipeline's `[run_budget]` ones for this run.
 
         Returns the run id and whether a new run was created.
         """
@@ -120,6 +123,7 @@ class Conductor:
             ),
             current_stage=spec.first.name,
             environment_spec=dict(environment) if environment is not None else None,
+            budget=run_budget(spec, budget),
             stages=stages,
         )
         stored, created = self.store.create(run, force=force, pipeline_content=spec.content)

@@ -103,3 +103,10 @@ def serve_failures(kind: str, digest: str) -> str:
     """Sorted set with an expiry: the failed logins of the last window (member a unique id,
     score the time in seconds) of one client address, user name or browser (`kind`)."""
     return f"{SERVE}failures:{kind}:{digest}"
+
+
+def spend(run_id: str) -> str:
+    """Hash: what the run's executions spent together (`orchestrator.core.spend`): `calls`,
+    `tokens`, `cost_usd`, `uncosted:<model>` (calls of a model without a price) and, once a
+    limit stopped it, `exceeded` (the reason)."""
+    return f"{PREFIX}run:{run_id}:spend"

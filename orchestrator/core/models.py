@@ -11,6 +11,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from orchestrator.core.fanin import FanIn
+from orchestrator.core.runbudget import RunBudget
 
 
 class IssueSource(StrEnum):
@@ -252,6 +253,9 @@ class RunRecord(BaseModel):
     environment_spec: dict[str, Any] | None = None
     """The environment spec given at enqueue (`baton enqueue --env FILE`, as its TOML table),
     used instead of the repository's own; None: the repository's, or what its files imply."""
+    budget: RunBudget | None = None
+    """The run's budget: its pipeline's `[run_budget]` with the limits given at enqueue in
+    place of its own, fixed at enqueue; None: no limits."""
     created_at: float = Field(default_factory=time.time)
     updated_at: float = Field(default_factory=time.time)
     stages: dict[str, StageRecord] = Field(default_factory=dict)

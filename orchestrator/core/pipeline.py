@@ -51,6 +51,7 @@ from orchestrator.core.rules import (
     StopRule,
     VerifyRule,
 )
+from orchestrator.core.runbudget import RunBudget
 from orchestrator.core.tools import ToolDeclaration
 
 ISSUE_KEY = "issue"
@@ -204,6 +205,9 @@ class Pipeline(BaseModel):
     model: str | None = None
     """The model of every stage that names none (`StageSpec.model`); unset, `BATON_MODEL`."""
     stages: tuple[StageSpec, ...]
+    run_budget: RunBudget | None = None
+    """`[run_budget]`: limits on what a run spends across all its stages
+    (`orchestrator.core.runbudget`); `baton enqueue --budget` overrides them per run."""
     _table: dict[str, Any] | None = PrivateAttr(None)
 
     @field_validator("name")

@@ -12,6 +12,10 @@ by a live execution.
                   in no queue nor delivered in that time
     waiting       `stuck_after_s` past its retry time             sent again
 
+A run past its budget's wall time (`orchestrator.core.runbudget`) is failed with that reason,
+whatever its stages are doing: its spend is marked exceeded, so that no execution of it makes
+another model call, and a running execution stops at its next safe point (its run has ended).
+
 A queued stage whose message waits in another queue than its pipeline names (a queue renamed
 since it was sent) is sent again too. A run the reconciler cannot handle never stops the pass:
 a run whose pinned pipeline cannot be loaded is failed with that reason, and any other error
@@ -33,7 +37,9 @@ from orchestrator.core.errors import PipelineError
 from orchestrator.core.models import RunRecord, StageStatus
 from orchestrator.core.pipeline import StageSpec
 from orchestrator.core.queue import stage_task_id
+from orchestrator.core.runbudget import wall_time_exceeded
 from orchestrator.core.settings import QueueConfig
+from orchestrator.core.spend import SpendLedger
 
 logger = logging.getLogger(__name__)
 
@@ -57,8 +63,8 @@ class Sweep:
 
     repairs: list[Repair] = field(default_factory=list)
     failed: dict[str, str] = field(default_factory=dict)
-    """Runs failed because no worker can run them (their pinned pipeline cannot be loaded), by
-    id, with the reason."""
+    """Runs failed because no worker can run them (their pinned pipeline cannot be loaded) or
+    because they are past their budget's wall time, by id, with the reason."""
     errors: dict[str, str] = field(default_factory=dict)
     """Runs the pass could not handle (logged; it went on), by id, with the error."""
 
@@ -96,6 +102,9 @@ class Reconciler:
             if run is None:
                 store.redis.srem(keys.ACTIVE, run_id)
                 continue
+            if (overdue := wall_time_exceeded(run, now)) is not None:
+                self._stop(run, overdue, sweep)
+                continue
             try:
                 repair = self._repair(run, now, held)
             except PipelineError as exc:
@@ -126,6 +135,18 @@ class Reconciler:
             return
         sweep.failed[run.id] = reason
         logger.error("run %s failed: %s", run.id, reason)
+
+    def _stop(self, run: RunRecord, reason: str, sweep: Sweep) -> None:
+        """End a run past its wall time: no more model calls, the run failed with the reason."""
+        try:
+            SpendLedger(self.conductor.store.redis).stop(run.id, reason)
+            self.conductor.fail(run.id, run.current_stage or "-", f"run budget exceeded: {reason}")
+        except Exception as exc:
+            sweep.errors[run.id] = f"{type(exc).__name__}: {exc}"
+            logger.exception("run %s: stopping it failed; going on with the others", run.id)
+            return
+        sweep.failed[run.id] = reason
+        logger.warning("run %s stopped by its budget: %s", run.id, reason)
 
     def _repair(self, run: RunRecord, now: float, held: Held) -> Repair | None:
         if run.status.is_terminal:

@@ -21,6 +21,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from orchestrator.core.connection import RedisConfig, checked_config
 from orchestrator.core.errors import ConfigError
+from orchestrator.core.prices import ModelPrice
 from orchestrator.core.providers import parse_model
 from orchestrator.core.secret_settings import FromFile, SecretFilesSource
 from orchestrator.core.secret_settings import refuse_placeholders as refuse_placeholders
@@ -220,6 +221,10 @@ class Settings(BatonSettings):
     """`BATON_QUOTAS='{"gemini-3.8-flash": {"requests_per_minute": 60}}'`: per model."""
     default_quota: QuotaConfig = QuotaConfig()
     """The quota of a model `quotas` does not name (`BATON_DEFAULT_QUOTA__REQUESTS_PER_MINUTE`)."""
+    prices: dict[str, ModelPrice] = {}
+    """`BATON_PRICES='{"gemini-3.8-flash": {"input_usd_per_mtok": …, "output_usd_per_mtok":
+    …}}'`: model prices in US dollars per million tokens, over `orchestrator.core.prices.PRICES`
+    (a model in neither has no estimated cost)."""
 
     @field_validator("model")
     @classmethod

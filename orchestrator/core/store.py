@@ -361,6 +361,7 @@ def run_fields(run: RunRecord) -> dict[str, str]:
                 "idempotency_key": run.idempotency_key,
                 "created_at": run.created_at,
                 "environment_spec": run.environment_spec,
+                "budget": run.budget.model_dump(exclude_none=True) if run.budget else None,
                 "stage_order": list(run.stages),
             }
         ),

@@ -370,4 +370,5 @@ def test_every_error_class_names_a_known_reason() -> None:
         "model_rejected", "model_unavailable", "model_call_limit", "output_invalid",
         "tests_failed", "proof_failed", "not_reproduced", "publish_failed", "rate_limited",
         "infrastructure", "time_limit", "cancelled", "lost", "stage_error", "internal",
+        "budget_exceeded",
     }  # fmt: skip

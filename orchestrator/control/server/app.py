@@ -30,6 +30,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from orchestrator.control import inspection
+from orchestrator.control.budget_view import budget_json, budget_line, spend_of_each
 from orchestrator.control.fleet import unserved_queue
 from orchestrator.control.inspection import Artifact, EntryPage, RunPage, Span, Tokens
 from orchestrator.control.server.auth import (
@@ -88,6 +89,11 @@ class RunView(BaseModel):
     """The names of its recorded outputs (`fix`, `fix.1`, …)."""
     change: str | None
     """The artifact holding its change (`pr/workspace.diff`), if it made one."""
+    budget: dict[str, Any] | None = None
+    """Its spend beside each limit of its budget (`status --json`'s `budget`); None: it has
+    no budget."""
+    budget_line: str | None = None
+    """The same in one line, as `baton status` prints it."""
 
 
 class Me(BaseModel):
@@ -261,6 +267,7 @@ def _reads(store: RunStore) -> APIRouter:
         tokens, waits, artifacts) and the names of its outputs."""
         run = run_of(run_id)
         ref = inspection.change(run)
+        spend = spend_of_each(store, [run]).get(run.id)
         return RunView(
             summary=inspection.summarize(run),
             pipeline_hash=run.pipeline_hash,
@@ -271,6 +278,8 @@ def _reads(store: RunStore) -> APIRouter:
             stages=run.stages,
             outputs=inspection.output_names(store, run),
             change=ref.name if ref else None,
+            budget=budget_json(run, spend),
+            budget_line=budget_line(run, spend),
         )
 
     @app.get(f"{API}/runs/{{run_id}}/outputs/{{key}}", tags=["runs"])

@@ -97,6 +97,8 @@ function drawHeader() {
     .filter(Boolean).join(" ");
   $("run-reason").hidden = !summary.reason;
   $("run-reason").textContent = summary.reason || "";
+  $("run-budget").hidden = !page.view.budget_line;
+  $("run-budget").textContent = page.view.budget_line || "";
   const unserved = page.view.unserved_queue;
   $("run-unserved").hidden = !unserved;
   $("run-unserved").textContent = unserved
