@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from orchestrator.core import keys
+from orchestrator.core import gates, keys
 from orchestrator.core.errors import PipelineError, RunStateError
 from orchestrator.core.execution import (
     Completion,
@@ -255,6 +255,12 @@ class Conductor:
                 return again
         record.status = StageStatus.DONE
         self._audit(run, stage, record.attempts, "stage_done", pipe=pipe, chars=len(payload))
+        if spec.gate is not None and not (spec.stop_when and spec.stop_when.matches(result.output)):
+            gate = gates.open_gate(run, stage, spec.gate, artifacts=list(record.artifacts),
+                                   now=time.time())  # fmt: skip
+            self._audit(run, stage, record.attempts, "gate_opened", pipe=pipe,
+                        gate=gates.gate_id(stage), approve=gate.approve)  # fmt: skip
+            return Next()
         return _decide(run, pipeline, stage, result.output)
 
     def _iterate(
@@ -467,9 +473,11 @@ class Conductor:
                         f"stage {name} of run {run_id} is still stopping; resume the run once "
                         f"it has (within {left_s:.0f}s)"
                     )
-            target = from_stage or _resume_point(run, names)
+            target = from_stage or gates.resume_point(run) or _resume_point(run, names)
             for name in names[names.index(target) :]:
                 run.stages[name] = _fresh(run.stages.get(name))
+            for dropped in gates.forget(run, names[names.index(target) :]):
+                pipe.hdel(keys.run(run.id), keys.gate_field(dropped))
             run.stages[target].status, run.stages[target].queued_at = (
                 StageStatus.QUEUED,
                 time.time(),
@@ -488,6 +496,80 @@ class Conductor:
             run_id, pipeline.name, pipeline.stage(target), run.stages[target].iteration
         )
         return target
+
+    def approve(
+        self, run_id: str, gate: str | None = None, *, by: str,
+        edit: Mapping[str, Any] | None = None,
+    ) -> str | None:  # fmt: skip
+        """Approve a gate of the run (`gate`, or its one pending gate), with `edit` replacing
+        the gated stage's output (checked against its schema; audited). Returns the stage
+        queued next; None if the gate was approved before (nothing changes) or the run ended.
+
+        Raises:
+            RunStateError: no such gate, it was rejected or expired, or the run has ended.
+            PipelineError: `edit` does not fit the stage's output schema, or edits a diff gate.
+        """
+        run = self.store.get(run_id)
+        chosen = gates.choose(run, gate)
+        pipeline = self.pipeline_of(run)
+        spec = pipeline.stage(run.gates[chosen].stage)
+        edited = None if edit is None else gates.checked_edit(spec, run.gates[chosen], edit)
+        outputs = keys.outputs(run_id)
+
+        def mutate(run: RunRecord, pipe: Any) -> tuple[Next | None, RunRecord]:
+            if not gates.approve(run, chosen, by=by, edited=edited is not None, now=time.time()):
+                return None, run
+            output = self.store.output(run_id, spec.output_key) or {}
+            if edited is not None:
+                pipe.hset(outputs, f"{spec.output_key}.proposed", _compact(output))
+                pipe.hset(outputs, spec.output_key, _compact(edited))
+            self._audit(run, spec.name, run.stages[spec.name].attempts, "gate_approved",
+                        pipe=pipe, gate=chosen, by=by, edit=edited)  # fmt: skip
+            return _decide(run, pipeline, spec.name, edited or output), run
+
+        decision, run = self.store.transact(run_id, mutate)
+        return None if decision is None else self._carry_out(run, decision, pipeline)
+
+    def reject(self, run_id: str, gate: str | None = None, *, by: str, reason: str) -> bool:
+        """Reject a gate of the run (`gate`, or its one pending gate): the run ends `rejected`
+        with `reason`. False if the gate was rejected before (nothing changes).
+
+        Raises:
+            RunStateError: no such gate, it was approved or expired, or the run has ended.
+        """
+
+        def mutate(run: RunRecord, pipe: Any) -> tuple[bool, RunRecord]:
+            chosen = gates.choose(run, gate)
+            if not gates.reject(run, chosen, by=by, reason=reason, now=time.time()):
+                return False, run
+            stage = run.gates[chosen].stage
+            self._audit(run, stage, run.stages[stage].attempts, "gate_rejected", pipe=pipe,
+                        gate=chosen, by=by, reason=reason)  # fmt: skip
+            return True, run
+
+        done, run = self.store.transact(run_id, mutate)
+        if done:
+            self.store.retire(run)
+        return bool(done)
+
+    def time_out_gates(self, run_id: str, now: float) -> dict[str, str]:
+        """Act on the run's gates whose timeout fell (the reconciler's part): each id with
+        what happened, `expired` (the run failed) or `escalated`."""
+
+        def mutate(run: RunRecord, pipe: Any) -> tuple[dict[str, str], RunRecord]:
+            acted = {}
+            for name, gate in gates.overdue(run, now).items():
+                what = gates.time_out(run, name, now=now)
+                if what is not None:
+                    acted[name] = what
+                    self._audit(run, gate.stage, run.stages[gate.stage].attempts,
+                                f"gate_{what}", pipe=pipe, gate=name)  # fmt: skip
+            return acted, run
+
+        acted, run = self.store.transact(run_id, mutate)
+        if run.status.is_terminal:
+            self.store.retire(run)
+        return dict(acted)
 
     def _carry_out(
         self, run: RunRecord, decision: Next, pipeline: Pipeline | None = None
@@ -528,6 +610,11 @@ class Conductor:
             self.store.queue_audit(pipe, run.id, [entry])
         else:
             self.store.audit(run.id, [entry])
+
+
+def _compact(output: Mapping[str, Any]) -> str:
+    """An output as the store keeps it."""
+    return json.dumps(output, ensure_ascii=False, separators=(",", ":"))
 
 
 def _repin(run: RunRecord, pipe: Any, pipeline: Pipeline) -> None:
@@ -587,7 +674,7 @@ def _fresh(record: StageRecord | None) -> StageRecord:
 
 def _decide(run: RunRecord, pipeline: Pipeline, completed: str, output: dict[str, Any]) -> Next:
     """Within a transaction: skip the rest, end the run, or mark the next stage queued."""
-    if run.status.is_terminal:
+    if run.status.is_terminal or gates.holds(run, completed):
         return Next()
     spec = pipeline.stage(completed)
     following = pipeline.next_after(completed)

@@ -38,6 +38,7 @@ from pydantic import (
 from orchestrator.core import references
 from orchestrator.core.errors import PipelineError
 from orchestrator.core.facts import Fact, Reproduced, Reproduction, recorded
+from orchestrator.core.gates import GateRule
 from orchestrator.core.providers import parse_model
 from orchestrator.core.rules import (
     NAME,
@@ -99,6 +100,9 @@ class StageSpec(BaseModel):
     reproduce: ReproduceRule | None = None
     proof: ProofRule | None = None
     loop: LoopRule | None = None
+    gate: GateRule | None = None
+    """Park the run once this stage is done, until a person approves its output (or rejects
+    it): `orchestrator.core.gates`."""
     publish: PublishRule = PublishRule()
     """What its `publish` tool may publish (a stage without that tool ignores it)."""
     compaction: CompactionRule | None = None
