@@ -24,7 +24,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.markup import escape
 
-from orchestrator.control import api, cli_inspect, cli_pipeline
+from orchestrator.control import api, cli_gates, cli_inspect, cli_pipeline
 from orchestrator.control.messages import EXIT_BAD_INPUT, complaint
 from orchestrator.control.report import (
     follow,
@@ -215,6 +215,8 @@ def status(run_id: str, as_json: bool) -> None:
             return
         run, table = run_view(store, run_id, width=out.width)
         out.print(table)
+        for note in cli_gates.gate_notes(run):
+            out.print(f"[yellow]{escape(note)}[/]", highlight=False)
         if (queue := unserved_queue(store, run)) is not None:
             out.print(f"[red]{escape(unserved_note(run, queue))}[/]", highlight=False)
 
@@ -346,7 +348,7 @@ def flower(port: int, address: str, no_auth: bool) -> None:
 
 for _command in (cli_inspect.show, cli_inspect.diff, cli_inspect.artifacts,
                  cli_inspect.artifact, cli_inspect.log, cli_inspect.serve,
-                 cli_pipeline.pipeline):  # fmt: skip
+                 cli_pipeline.pipeline, cli_gates.approve, cli_gates.reject):  # fmt: skip
     main.add_command(_command)
 
 

@@ -500,10 +500,10 @@ class Conductor:
     def approve(
         self, run_id: str, gate: str | None = None, *, by: str,
         edit: Mapping[str, Any] | None = None,
-    ) -> str | None:  # fmt: skip
+    ) -> gates.Approval:  # fmt: skip
         """Approve a gate of the run (`gate`, or its one pending gate), with `edit` replacing
-        the gated stage's output (checked against its schema; audited). Returns the stage
-        queued next; None if the gate was approved before (nothing changes) or the run ended.
+        the gated stage's output (checked against its schema; audited). Says whether it was
+        applied (not if the gate was approved before: nothing changes) and the stage queued.
 
         Raises:
             RunStateError: no such gate, it was rejected or expired, or the run has ended.
@@ -528,7 +528,9 @@ class Conductor:
             return _decide(run, pipeline, spec.name, edited or output), run
 
         decision, run = self.store.transact(run_id, mutate)
-        return None if decision is None else self._carry_out(run, decision, pipeline)
+        if decision is None:
+            return gates.Approval(applied=False)
+        return gates.Approval(applied=True, queued=self._carry_out(run, decision, pipeline))
 
     def reject(self, run_id: str, gate: str | None = None, *, by: str, reason: str) -> bool:
         """Reject a gate of the run (`gate`, or its one pending gate): the run ends `rejected`

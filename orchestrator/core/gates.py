@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -35,6 +36,16 @@ from orchestrator.core.models import GateRecord, GateStatus, RunRecord, RunStatu
 
 if TYPE_CHECKING:
     from orchestrator.core.pipeline import StageSpec
+
+
+@dataclass(frozen=True)
+class Approval:
+    """What an approval did."""
+
+    applied: bool
+    """False: the gate was approved before, and nothing changed."""
+    queued: str | None = None
+    """The stage it queued; None when none (the gated stage was the last, or not applied)."""
 
 
 class GateRule(BaseModel):

@@ -14,6 +14,7 @@ from orchestrator.core import keys
 from orchestrator.core.conductor import Conductor
 from orchestrator.core.errors import PipelineError, RunStateError
 from orchestrator.core.execution import StageFigures, StageResult
+from orchestrator.core.gates import Approval
 from orchestrator.core.models import GateStatus, Issue, IssueSource, RunStatus, StageStatus
 from orchestrator.core.pipeline import Pipeline
 from orchestrator.core.queue import Dispatcher
@@ -82,9 +83,9 @@ def test_approving_with_an_edit_queues_the_next_stage_once_and_it_reads_the_edit
 ) -> None:
     run_id = parked(conductor)
 
-    assert conductor.approve(run_id, by="ana", edit=EDITED) == "act"
-    assert conductor.approve(run_id, by="bob") is None
-    assert conductor.approve(run_id, "plan", by="bob", edit=PROPOSED) is None
+    assert conductor.approve(run_id, by="ana", edit=EDITED) == Approval(True, "act")
+    assert conductor.approve(run_id, by="bob") == Approval(False)
+    assert conductor.approve(run_id, "plan", by="bob", edit=PROPOSED) == Approval(False)
 
     assert acts(redis_client) == [f"{run_id}.act"]
     assert conductor.store.output(run_id, "plan") == EDITED
@@ -158,4 +159,4 @@ def test_an_escalating_gate_keeps_waiting_for_a_person(conductor: Conductor) -> 
     assert reconciler.sweep(now=opened + 61).gates == {f"{run_id}/plan": "escalated"}
     assert reconciler.sweep(now=opened + 600).gates == {}
     assert conductor.store.get(run_id).status == RunStatus.AWAITING_APPROVAL
-    assert conductor.approve(run_id, by="ana") == "act"
+    assert conductor.approve(run_id, by="ana") == Approval(True, "act")
