@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from orchestrator.core import gates, keys
+from orchestrator.core import autonomy, gates, keys
 from orchestrator.core.errors import PipelineError, RunStateError
 from orchestrator.core.execution import (
     Completion,
@@ -255,8 +255,20 @@ class Conductor:
                 return again
         record.status = StageStatus.DONE
         self._audit(run, stage, record.attempts, "stage_done", pipe=pipe, chars=len(payload))
-        if spec.gate is not None and not (spec.stop_when and spec.stop_when.matches(result.output)):
-            gate = gates.open_gate(run, stage, spec.gate, artifacts=list(record.artifacts),
+        if spec.stop_when and spec.stop_when.matches(result.output):
+            return _decide(run, pipeline, stage, result.output)
+        limit = autonomy.effect(
+            pipeline, run.repo, stage, left_artifacts=bool(record.artifacts),
+            output_of=lambda key: result.output if key == spec.output_key
+            else self.store.output(run.id, key),
+        )  # fmt: skip
+        if limit is not None:
+            self._audit(run, stage, record.attempts, "autonomy", pipe=pipe, reason=limit.reason)
+        if limit is not None and limit.stop:
+            return _skip_rest(run, pipeline, stage, limit.reason)
+        rule = spec.gate or (limit.gate if limit is not None else None)
+        if rule is not None:
+            gate = gates.open_gate(run, stage, rule, artifacts=list(record.artifacts),
                                    now=time.time())  # fmt: skip
             self._audit(run, stage, record.attempts, "gate_opened", pipe=pipe,
                         gate=gates.gate_id(stage), approve=gate.approve)  # fmt: skip
@@ -525,7 +537,9 @@ class Conductor:
                 pipe.hset(outputs, spec.output_key, _compact(edited))
             self._audit(run, spec.name, run.stages[spec.name].attempts, "gate_approved",
                         pipe=pipe, gate=chosen, by=by, edit=edited)  # fmt: skip
-            return _decide(run, pipeline, spec.name, edited or output), run
+            if gates.pending(run):  # another gate still holds the run: it goes on after that one
+                return Next(), run
+            return _decide(run, pipeline, spec.name, output if edited is None else edited), run
 
         decision, run = self.store.transact(run_id, mutate)
         if decision is None:
@@ -674,6 +688,16 @@ def _fresh(record: StageRecord | None) -> StageRecord:
     return StageRecord(attempts=record.attempts if record else 0)
 
 
+def _skip_rest(run: RunRecord, pipeline: Pipeline, completed: str, reason: str) -> Next:
+    """Within a transaction: end the run `skipped` after `completed`, the rest skipped."""
+    following = pipeline.next_after(completed)
+    while following is not None:
+        run.stages[following.name].status = StageStatus.SKIPPED
+        following = pipeline.next_after(following.name)
+    run.status, run.reason, run.current_stage = RunStatus.SKIPPED, reason, None
+    return Next(ended=True)
+
+
 def _decide(run: RunRecord, pipeline: Pipeline, completed: str, output: dict[str, Any]) -> Next:
     """Within a transaction: skip the rest, end the run, or mark the next stage queued."""
     if run.status.is_terminal or gates.holds(run, completed):
@@ -681,12 +705,7 @@ def _decide(run: RunRecord, pipeline: Pipeline, completed: str, output: dict[str
     spec = pipeline.stage(completed)
     following = pipeline.next_after(completed)
     if spec.stop_when and spec.stop_when.matches(output):
-        while following is not None:
-            run.stages[following.name].status = StageStatus.SKIPPED
-            following = pipeline.next_after(following.name)
-        reason = f"{completed}: {spec.stop_when.reason(output)}"
-        run.status, run.reason, run.current_stage = RunStatus.SKIPPED, reason, None
-        return Next(ended=True)
+        return _skip_rest(run, pipeline, completed, f"{completed}: {spec.stop_when.reason(output)}")
     if following is None:
         run.status, run.current_stage = RunStatus.DONE, None
         return Next(ended=True)

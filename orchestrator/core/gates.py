@@ -85,7 +85,10 @@ def open_gate(
 
 
 def holds(run: RunRecord, stage: str) -> bool:
-    """Whether `stage`'s gate keeps the run from going on past it (it is not approved)."""
+    """Whether the run may not go on past `stage`: its gate is not approved, or the run still
+    awaits another gate (a redelivery then advances nothing)."""
+    if run.status == RunStatus.AWAITING_APPROVAL:
+        return True
     gate = run.gates.get(gate_id(stage))
     return gate is not None and gate.status != GateStatus.APPROVED
 

@@ -36,6 +36,8 @@ from pydantic import (
 )
 
 from orchestrator.core import references
+from orchestrator.core.autonomy import Autonomy
+from orchestrator.core.autonomy import check as check_autonomy
 from orchestrator.core.errors import PipelineError
 from orchestrator.core.facts import Fact, Reproduced, Reproduction, recorded
 from orchestrator.core.gates import GateRule
@@ -189,6 +191,8 @@ class Pipeline(BaseModel):
     model: str | None = None
     """The model of every stage that names none (`StageSpec.model`); unset, `BATON_MODEL`."""
     stages: tuple[StageSpec, ...]
+    autonomy: Autonomy | None = None
+    """How far a run goes on its own by a score a stage reports (`orchestrator.core.autonomy`)."""
     _table: dict[str, Any] | None = PrivateAttr(None)
 
     @field_validator("name")
@@ -228,6 +232,8 @@ class Pipeline(BaseModel):
                 raise ValueError(f"stage {stage.name!r} reuses output key {stage.output_key!r}")
             known.add(stage.output_key)
             earlier[stage.output_key] = stage
+        if self.autonomy is not None:
+            check_autonomy(self.autonomy, self.stages, earlier)
         return self
 
     @property

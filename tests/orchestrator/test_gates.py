@@ -31,8 +31,10 @@ def parked(*stages: str, rule: GateRule = PLAN_GATE, now: float = 100.0) -> RunR
 def test_a_parked_run_awaits_approval_and_holds_its_stage() -> None:
     run = parked("plan")
     assert run.status == RunStatus.AWAITING_APPROVAL
-    assert gates.holds(run, "plan") and not gates.holds(run, "fix")
+    assert gates.holds(run, "plan") and gates.holds(run, "fix")  # parked: nothing goes on
     assert list(gates.pending(run)) == ["plan"]
+    gates.approve(run, "plan", by="ana", edited=False, now=110.0)
+    assert not gates.holds(run, "plan")
 
 
 def test_approving_twice_is_applied_once() -> None:
@@ -82,6 +84,7 @@ def test_two_pending_gates_are_approved_in_either_order(order: tuple[str, str]) 
 
     assert gates.approve(run, first, by="ana", edited=False, now=110.0)
     assert run.status == RunStatus.AWAITING_APPROVAL  # the other still waits
+    assert gates.holds(run, first)  # so nothing goes on past the approved one yet
     assert list(gates.pending(run)) == [second]
     assert gates.approve(run, second, by="ana", edited=False, now=120.0)
     assert not gates.approve(run, first, by="ana", edited=False, now=130.0)

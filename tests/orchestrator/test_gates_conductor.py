@@ -15,7 +15,14 @@ from orchestrator.core.conductor import Conductor
 from orchestrator.core.errors import PipelineError, RunStateError
 from orchestrator.core.execution import StageFigures, StageResult
 from orchestrator.core.gates import Approval
-from orchestrator.core.models import GateStatus, Issue, IssueSource, RunStatus, StageStatus
+from orchestrator.core.models import (
+    GateStatus,
+    Issue,
+    IssueSource,
+    RunRecord,
+    RunStatus,
+    StageStatus,
+)
 from orchestrator.core.pipeline import Pipeline
 from orchestrator.core.queue import Dispatcher
 from orchestrator.core.reconciler import Reconciler
@@ -160,3 +167,30 @@ def test_an_escalating_gate_keeps_waiting_for_a_person(conductor: Conductor) -> 
     assert reconciler.sweep(now=opened + 600).gates == {}
     assert conductor.store.get(run_id).status == RunStatus.AWAITING_APPROVAL
     assert conductor.approve(run_id, by="ana") == Approval(True, "act")
+
+
+@pytest.mark.parametrize("order", [("plan", "plan.b2"), ("plan.b2", "plan")])
+def test_two_pending_gates_are_approved_in_either_order_and_the_run_goes_on_once(
+    conductor: Conductor, redis_client: redis.Redis, order: tuple[str, str]
+) -> None:
+    run_id = parked(conductor)
+
+    def second_gate(run: RunRecord, _pipe: object) -> None:  # as a parallel branch's would be
+        run.gates["plan.b2"] = run.gates["plan"].model_copy()
+
+    conductor.store.transact(run_id, second_gate)
+    first, second = order
+    with pytest.raises(RunStateError, match=r"has 2 gates awaiting approval \(plan, plan.b2\)"):
+        conductor.approve(run_id, by="ana")
+
+    assert conductor.approve(run_id, first, by="ana") == Approval(True, None)
+    conductor.advance(run_id, "plan")  # a redelivery meanwhile goes no further either
+    assert conductor.store.get(run_id).status == RunStatus.AWAITING_APPROVAL
+    assert acts(redis_client) == []
+    assert conductor.approve(run_id, second, by="bob") == Approval(True, "act")
+    assert conductor.approve(run_id, first, by="ana") == Approval(False)
+
+    run = conductor.store.get(run_id)
+    decided = {name: gate.decided_by for name, gate in run.gates.items()}
+    assert decided == {first: "ana", second: "bob"}
+    assert acts(redis_client) == [f"{run_id}.act"]
