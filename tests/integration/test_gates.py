@@ -81,7 +81,7 @@ class Bench:
 @pytest.fixture(scope="module")
 def bench(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bench]:
     work = tmp_path_factory.mktemp("gates")
-    url = redis_url.rsplit("/", 1)[0] + "/9"
+    url = redis_url.rsplit("/", 1)[0] + "/12"  # its own database: flushed at start
     client = redis.Redis.from_url(url, decode_responses=True)
     client.flushdb()
     spec = work / "gated.toml"
