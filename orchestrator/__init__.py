@@ -15,9 +15,18 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from orchestrator.control.api import cancel, enqueue, get_run, list_runs, resume, submit
+    from orchestrator.control.api import (
+        approve,
+        cancel,
+        enqueue,
+        get_run,
+        list_runs,
+        reject,
+        resume,
+        submit,
+    )
 
-__all__ = ["cancel", "enqueue", "get_run", "list_runs", "resume", "submit"]
+__all__ = ["approve", "cancel", "enqueue", "get_run", "list_runs", "reject", "resume", "submit"]
 
 
 def __getattr__(name: str) -> Any:

@@ -250,6 +250,8 @@ COINCIDENCES: dict[str, tuple[frozenset[str], str]] = {
                "the run's pinned commit, and git's `commit` command and object type"),
     "path": (frozenset({"workers/tools/code.py", "workers/tools/workspace.py"}),
              "the code tools' `path` argument in their results, and ripgrep's sort key"),
+    "plan": (frozenset({"orchestrator/core/gates.py", "orchestrator/core/autonomy.py"}),
+             "a gate's kind (`approve = \"plan\"`): an output a person approves and may edit"),
     "test_command": (frozenset({"workers/environments.py", "workers/envcli.py"}),
                      "an environment's own test command (`Environment.test_command`)"),
 }  # fmt: skip

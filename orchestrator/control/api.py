@@ -6,6 +6,7 @@ run_id = enqueue(sentry_event_json, repo="/srv/git/shop")
 
 from __future__ import annotations
 
+import getpass
 import json
 import tomllib
 from collections.abc import Iterator, Mapping
@@ -18,7 +19,8 @@ from orchestrator.control.checks import CHECKS_GROUP, check_pipeline
 from orchestrator.control.intake import DEFAULT_LIMITS, parse_payload
 from orchestrator.core import git
 from orchestrator.core.conductor import Conductor
-from orchestrator.core.errors import EnvironmentFileError, IntakeError
+from orchestrator.core.errors import EnvironmentFileError, IntakeError, NotJsonError
+from orchestrator.core.gates import Approval
 from orchestrator.core.models import Issue, IssueSource, RunRecord, RunStatus
 from orchestrator.core.pipeline import Pipeline
 from orchestrator.core.queue import Dispatcher
@@ -264,3 +266,71 @@ def resume(
     latest = checked_pipeline(pipeline, settings) if pipeline is not None else None
     with connect(settings) as conductor:
         return conductor.resume(run_id, from_stage, pipeline=latest)
+
+
+def approve(
+    run_id: str,
+    *,
+    gate: str | None = None,
+    edit: Mapping[str, Any] | Path | None = None,
+    by: str | None = None,
+    settings: Settings | None = None,
+) -> Approval:
+    """Approve a run's gate (`gate`, or its one pending gate) so that the run goes on. `edit`
+    (an object, or a JSON file's path) replaces the gated stage's output for every later stage;
+    it must fit the stage's output schema, and the audit log keeps it with who approved
+    (`by`, the user's login by default). Says whether it was applied (not if the gate was
+    approved before: an approval is applied once) and the stage it queued, if any.
+
+    Raises:
+        RunNotFoundError: no such run.
+        RunStateError: no such gate, several pending and none named, or it was rejected.
+        PipelineError: the edit does not fit the stage's schema, or the gate is a diff's.
+        NotJsonError: the edit file does not hold a JSON object.
+    """
+    edited = read_edit(edit) if isinstance(edit, Path) else edit
+    with connect(settings or Settings()) as conductor:
+        return conductor.approve(run_id, gate, by=by or _user(), edit=edited)
+
+
+def reject(
+    run_id: str,
+    *,
+    reason: str,
+    gate: str | None = None,
+    by: str | None = None,
+    settings: Settings | None = None,
+) -> bool:
+    """Reject a run's gate (`gate`, or its one pending gate): the run ends `rejected` with
+    `reason` and who gave it (`by`, the user's login by default). False if it was rejected
+    before (nothing changes).
+
+    Raises:
+        RunNotFoundError: no such run.
+        RunStateError: no such gate, it was approved, the run has ended, or no reason.
+    """
+    with connect(settings or Settings()) as conductor:
+        return conductor.reject(run_id, gate, by=by or _user(), reason=reason)
+
+
+def read_edit(path: Path) -> dict[str, Any]:
+    """An approver's edit of a stage's output: a JSON object in a file.
+
+    Raises:
+        NotJsonError: the file cannot be read or holds no JSON object (the message names it).
+    """
+    try:
+        edit = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise NotJsonError(f"{path}: the edit must be a JSON object: {exc}") from None
+    if not isinstance(edit, dict):
+        raise NotJsonError(f"{path}: the edit must be a JSON object, not {type(edit).__name__}")
+    return edit
+
+
+def _user() -> str:
+    """Who decides a gate from this machine, for the audit log."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return "unknown"

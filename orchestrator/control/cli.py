@@ -24,7 +24,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.markup import escape
 
-from orchestrator.control import api, cli_inspect, cli_pipeline
+from orchestrator.control import api, cli_gates, cli_inspect, cli_pipeline
 from orchestrator.control.budget_view import budget_cell, budget_json, budget_line, spend_of_each
 from orchestrator.control.messages import EXIT_BAD_INPUT, complaint
 from orchestrator.control.report import (
@@ -225,6 +225,8 @@ def status(run_id: str, as_json: bool) -> None:
         out.print(table)
         if (line := budget_line(run, spend_of_each(store, [run]).get(run.id))) is not None:
             out.print(escape(line), highlight=False)
+        for note in cli_gates.gate_notes(run):
+            out.print(f"[yellow]{escape(note)}[/]", highlight=False)
         if (queue := unserved_queue(store, run)) is not None:
             out.print(f"[red]{escape(unserved_note(run, queue))}[/]", highlight=False)
 
@@ -360,7 +362,7 @@ def flower(port: int, address: str, no_auth: bool) -> None:
 
 for _command in (cli_inspect.show, cli_inspect.diff, cli_inspect.artifacts,
                  cli_inspect.artifact, cli_inspect.log, cli_inspect.serve,
-                 cli_pipeline.pipeline):  # fmt: skip
+                 cli_pipeline.pipeline, cli_gates.approve, cli_gates.reject):  # fmt: skip
     main.add_command(_command)
 
 

@@ -87,6 +87,7 @@ def run_json(
         "ended_at": run.updated_at if run.status.is_terminal else None,
         "published": published(run, outputs or {}, pipeline),
         "stages": stages,
+        "gates": {name: gate.model_dump(mode="json") for name, gate in run.gates.items()},
     }
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from orchestrator.core import fanout, keys
+from orchestrator.core import autonomy, fanout, gates, keys
 from orchestrator.core.errors import PipelineError, RunStateError
 from orchestrator.core.execution import (
     Completion,
@@ -260,6 +260,24 @@ class Conductor:
                 return again
         record.status = StageStatus.DONE
         self._audit(run, stage, record.attempts, "stage_done", pipe=pipe, chars=len(payload))
+        if spec.stop_when and spec.stop_when.matches(result.output):
+            return _decide(run, pipeline, stage, result.output)
+        limit = autonomy.effect(
+            pipeline, run.repo, stage, left_artifacts=bool(record.artifacts),
+            output_of=lambda key: result.output if key == spec.output_key
+            else self.store.output(run.id, key),
+        )  # fmt: skip
+        if limit is not None:
+            self._audit(run, stage, record.attempts, "autonomy", pipe=pipe, reason=limit.reason)
+        if limit is not None and limit.stop:
+            return _skip_rest(run, pipeline, stage, limit.reason)
+        rule = spec.gate or (limit.gate if limit is not None else None)
+        if rule is not None:
+            gate = gates.open_gate(run, stage, rule, artifacts=list(record.artifacts),
+                                   now=time.time())  # fmt: skip
+            self._audit(run, stage, record.attempts, "gate_opened", pipe=pipe,
+                        gate=gates.gate_id(stage), approve=gate.approve)  # fmt: skip
+            return Next()
         return _decide(run, pipeline, stage, result.output)
 
     def _iterate(
@@ -472,10 +490,12 @@ class Conductor:
                         f"stage {name} of run {run_id} is still stopping; resume the run once "
                         f"it has (within {left_s:.0f}s)"
                     )
-            target = from_stage or _resume_point(run, names)
+            target = from_stage or gates.resume_point(run) or _resume_point(run, names)
             previous = run.stages.get(target)
             for name in names[names.index(target) :]:
                 run.stages[name] = _fresh(run.stages.get(name))
+            for dropped in gates.forget(run, names[names.index(target) :]):
+                pipe.hdel(keys.run(run.id), keys.gate_field(dropped))
             run.stages[target].status, run.stages[target].queued_at = (
                 StageStatus.QUEUED,
                 time.time(),
@@ -494,6 +514,84 @@ class Conductor:
                     pipeline_hash=run.pipeline_hash)  # fmt: skip
         self._send(run_id, pipeline.name, pipeline.stage(target), run.stages[target].iteration)
         return target
+
+    def approve(
+        self, run_id: str, gate: str | None = None, *, by: str,
+        edit: Mapping[str, Any] | None = None,
+    ) -> gates.Approval:  # fmt: skip
+        """Approve a gate of the run (`gate`, or its one pending gate), with `edit` replacing
+        the gated stage's output (checked against its schema; audited). Says whether it was
+        applied (not if the gate was approved before: nothing changes) and the stage queued.
+
+        Raises:
+            RunStateError: no such gate, it was rejected or expired, or the run has ended.
+            PipelineError: `edit` does not fit the stage's output schema, or edits a diff gate.
+        """
+        run = self.store.get(run_id)
+        chosen = gates.choose(run, gate)
+        pipeline = self.pipeline_of(run)
+        spec = pipeline.stage(run.gates[chosen].stage)
+        edited = None if edit is None else gates.checked_edit(spec, run.gates[chosen], edit)
+        outputs = keys.outputs(run_id)
+
+        def mutate(run: RunRecord, pipe: Any) -> tuple[Next | None, RunRecord]:
+            if not gates.approve(run, chosen, by=by, edited=edited is not None, now=time.time()):
+                return None, run
+            output = self.store.output(run_id, spec.output_key) or {}
+            if edited is not None:
+                pipe.hset(outputs, f"{spec.output_key}.proposed", _compact(output))
+                pipe.hset(outputs, spec.output_key, _compact(edited))
+            self._audit(run, spec.name, run.stages[spec.name].attempts, "gate_approved",
+                        pipe=pipe, gate=chosen, by=by, edit=edited)  # fmt: skip
+            if gates.pending(run):  # another gate still holds the run: it goes on after that one
+                return Next(), run
+            return _decide(run, pipeline, spec.name, output if edited is None else edited), run
+
+        decision, run = self.store.transact(run_id, mutate)
+        if decision is None:
+            return gates.Approval(applied=False)
+        return gates.Approval(applied=True, queued=self._carry_out(run, decision, pipeline))
+
+    def reject(self, run_id: str, gate: str | None = None, *, by: str, reason: str) -> bool:
+        """Reject a gate of the run (`gate`, or its one pending gate): the run ends `rejected`
+        with `reason`. False if the gate was rejected before (nothing changes).
+
+        Raises:
+            RunStateError: no such gate, it was approved or expired, or the run has ended.
+        """
+
+        def mutate(run: RunRecord, pipe: Any) -> tuple[bool, RunRecord]:
+            chosen = gates.choose(run, gate)
+            if not gates.reject(run, chosen, by=by, reason=reason, now=time.time()):
+                return False, run
+            stage = run.gates[chosen].stage
+            self._audit(run, stage, run.stages[stage].attempts, "gate_rejected", pipe=pipe,
+                        gate=chosen, by=by, reason=reason)  # fmt: skip
+            return True, run
+
+        done, run = self.store.transact(run_id, mutate)
+        if done:
+            self.store.retire(run)
+        return bool(done)
+
+    def time_out_gates(self, run_id: str, now: float) -> dict[str, str]:
+        """Act on the run's gates whose timeout fell (the reconciler's part): each id with
+        what happened, `expired` (the run failed) or `escalated`."""
+
+        def mutate(run: RunRecord, pipe: Any) -> tuple[dict[str, str], RunRecord]:
+            acted = {}
+            for name, gate in gates.overdue(run, now).items():
+                what = gates.time_out(run, name, now=now)
+                if what is not None:
+                    acted[name] = what
+                    self._audit(run, gate.stage, run.stages[gate.stage].attempts,
+                                f"gate_{what}", pipe=pipe, gate=name)  # fmt: skip
+            return acted, run
+
+        acted, run = self.store.transact(run_id, mutate)
+        if run.status.is_terminal:
+            self.store.retire(run)
+        return dict(acted)
 
     def _carry_out(
         self, run: RunRecord, decision: Next, pipeline: Pipeline | None = None
@@ -541,6 +639,11 @@ class Conductor:
             self.store.queue_audit(pipe, run.id, [entry])
         else:
             self.store.audit(run.id, [entry])
+
+
+def _compact(output: Mapping[str, Any]) -> str:
+    """An output as the store keeps it."""
+    return json.dumps(output, ensure_ascii=False, separators=(",", ":"))
 
 
 def _repin(run: RunRecord, pipe: Any, pipeline: Pipeline) -> None:
@@ -598,19 +701,24 @@ def _fresh(record: StageRecord | None) -> StageRecord:
     return StageRecord(attempts=record.attempts if record else 0)
 
 
+def _skip_rest(run: RunRecord, pipeline: Pipeline, completed: str, reason: str) -> Next:
+    """Within a transaction: end the run `skipped` after `completed`, the rest skipped."""
+    following = pipeline.next_after(completed)
+    while following is not None:
+        run.stages[following.name].status = StageStatus.SKIPPED
+        following = pipeline.next_after(following.name)
+    run.status, run.reason, run.current_stage = RunStatus.SKIPPED, reason, None
+    return Next(ended=True)
+
+
 def _decide(run: RunRecord, pipeline: Pipeline, completed: str, output: dict[str, Any]) -> Next:
     """Within a transaction: skip the rest, end the run, or mark the next stage queued."""
-    if run.status.is_terminal:
+    if run.status.is_terminal or gates.holds(run, completed):
         return Next()
     spec = pipeline.stage(completed)
     following = pipeline.next_after(completed)
     if spec.stop_when and spec.stop_when.matches(output):
-        while following is not None:
-            run.stages[following.name].status = StageStatus.SKIPPED
-            following = pipeline.next_after(following.name)
-        reason = f"{completed}: {spec.stop_when.reason(output)}"
-        run.status, run.reason, run.current_stage = RunStatus.SKIPPED, reason, None
-        return Next(ended=True)
+        return _skip_rest(run, pipeline, completed, f"{completed}: {spec.stop_when.reason(output)}")
     if following is None:
         run.status, run.current_stage = RunStatus.DONE, None
         return Next(ended=True)

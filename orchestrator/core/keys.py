@@ -61,6 +61,11 @@ def stage_field(stage: str) -> str:
     return f"stage:{stage}"
 
 
+def gate_field(gate: str) -> str:
+    """Field of the run hash that holds one gate's record (`orchestrator.core.gates`)."""
+    return f"gate:{gate}"
+
+
 def quota(model: str) -> str:
     """Sorted set: the model calls of the last minute, fleet-wide (member `<id>:<tokens>`).
 

@@ -115,13 +115,20 @@ class RunStatus(StrEnum):
     """A stage ended the run early (e.g. triage found the issue not actionable)."""
     FAILED = "failed"
     CANCELLED = "cancelled"
+    AWAITING_APPROVAL = "awaiting_approval"
+    """A gated stage is done and its output waits for a person (`baton approve`/`reject`): no
+    task is queued and no worker holds the run."""
+    REJECTED = "rejected"
+    """A person rejected a gate; `reason` says who and why."""
 
     @property
     def is_terminal(self) -> bool:
         return self in _TERMINAL_RUN
 
 
-_TERMINAL_RUN = {RunStatus.DONE, RunStatus.SKIPPED, RunStatus.FAILED, RunStatus.CANCELLED}
+_TERMINAL_RUN = {
+    RunStatus.DONE, RunStatus.SKIPPED, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.REJECTED,
+}  # fmt: skip
 
 
 class StageStatus(StrEnum):
@@ -224,6 +231,42 @@ class StageRecord(BaseModel):
         return round(self.finished_at - self.started_at, 3)
 
 
+class GateStatus(StrEnum):
+    """Where one gate stands (`orchestrator.core.gates`)."""
+
+    PENDING = "pending"
+    APPROVED = "approved"
+    REJECTED = "rejected"
+    EXPIRED = "expired"
+    """No decision came within its `timeout_s`, and its rule said to fail the run."""
+
+
+class GateRecord(BaseModel):
+    """One gate of a run: a stage's output waiting for (or given) a person's decision."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    stage: str
+    approve: str
+    """What is approved: `plan` (an output a person may edit) or `diff` (the stage's artifacts
+    and proof, approved or rejected as they are)."""
+    status: GateStatus = GateStatus.PENDING
+    opened_at: float
+    deadline: float | None = None
+    """When its timeout falls (epoch seconds); None: it waits as long as it takes."""
+    on_timeout: str = "fail"
+    escalated_at: float | None = None
+    """When its timeout fell, for a gate whose rule escalates rather than fails."""
+    artifacts: list[str] = Field(default_factory=list)
+    """The stage's artifacts (a diff, its proof) a person reviews with the output."""
+    decided_at: float | None = None
+    decided_by: str | None = None
+    reason: str | None = None
+    """Why it was rejected (or expired)."""
+    edited: bool = False
+    """It was approved with an edited output, which replaced the stage's own."""
+
+
 class RunRecord(BaseModel):
     """One run of a pipeline over one issue and one repository."""
 
@@ -259,3 +302,6 @@ class RunRecord(BaseModel):
     created_at: float = Field(default_factory=time.time)
     updated_at: float = Field(default_factory=time.time)
     stages: dict[str, StageRecord] = Field(default_factory=dict)
+    gates: dict[str, GateRecord] = Field(default_factory=dict)
+    """Its gates by id (`orchestrator.core.gates.gate_id`): a gate is keyed on its own, so
+    several may be pending at once and each is decided once."""

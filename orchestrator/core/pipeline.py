@@ -36,8 +36,11 @@ from pydantic import (
 )
 
 from orchestrator.core import branches, references
+from orchestrator.core.autonomy import Autonomy
+from orchestrator.core.autonomy import check as check_autonomy
 from orchestrator.core.errors import PipelineError
 from orchestrator.core.facts import Fact, Reproduced, Reproduction, recorded
+from orchestrator.core.gates import GateRule
 from orchestrator.core.providers import parse_model
 from orchestrator.core.rules import (
     NAME,
@@ -101,6 +104,9 @@ class StageSpec(BaseModel):
     reproduce: ReproduceRule | None = None
     proof: ProofRule | None = None
     loop: LoopRule | None = None
+    gate: GateRule | None = None
+    """Park the run once this stage is done, until a person approves its output (or rejects
+    it): `orchestrator.core.gates`."""
     publish: PublishRule = PublishRule()
     """What its `publish` tool may publish (a stage without that tool ignores it)."""
     compaction: CompactionRule | None = None
@@ -208,6 +214,8 @@ class Pipeline(BaseModel):
     run_budget: RunBudget | None = None
     """`[run_budget]`: limits on what a run spends across all its stages
     (`orchestrator.core.runbudget`); `baton enqueue --budget` overrides them per run."""
+    autonomy: Autonomy | None = None
+    """How far a run goes on its own by a score a stage reports (`orchestrator.core.autonomy`)."""
     _table: dict[str, Any] | None = PrivateAttr(None)
 
     @field_validator("name")
@@ -252,6 +260,8 @@ class Pipeline(BaseModel):
                 after = self.stages[index + 1] if index + 1 < len(self.stages) else None
                 references.check_judge(stage, after)
             branches.check_runnable(stage)
+        if self.autonomy is not None:
+            check_autonomy(self.autonomy, self.stages, earlier)
         return self
 
     @property

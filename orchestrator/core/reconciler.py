@@ -16,6 +16,9 @@ A run past its budget's wall time (`orchestrator.core.runbudget`) is failed with
 whatever its stages are doing: its spend is marked exceeded, so that no execution of it makes
 another model call, and a running execution stops at its next safe point (its run has ended).
 
+A run awaiting approval has nothing to send: its gates' timeouts are acted on instead (the run
+fails, or the gate is escalated), `orchestrator.core.gates`.
+
 A queued stage whose message waits in another queue than its pipeline names (a queue renamed
 since it was sent) is sent again too. A run the reconciler cannot handle never stops the pass:
 a run whose pinned pipeline cannot be loaded is failed with that reason, and any other error
@@ -31,10 +34,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.core import fanout, keys
+from orchestrator.core import fanout, gates, keys
 from orchestrator.core.conductor import Conductor
 from orchestrator.core.errors import PipelineError
-from orchestrator.core.models import RunRecord, StageStatus
+from orchestrator.core.models import RunRecord, RunStatus, StageStatus
 from orchestrator.core.pipeline import StageSpec
 from orchestrator.core.queue import stage_task_id
 from orchestrator.core.runbudget import wall_time_exceeded
@@ -65,6 +68,9 @@ class Sweep:
     failed: dict[str, str] = field(default_factory=dict)
     """Runs failed because no worker can run them (their pinned pipeline cannot be loaded) or
     because they are past their budget's wall time, by id, with the reason."""
+    gates: dict[str, str] = field(default_factory=dict)
+    """Gates whose timeout fell, as `<run>/<gate>`, with what was done (`expired`,
+    `escalated`)."""
     errors: dict[str, str] = field(default_factory=dict)
     """Runs the pass could not handle (logged; it went on), by id, with the error."""
 
@@ -106,6 +112,9 @@ class Reconciler:
                 self._stop(run, overdue, sweep)
                 continue
             try:
+                if run.status == RunStatus.AWAITING_APPROVAL:
+                    self._time_out(run, now, sweep)
+                    continue
                 repair = self._repair(run, now, held)
             except PipelineError as exc:
                 self._fail(run, str(exc), sweep)
@@ -147,6 +156,14 @@ class Reconciler:
             return
         sweep.failed[run.id] = reason
         logger.warning("run %s stopped by its budget: %s", run.id, reason)
+
+    def _time_out(self, run: RunRecord, now: float, sweep: Sweep) -> None:
+        """Act on the run's gates whose timeout fell, if any."""
+        if not gates.overdue(run, now):
+            return
+        for gate, what in self.conductor.time_out_gates(run.id, now).items():
+            sweep.gates[f"{run.id}/{gate}"] = what
+            logger.warning("run %s: gate %s had no decision in time: %s", run.id, gate, what)
 
     def _repair(self, run: RunRecord, now: float, held: Held) -> Repair | None:
         if run.status.is_terminal:

@@ -22,7 +22,14 @@ from redis.retry import Retry
 from orchestrator.core import keys
 from orchestrator.core.connection import RedisConfig
 from orchestrator.core.errors import RunNotFoundError
-from orchestrator.core.models import ArtifactRef, Issue, RunRecord, RunStatus, StageRecord
+from orchestrator.core.models import (
+    ArtifactRef,
+    GateRecord,
+    Issue,
+    RunRecord,
+    RunStatus,
+    StageRecord,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -374,6 +381,8 @@ def run_fields(run: RunRecord) -> dict[str, str]:
     }
     for name, stage in run.stages.items():
         fields[keys.stage_field(name)] = stage.model_dump_json()
+    for name, gate in run.gates.items():
+        fields[keys.gate_field(name)] = gate.model_dump_json()
     return fields
 
 
@@ -388,6 +397,11 @@ def _parse_run(run_id: str, fields: Mapping[str, str]) -> RunRecord:
         if name.startswith("stage:")
     }
     stages = {name: stages[name] for name in sorted(stages, key=_position(order))}
+    gates = {
+        name.removeprefix("gate:"): GateRecord.model_validate_json(value)
+        for name, value in fields.items()
+        if name.startswith("gate:")
+    }
     return RunRecord(
         **meta,
         issue=Issue.model_validate_json(fields["issue"]),
@@ -397,6 +411,7 @@ def _parse_run(run_id: str, fields: Mapping[str, str]) -> RunRecord:
         environment=fields.get("environment") or None,
         updated_at=float(fields["updated_at"]),
         stages=stages,
+        gates=gates,
     )
 
 

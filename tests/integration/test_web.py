@@ -1,7 +1,7 @@
 """The web UI of `baton serve` for real: the server in a subprocess on the session's Redis, the
 session worker running the demo's Sentry event, read by headless Chromium through the login
 form — the runs list, a run's time line, its fix's diff and test log, its search stage's
-transcript, and the cancel and resume buttons.
+transcript, the cancel and resume buttons, and a gate's approve button.
 
 The first test keeps a screenshot of the run page in its temporary directory;
 `BATON_RUN_PAGE_SCREENSHOT=docs/run-page.png` puts it where the README shows it."""
@@ -28,7 +28,10 @@ from selenium.webdriver.support.wait import WebDriverWait
 
 from demo import SENTRY_EVENT
 from orchestrator.control import api
-from orchestrator.core.models import RunRecord, RunStatus, StageStatus
+from orchestrator.core.conductor import Conductor
+from orchestrator.core.execution import StageFigures, StageResult
+from orchestrator.core.models import Issue, IssueSource, RunRecord, RunStatus, StageStatus
+from orchestrator.core.specs import pipeline_from_table
 from orchestrator.core.store import RunStore
 from testkit import services
 
@@ -311,3 +314,49 @@ def test_a_viewer_has_no_cancel_button_and_an_operator_cancels_and_resumes_the_r
 
 def triage_status(stack: Stack, run_id: str) -> StageStatus:
     return api.get_run(run_id, settings=stack.settings).stages["triage"].status
+
+
+@pytest.mark.timeout(120)
+def test_an_operator_approves_a_parked_run_from_its_page(
+    web: WebServer, session_stack: Stack, browser: webdriver.Chrome
+) -> None:
+    # Parked by the conductor itself (no model call needed): a gated plan, done, awaiting.
+    with api.connect(session_stack.settings) as conductor:
+        run_id = park_a_run(conductor)
+    driver = sized(browser)
+    log_in(driver, web, "operator", f"/runs/{quote(run_id)}")
+    open_run_page(driver)
+    wait_for(driver, '#run-status .status[data-status="awaiting_approval"]')
+    assert "Gate plan awaits approval of plan's plan" in wait_for(driver, "#run-gates").text
+    assert driver.find_element(By.ID, "reject-plan").is_displayed()
+
+    wait_for(driver, "#approve-plan").click()
+    confirm = WebDriverWait(driver, 5).until(expected_conditions.alert_is_present())
+    assert run_id in confirm.text
+    confirm.accept()
+
+    said = wait_for(driver, "#control-message")
+    wait_until(lambda: said.text == "Gate plan approved: act queued.",
+               f"the page said {said.text!r}")  # fmt: skip
+    run = api.get_run(run_id, settings=session_stack.settings)
+    assert (run.status, run.gates["plan"].decided_by) == (RunStatus.QUEUED, "operator")
+    assert run.stages["act"].status == StageStatus.QUEUED
+    wait_until(lambda: driver.find_elements(By.ID, "approve-plan") == [], "the button stayed")
+    assert severe_console_lines(driver) == []
+    api.cancel(run_id, settings=session_stack.settings)  # no worker serves its next stage
+
+
+def park_a_run(conductor: Conductor) -> str:
+    """A run of a two-stage pipeline whose first stage's gate waits for approval."""
+    summary = "orchestrator.pipelines.schemas:Summary"
+    gated = pipeline_from_table({"name": "gated-web", "stages": [
+        {"name": "plan", "instruction": "{issue}", "output_schema": summary,
+         "gate": {"approve": "plan"}},
+        {"name": "act", "instruction": "{plan}", "output_schema": summary},
+    ]}, origin="gated-web")  # fmt: skip
+    issue = Issue(source=IssueSource.TEXT, title="Checkout crashes on an empty cart")
+    run_id, _ = conductor.submit(issue, repo="/r", commit="c" * 40, pipeline=gated, force=True)
+    conductor.begin(run_id, "plan", owner="web:1:t", lease_s=30, max_interrupted=3)
+    plan = StageResult({"summary": "guard total()"}, StageFigures())
+    conductor.complete(run_id, "plan", plan, owner="web:1:t")
+    return run_id

@@ -322,6 +322,8 @@ def test_the_openapi_document_is_valid_and_describes_every_endpoint(served: Serv
         ("GET", "/api/v1/runs/{run_id}/audit"), ("GET", "/api/v1/runs/{run_id}/artifacts"),
         ("GET", "/api/v1/runs/{run_id}/artifacts/{name}"), ("GET", "/api/v1/runs/{run_id}/diff"),
         ("POST", "/api/v1/runs/{run_id}/cancel"), ("POST", "/api/v1/runs/{run_id}/resume"),
+        ("POST", "/api/v1/runs/{run_id}/gates/{gate}/approve"),
+        ("POST", "/api/v1/runs/{run_id}/gates/{gate}/reject"),
     }  # fmt: skip
     runs = document["paths"]["/api/v1/runs"]["get"]
     assert {p["name"] for p in runs["parameters"]} == {

@@ -1,6 +1,7 @@
 """`baton serve`: the REST API and the run-centric web UI, one ASGI application.
 
-The API is read-only but for the control verbs that exist (`cancel`, `resume`), which need a
+The API is read-only but for the control verbs (`cancel`, `resume`, and a gate's `approve` and
+`reject`: `server.gates`), which need a
 credential with the control scope (see `auth`). Every answer comes from the run store, so a
 run that ended before the server started reads like any other. Errors are JSON —
 `{"error": {"status": 404, "message": "..."}}` — and the OpenAPI document is at
@@ -41,6 +42,7 @@ from orchestrator.control.server.auth import (
     Principal,
     ServeSettings,
 )
+from orchestrator.control.server.gates import gate_routes
 from orchestrator.control.server.limits import LoginLimiter
 from orchestrator.control.server.login import login_routes
 from orchestrator.control.server.sessions import Sessions
@@ -52,7 +54,7 @@ from orchestrator.core.errors import (
     RunNotFoundError,
     RunStateError,
 )
-from orchestrator.core.models import ArtifactRef, Issue, RunStatus, StageRecord
+from orchestrator.core.models import ArtifactRef, GateRecord, Issue, RunStatus, StageRecord
 from orchestrator.core.store import RunStore
 
 logger = logging.getLogger(__name__)
@@ -85,6 +87,8 @@ class RunView(BaseModel):
     environment: str | None
     issue: Issue
     stages: dict[str, StageRecord]
+    gates: dict[str, GateRecord]
+    """Its gates by id: what waits for a person's decision, and what was decided."""
     outputs: list[str]
     """The names of its recorded outputs (`fix`, `fix.1`, …)."""
     change: str | None
@@ -190,6 +194,7 @@ def create_app(
     app.include_router(_reads(conductor.store))
     app.include_router(_artifacts(conductor.store))
     app.include_router(_control(conductor))
+    app.include_router(gate_routes(conductor, API, controller))
     app.include_router(_pages())
     limiter = LoginLimiter(conductor.store.redis, settings)
     app.include_router(login_routes(STATIC / "login.html", authenticator, sessions, limiter,
@@ -276,6 +281,7 @@ def _reads(store: RunStore) -> APIRouter:
             environment=run.environment,
             issue=run.issue,
             stages=run.stages,
+            gates=run.gates,
             outputs=inspection.output_names(store, run),
             change=ref.name if ref else None,
             budget=budget_json(run, spend),

@@ -5,8 +5,10 @@
 // HTML.
 
 export const API = "/api/v1";
-export const STATUSES = ["queued", "running", "waiting", "done", "skipped", "failed", "cancelled"];
-export const TERMINAL = new Set(["done", "skipped", "failed", "cancelled"]);
+export const STATUSES = [
+  "queued", "running", "waiting", "awaiting_approval", "done", "skipped", "failed", "cancelled", "rejected",
+];
+export const TERMINAL = new Set(["done", "skipped", "failed", "cancelled", "rejected"]);
 export const POLL_MS = 2000;
 
 export class ApiError extends Error {

@@ -11,7 +11,7 @@ import { StagePanel } from "./stage.js";
 import { renderLegend, renderTimeline, stageDuration } from "./timeline.js";
 import { renderTokens } from "./tokens.js";
 
-const RESUMABLE = new Set(["failed", "cancelled"]);
+const RESUMABLE = new Set(["failed", "cancelled", "rejected"]);
 const runId = decodeURIComponent(location.pathname.replace(/^\/runs\//, ""));
 const path = `/runs/${encodeURIComponent(runId)}`;
 const page = {
@@ -95,6 +95,12 @@ function drawHeader() {
   const error = [issue.error_type, issue.error_message].filter(Boolean).join(": ");
   $("issue-error").textContent = [error, frame ? `at ${frame.file}:${frame.line} in ${frame.function}` : ""]
     .filter(Boolean).join(" ");
+  const waiting = pendingGates();
+  $("run-gates").hidden = !waiting.length;
+  $("run-gates").textContent = waiting.map(([id, gate]) =>
+    `Gate ${id} awaits approval of ${gate.stage}'s ${gate.approve}` +
+    (gate.escalated_at ? " (past its timeout: escalated)" : "") +
+    (gate.approve === "plan" ? `: see the ${gate.stage} tab; to edit it, use baton approve --edit` : "")).join(". ");
   $("run-reason").hidden = !summary.reason;
   $("run-reason").textContent = summary.reason || "";
   $("run-budget").hidden = !page.view.budget_line;
@@ -154,6 +160,11 @@ function drawControls() {
   const status = page.view.summary.status;
   const from = $("resume-from")?.value ?? "";
   const parts = [];
+  for (const [id] of pendingGates()) {
+    parts.push(
+      el("button", { id: `approve-${id}`, type: "button", data: { gate: id }, onclick: () => decide(id, "approve") }, `Approve ${id}`),
+      el("button", { id: `reject-${id}`, type: "button", class: "danger", data: { gate: id }, onclick: () => decide(id, "reject") }, `Reject ${id}`));
+  }
   if (!TERMINAL.has(status)) {
     parts.push(el("button", { id: "cancel", type: "button", class: "danger", onclick: cancel }, "Cancel run"));
   }
@@ -172,6 +183,30 @@ function say(message, failed = false) {
   line.hidden = false;
   line.textContent = message;
   line.classList.toggle("error", failed);
+}
+
+const pendingGates = () => Object.entries(page.view.gates || {}).filter(([, g]) => g.status === "pending");
+
+// Approve a gate as it is (an edit goes through `baton approve --edit` or the API), or reject
+// it with a reason the person types.
+async function decide(gate, verb) {
+  let body = {};
+  if (verb === "reject") {
+    const reason = window.prompt(`Reject gate ${gate} of run ${runId}: why?`);
+    if (!reason) return;
+    body = { reason };
+  } else if (!window.confirm(`Approve gate ${gate} of run ${runId}?`)) {
+    return;
+  }
+  try {
+    const reply = await api(`${path}/gates/${encodeURIComponent(gate)}/${verb}`, { method: "POST", body });
+    say(reply.applied
+      ? `Gate ${gate} ${reply.gate_status}${reply.queued ? `: ${reply.queued} queued` : ""}.`
+      : `Gate ${gate} was ${reply.gate_status} already: nothing changed.`);
+  } catch (error) {
+    say(error.message, true);
+  }
+  await refresh().catch(showError);
 }
 
 async function cancel() {
