@@ -240,7 +240,8 @@ def test_the_string_check_sees_a_module_named_in_a_string(tmp_path: Path) -> Non
 ENGINE = ("workers", "orchestrator/core")
 """What runs any pipeline: it names none of the fixer's stages or fields."""
 COINCIDENCES: dict[str, tuple[frozenset[str], str]] = {
-    "branch": (frozenset({"workers/inputs.py", "orchestrator/core/conductor.py"}),
+    "branch": (frozenset({"workers/inputs.py", "orchestrator/core/conductor.py",
+                          "workers/subsessions.py"}),
                "an audit entry's branch label, `<pipeline>.<stage>`"),
     "commit": (frozenset({"orchestrator/core/store.py", "workers/envcli.py", "workers/publish.py",
                           "workers/tools/container.py"}),

@@ -36,6 +36,7 @@ from pydantic import (
 )
 
 from orchestrator.core import references
+from orchestrator.core.delegation import DELEGATE_TOOL, DelegateRule
 from orchestrator.core.errors import PipelineError
 from orchestrator.core.facts import Fact, Reproduced, Reproduction, recorded
 from orchestrator.core.providers import parse_model
@@ -104,6 +105,9 @@ class StageSpec(BaseModel):
     compaction: CompactionRule | None = None
     """Summarise the older part of a long history rather than only trimming it; off by
     default."""
+    delegate: DelegateRule | None = None
+    """How its `delegate` tool starts child agents (`orchestrator.core.delegation`); a stage
+    that names the tool without this table gets the defaults."""
     sandbox_network: str | None = Field(None, pattern=r"^\w[\w.-]*$")
     """The Docker network this stage's sandbox joins (an egress proxy's, say); by default it
     has no network at all. Never `host` or another container's."""
@@ -144,6 +148,16 @@ class StageSpec(BaseModel):
                 "tokens that trigger a compaction; a summary must leave room for the "
                 "exchanges it keeps"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _delegation(self) -> StageSpec:
+        if self.delegate is None and DELEGATE_TOOL in self.tools:
+            object.__setattr__(self, "delegate", DelegateRule())
+        if self.delegate is not None and (
+            problems := self.delegate.problems(self.name, self.tools)
+        ):
+            raise ValueError("; ".join(problems))
         return self
 
     @model_validator(mode="after")
