@@ -78,6 +78,7 @@ def delegate_tool(delegation: Delegation, lineage: Lineage) -> BaseTool:
     """The `delegate` tool of the agent at `lineage`: each call starts one child of it."""
     invocations = 0
     slots = asyncio.Semaphore(delegation.rule.max_children)
+    budget = delegation.rule.budget.stage_budget(delegation.stage_budget)
 
     async def delegate(goal: str, name: str = "", paths: list[str] | None = None) -> dict[str, Any]:
         """Hand a part of your work to a helper agent, which works on it with its own tools
@@ -93,20 +94,25 @@ def delegate_tool(delegation: Delegation, lineage: Lineage) -> BaseTool:
             child = lineage.child(f"{SUB}_{name}" if name else SUB, invocations + 1)
         except ValueError as exc:  # past max_depth, or a name that cannot be a label
             return {"error": f"delegation refused: {exc}"}
-        if delegation.remaining_model_calls() <= 0:
-            return {"error": "delegation refused: the stage has spent its model calls"}
         invocations += 1
         async with slots:
+            # ADK reads a limit of 0 as none: a child starts only with calls left to make.
+            max_calls = min(budget.max_model_calls, delegation.remaining_model_calls())
+            if max_calls <= 0:
+                return {"error": "delegation refused: the stage has spent its model calls"}
             try:
-                return await _run_child(delegation, child, goal, list(paths or []))
-            except (ModelCallLimitError, StageOutputError) as exc:
+                return await _run_child(delegation, child, goal, list(paths or []), max_calls)
+            except ModelCallLimitError:
+                return {"error": f"the helper {child.label} used its {max_calls} model calls "
+                                 "without finishing"}  # fmt: skip
+            except StageOutputError as exc:
                 return {"error": f"the helper {child.label} ended without a summary: {exc}"}
 
     return FunctionTool(delegate)
 
 
 async def _run_child(
-    delegation: Delegation, child: Lineage, goal: str, paths: list[str]
+    delegation: Delegation, child: Lineage, goal: str, paths: list[str], max_calls: int
 ) -> dict[str, Any]:
     rule = delegation.rule
     labels = {BRANCH: child.label, SESSION: child.session, "stage": delegation.stage,
@@ -132,7 +138,6 @@ async def _run_child(
             delegation.model,
             delegation.usage,
         )
-        max_calls = min(budget.max_model_calls, delegation.remaining_model_calls())
         service = LabellingSessionService(InMemorySessionService(), child.label)
         async with StageSession.open(
             agent, session_id=child.session, state={}, audit=delegation.audit, labels=labels,
@@ -142,8 +147,11 @@ async def _run_child(
             try:
                 summary = outputs.parse(text, ChildSummary)
             except StageOutputError as first:
+                repair_calls = min(REPAIR_MODEL_CALLS, delegation.remaining_model_calls())
+                if repair_calls <= 0:
+                    raise
                 repair = outputs.repair_message(first)
-                text = await session.turn(repair, max_model_calls=REPAIR_MODEL_CALLS)
+                text = await session.turn(repair, max_model_calls=repair_calls)
                 summary = outputs.parse(text, ChildSummary)
     logger.info("child %s of stage %s: %d findings", child.session, delegation.stage,
                 len(summary["findings"]))  # fmt: skip

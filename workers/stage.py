@@ -131,7 +131,9 @@ async def execute_stage(
             record=facts.__setitem__,
         )
         async with open_toolbox(without_delegate(spec.tools), inputs.tools, bench) as toolbox:
-            tools = toolbox.tools + _delegation(inputs, bench, model, sinks, checkpoint or fence)
+            tools = toolbox.tools + _delegation(
+                inputs, bench, model, sinks, checkpoint or fence, streaming
+            )
             agent = build_agent(
                 AgentSpec(
                     name=spec.name,
@@ -399,7 +401,12 @@ def _command_timeout_s(spec: StageSpec) -> float:
 
 
 def _delegation(
-    inputs: StageInputs, bench: ToolBench, model: BaseLlm, sinks: StageSinks, checkpoint: Fence
+    inputs: StageInputs,
+    bench: ToolBench,
+    model: BaseLlm,
+    sinks: StageSinks,
+    checkpoint: Fence,
+    streaming: bool,
 ) -> list[BaseTool]:
     """The stage's `delegate` tool, if it names one (`workers.delegate`)."""
     rule = inputs.spec.delegate
@@ -409,7 +416,7 @@ def _delegation(
         rule=rule, stage=inputs.spec.name, stage_budget=inputs.spec.budget, model=model,
         usage=sinks.usage, audit=sinks.audit,
         open_tools=lambda names: open_toolbox(names, inputs.tools, bench),
-        checkpoint=checkpoint, record_request=_recorder(sinks),
+        checkpoint=checkpoint, record_request=_recorder(sinks), streaming=streaming,
     )  # fmt: skip
     stage = Lineage(inputs.labels[SESSION], inputs.labels[BRANCH], 0, rule.max_depth)
     return [delegate_tool(delegation, stage)]

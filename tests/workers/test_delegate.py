@@ -45,20 +45,33 @@ SCRIPT: dict[str, Any] = {
         {"json": GRANDCHILD},
     ],
 }  # fmt: skip
-PIPELINE = """
+TOOLS = """
 name = "fixer-plus"
 
 [tools.read_note]
 kind = "host"
 function = "tests.workers.test_delegate:read_note"
 
+[tools.held_note]
+kind = "host"
+function = "tests.workers.test_delegate:held_note"
+"""
+PIPELINE = (
+    TOOLS
+    + """
 [[stages]]
 name = "search"
 output_schema = "orchestrator.pipelines.schemas:Summary"
 tools = ["delegate", "read_note"]
-delegate = { max_depth = 2, max_children = 2, tools = ["read_note", "delegate"], budget = { max_model_calls = 4 } }
 instruction = "Find the root cause of: {issue}"
-"""  # noqa: E501
+
+[stages.delegate]
+max_depth = 2
+max_children = 2
+tools = ["read_note", "delegate"]
+budget = { max_model_calls = 4 }
+"""
+)
 
 
 def read_note(path: str) -> dict[str, Any]:
@@ -70,20 +83,39 @@ def read_note(path: str) -> dict[str, Any]:
     return {"path": path, "note": f"{NOTE_MARKER}: totals are in cents"}
 
 
+ACTIVE = {"now": 0, "most": 0}
+"""How many `held_note` calls run at once, and the most that ever did."""
+
+
+async def held_note(path: str) -> dict[str, Any]:
+    """The maintainers' note on a file, slowly.
+
+    Args:
+        path: File, relative to the repository root.
+    """
+    ACTIVE["now"] += 1
+    ACTIVE["most"] = max(ACTIVE["most"], ACTIVE["now"])
+    await asyncio.sleep(0.05)
+    ACTIVE["now"] -= 1
+    return {"path": path, "note": "held"}
+
+
 class Delegated:
     """What one execution of the delegating stage left: output, audit, requests, usage."""
 
-    def __init__(self, tmp_path: Path) -> None:
+    def __init__(
+        self, tmp_path: Path, pipeline_text: str = PIPELINE, script: dict[str, Any] = SCRIPT
+    ) -> None:
         spec = tmp_path / "pipeline.toml"
-        spec.write_text(PIPELINE)
+        spec.write_text(pipeline_text)
         pipeline: Pipeline = load_pipeline(str(spec))
         stage = pipeline.stage("search")
         inputs = StageInputs(
             run_id="r1", pipeline=pipeline.name, spec=stage, attempt=1, repo="unused",
             commit="0" * 40, state={ISSUE_KEY: "Title: cart total is wrong"},
-            tools={"read_note": pipeline.tools["read_note"]},
+            tools={name: pipeline.tools[name] for name in stage.tools if name in pipeline.tools},
         )  # fmt: skip
-        self.fake = InProcessGemini({"agents": SCRIPT})
+        self.fake = InProcessGemini({"agents": script})
         self.audit: list[dict[str, Any]] = []
         self.sinks = StageSinks(MemoryArtifacts(run_id="r1"), self.audit.extend, requests=[])
         model = self.fake.model(transient_attempts=1)
@@ -172,3 +204,74 @@ def test_every_model_call_of_every_child_counts_in_the_stage(ran: Delegated) -> 
     assert ran.sinks.usage.prompt_tokens_total == sum(e["prompt_tokens"] for e in ledger)
     assert ran.sinks.requests is not None
     assert [r["agent"] for r in ran.sinks.requests] == [e["agent"] for e in ledger]
+
+
+def summary_of(name: str) -> dict[str, Any]:
+    return {"summary": f"{name} done", "findings": []}
+
+
+@pytest.mark.parametrize("max_children", [1, 2])
+def test_at_most_max_children_run_at_once_each_in_its_own_session(
+    tmp_path: Path, max_children: int
+) -> None:
+    """Two delegations in one reply: with `max_children = 1` the second waits for the first
+    (their tool calls never overlap); with 2 they do, the control that they could."""
+    stage = f"""
+[[stages]]
+name = "search"
+output_schema = "orchestrator.pipelines.schemas:Summary"
+tools = ["delegate", "held_note"]
+delegate = {{ max_children = {max_children}, tools = ["held_note"] }}
+instruction = "Find it."
+"""
+    script = {
+        "search": [
+            {"calls": [{"name": "delegate", "args": {"goal": f"Look at {n}", "name": n}}
+                       for n in ("a", "b")]},
+            {"json": STAGE_OUTPUT},
+        ],
+        **{f"sub_{n}": [{"call": {"name": "held_note", "args": {"path": f"{n}.py"}}},
+                        {"json": summary_of(n)}] for n in ("a", "b")},
+    }  # fmt: skip
+    ACTIVE.update(now=0, most=0)
+
+    ran = Delegated(tmp_path, TOOLS + stage, script)
+
+    assert ACTIVE["most"] == max_children
+    _, second = ran.requests_of("search")
+    assert ran.responses(second, "delegate") == [summary_of("a"), summary_of("b")]
+    children = {e["session"] for e in ran.audit if e["branch"] != "fixer-plus.search"}
+    assert children == {"r1:search:1:sub:sub_a:1", "r1:search:1:sub:sub_b:2"}
+
+
+def test_children_take_only_the_model_calls_the_stage_has_left(tmp_path: Path) -> None:
+    """A stage of 3 model calls: its first delegation's child may make 2 (its own budget is 4)
+    and does not finish in them; its second finds none left and is refused."""
+    stage = """
+[[stages]]
+name = "search"
+output_schema = "orchestrator.pipelines.schemas:Summary"
+tools = ["delegate", "read_note"]
+budget = { max_model_calls = 3 }
+delegate = { tools = ["read_note"], budget = { max_model_calls = 4 } }
+instruction = "Find it."
+"""
+    script = {
+        "search": [
+            {"call": {"name": "delegate", "args": {"goal": "Look", "name": "cart"}}},
+            {"call": {"name": "delegate", "args": {"goal": "Look again", "name": "cart"}}},
+            {"json": STAGE_OUTPUT},
+        ],
+        "sub_cart": [{"call": {"name": "read_note", "args": {"path": "a.py"}}}],
+    }
+
+    ran = Delegated(tmp_path, TOOLS + stage, script)
+
+    assert ran.output == STAGE_OUTPUT
+    agents = [entry["agent"] for entry in ran.fake.requests()]
+    assert agents == ["search", "sub_cart", "sub_cart", "search", "search"]
+    last = ran.requests_of("search")[-1]
+    assert ran.responses(last, "delegate") == [
+        {"error": "the helper fixer-plus.search.sub_cart used its 2 model calls without finishing"},
+        {"error": "delegation refused: the stage has spent its model calls"},
+    ]
