@@ -12,7 +12,7 @@ budget, and one user message: the goal, and the paths to look at. It hands back 
 Its model calls go through the stage's own model (the fleet's quota and cooldown, a 429 ending
 the stage as the stage's own calls do), count in the stage's usage within the stage's model-call
 budget, are kept with the stage's requests, and its events go to the run's audit log under its
-derived session id and composed branch label (`workers.subsessions`).
+derived session id and composed branch label (`orchestrator.core.subsessions`).
 
 A delegation the stage may not make (past `max_depth`, with the stage's model calls spent, a
 bad name) and a child that ends without a usable summary are tool errors the parent's model
@@ -35,10 +35,11 @@ from google.adk.tools.function_tool import FunctionTool
 
 from orchestrator.core.delegation import DELEGATE_TOOL, ChildSummary, DelegateRule
 from orchestrator.core.rules import StageBudget
+from orchestrator.core.subsessions import SUB, Lineage
 from workers import output as outputs
 from workers.agent import AgentSpec, AuditSink, StageSession, Usage, build_agent
 from workers.errors import ModelCallLimitError, StageOutputError
-from workers.subsessions import BRANCH, SESSION, SUB, LabellingSessionService, Lineage
+from workers.subsessions import BRANCH, SESSION, LabellingSessionService
 from workers.tools.declared import Toolbox
 
 logger = logging.getLogger(__name__)

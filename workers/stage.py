@@ -29,6 +29,7 @@ from pydantic import BaseModel, ValidationError
 
 from orchestrator.core.facts import Fact, Proof, Reproduced, TestRun, measured_fields
 from orchestrator.core.pipeline import StageSpec
+from orchestrator.core.subsessions import Lineage
 from orchestrator.core.tools import BUILTIN_TOOLS
 from workers import output as outputs
 from workers import proof
@@ -40,7 +41,7 @@ from workers.errors import ProofFailedError, StageError, StageOutputError, Tests
 from workers.inputs import StageInputs
 from workers.publish import Publisher
 from workers.sandboxes import Sandboxes, WorkspaceRequest
-from workers.subsessions import BRANCH, SESSION, Lineage
+from workers.subsessions import BRANCH, SESSION
 from workers.tools.artifacts import ArtifactSink
 from workers.tools.code import DIFF_ARTIFACT, build_tools
 from workers.tools.declared import ToolBench, open_toolbox
