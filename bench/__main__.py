@@ -20,6 +20,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from bench import (
     compaction,
+    delegation,
     docs,
     environment,
     governor,
@@ -46,6 +47,7 @@ BENCHMARKS = {
     "inspection": inspection,
     "upstream": upstream,
     "compaction": compaction,
+    "delegation": delegation,
 }
 
 

@@ -27,7 +27,7 @@ from google.adk.models.base_llm import BaseLlm
 from google.adk.models.llm_request import LlmRequest
 from google.adk.models.llm_response import LlmResponse
 from google.adk.runners import Runner
-from google.adk.sessions import InMemorySessionService
+from google.adk.sessions import BaseSessionService, InMemorySessionService
 from google.adk.telemetry.context import ContentCapturingMode, TelemetryConfig
 from google.adk.tools.base_tool import BaseTool
 from google.genai import types
@@ -38,6 +38,7 @@ from workers.budget import request_trimmer, tool_output_limiter
 from workers.compaction import Compactor
 from workers.errors import ModelCallLimitError
 from workers.guard import ToolGuard
+from workers.subsessions import BRANCH
 
 logger = logging.getLogger(__name__)
 
@@ -236,8 +237,12 @@ class StageSession:
         labels: Mapping[str, str],
         usage: Usage,
         streaming: bool = False,
+        session_service: BaseSessionService | None = None,
     ) -> AsyncIterator[StageSession]:
-        runner = Runner(agent=agent, app_name=APP_NAME, session_service=InMemorySessionService())
+        """A fresh session of `agent`, stored by `session_service` (a new in-memory one by
+        default; a child's stamps its branch label, `workers.subsessions`)."""
+        service = session_service or InMemorySessionService()
+        runner = Runner(agent=agent, app_name=APP_NAME, session_service=service)
         try:
             await runner.session_service.create_session(
                 app_name=APP_NAME, user_id=session_id, session_id=session_id, state=dict(state)
@@ -303,6 +308,8 @@ class StageSession:
         usage = event.usage_metadata.model_dump(exclude_none=True) if event.usage_metadata else None
         return {
             **self._labels,
+            # The label the session's service stored the event with, where it set one.
+            **({BRANCH: event.branch} if event.branch else {}),
             "ts": repr(time.time()),
             "kind": _event_kind(event),
             "author": event.author,

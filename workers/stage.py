@@ -24,20 +24,24 @@ from pathlib import Path
 from typing import Any
 
 from google.adk.models.base_llm import BaseLlm
+from google.adk.tools.base_tool import BaseTool
 from pydantic import BaseModel, ValidationError
 
 from orchestrator.core.facts import Fact, Proof, Reproduced, TestRun, measured_fields
 from orchestrator.core.pipeline import StageSpec
+from orchestrator.core.subsessions import Lineage
 from orchestrator.core.tools import BUILTIN_TOOLS
 from workers import output as outputs
 from workers import proof
 from workers.agent import AgentSpec, AuditSink, StageSession, Usage, build_agent
 from workers.budget import json_chars
 from workers.changes import ChangePolicy
+from workers.delegate import Delegation, delegate_tool, without_delegate
 from workers.errors import ProofFailedError, StageError, StageOutputError, TestsFailedError
 from workers.inputs import StageInputs
 from workers.publish import Publisher
 from workers.sandboxes import Sandboxes, WorkspaceRequest
+from workers.subsessions import BRANCH, SESSION
 from workers.tools.artifacts import ArtifactSink
 from workers.tools.code import DIFF_ARTIFACT, build_tools
 from workers.tools.declared import ToolBench, open_toolbox
@@ -127,16 +131,19 @@ async def execute_stage(
             run=inputs.tool_run(),
             record=facts.__setitem__,
         )
-        async with open_toolbox(spec.tools, inputs.tools, bench) as toolbox:
+        async with open_toolbox(without_delegate(spec.tools), inputs.tools, bench) as toolbox:
+            tools = toolbox.tools + _delegation(
+                inputs, bench, model, sinks, checkpoint or fence, streaming
+            )
             agent = build_agent(
                 AgentSpec(
                     name=spec.name,
                     instruction=spec.instruction,
                     contract=outputs.contract(schema),
                     budget=spec.budget,
-                    tools=toolbox.tools,
+                    tools=tools,
                     review_tool_result=toolbox.review,
-                    json_reply=not toolbox.tools,
+                    json_reply=not tools,
                     checkpoint=checkpoint or fence,
                     record_request=_recorder(sinks),
                     compaction=spec.compaction,
@@ -392,6 +399,28 @@ def _tools(
 def _command_timeout_s(spec: StageSpec) -> float:
     """The most one command of the stage's tools (its tests, a command tool) may run."""
     return min(300, spec.budget.soft_time_limit_s // 2)
+
+
+def _delegation(
+    inputs: StageInputs,
+    bench: ToolBench,
+    model: BaseLlm,
+    sinks: StageSinks,
+    checkpoint: Fence,
+    streaming: bool,
+) -> list[BaseTool]:
+    """The stage's `delegate` tool, if it names one (`workers.delegate`)."""
+    rule = inputs.spec.delegate
+    if rule is None:
+        return []
+    delegation = Delegation(
+        rule=rule, stage=inputs.spec.name, stage_budget=inputs.spec.budget, model=model,
+        usage=sinks.usage, audit=sinks.audit,
+        open_tools=lambda names: open_toolbox(names, inputs.tools, bench),
+        checkpoint=checkpoint, record_request=_recorder(sinks), streaming=streaming,
+    )  # fmt: skip
+    stage = Lineage(inputs.labels[SESSION], inputs.labels[BRANCH], 0, rule.max_depth)
+    return [delegate_tool(delegation, stage)]
 
 
 def _tool_models(

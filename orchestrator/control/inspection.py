@@ -19,6 +19,7 @@ from orchestrator.core import keys
 from orchestrator.core.errors import ArtifactNotFoundError
 from orchestrator.core.models import ArtifactRef, RunRecord, RunStatus, StageRecord, StageStatus
 from orchestrator.core.store import RunStore
+from orchestrator.core.subsessions import stage_session
 
 DIFF_ARTIFACT = "workspace.diff"
 """The artifact a code stage leaves its change in."""
@@ -426,7 +427,7 @@ def read_entry(raw: dict[str, str]) -> Entry:
 
     Built with `model_construct`: every field is made here from parsed JSON with its type's
     conversion, and validating 2,000 entries again would cost as much as reading them."""
-    _, stage, attempt = _session(raw.get("session", ""))
+    _, stage, attempt = _session(stage_session(raw.get("session", "")))
     try:
         data = json.loads(raw.get("data") or "{}")
     except ValueError:

@@ -38,6 +38,7 @@ from pydantic import (
 from orchestrator.core import branches, references
 from orchestrator.core.autonomy import Autonomy
 from orchestrator.core.autonomy import check as check_autonomy
+from orchestrator.core.delegation import DELEGATE_TOOL, DelegateRule
 from orchestrator.core.errors import PipelineError
 from orchestrator.core.facts import Fact, Reproduced, Reproduction, recorded
 from orchestrator.core.gates import GateRule
@@ -120,6 +121,9 @@ class StageSpec(BaseModel):
     item as `{item}`."""
     select: branches.SelectRule | None = None
     """Which branch's output becomes the stage's: `"proof"` or `{ judge = "<stage>" }`."""
+    delegate: DelegateRule | None = None
+    """How its `delegate` tool starts child agents (`orchestrator.core.delegation`); a stage
+    that names the tool without this table gets the defaults."""
     sandbox_network: str | None = Field(None, pattern=r"^\w[\w.-]*$")
     """The Docker network this stage's sandbox joins (an egress proxy's, say); by default it
     has no network at all. Never `host` or another container's."""
@@ -171,6 +175,16 @@ class StageSpec(BaseModel):
     def fans_out(self) -> bool:
         """Whether the stage runs as branches (`parallel` or `map`)."""
         return self.parallel is not None or self.map is not None
+
+    @model_validator(mode="after")
+    def _delegation(self) -> StageSpec:
+        if self.delegate is None and DELEGATE_TOOL in self.tools:
+            object.__setattr__(self, "delegate", DelegateRule())
+        if self.delegate is not None and (
+            problems := self.delegate.problems(self.name, self.tools)
+        ):
+            raise ValueError("; ".join(problems))
+        return self
 
     @model_validator(mode="after")
     def _defaults(self) -> StageSpec:

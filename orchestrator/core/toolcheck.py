@@ -14,6 +14,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from orchestrator.core.delegation import DELEGATE_TOOL
 from orchestrator.core.hostfunction import RESERVED_PARAMETERS, host_problems
 from orchestrator.core.tools import (
     BUILTIN_TOOLS,
@@ -86,6 +87,9 @@ def _stage_problems(
     for position, tool in enumerate(stage.tools):
         where = f"{field}[{position}]"
         found = declared.get(tool)
+        if tool == DELEGATE_TOOL and found is None:
+            offered.setdefault(tool, tool)
+            continue
         if tool not in BUILTIN_TOOLS and found is None:
             known = ", ".join(declared) or "none"
             message = (f"is neither a built-in tool ({', '.join(BUILTIN_TOOLS)}) nor declared "
@@ -103,7 +107,7 @@ def declaration_problems(name: str, declaration: ToolDeclaration) -> Iterator[tu
     """(where in the declaration, what is wrong) for each problem of one declaration."""
     if not TOOL_NAME.match(name):
         yield "", "a tool's name is a letter or _, then letters, digits or _ (64 at most)"
-    if name in BUILTIN_TOOLS:
+    if name in (*BUILTIN_TOOLS, DELEGATE_TOOL):
         yield "", "is the name of a built-in tool; give the declared one another name"
     if isinstance(declaration, HostTool):
         yield from host_problems(declaration)

@@ -1,0 +1,91 @@
+"""Child sessions' ids, labels and depth (`orchestrator.core.subsessions`), and how the audit
+log's reader places a child's entry."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from orchestrator.control.inspection import read_entry
+from orchestrator.core.subsessions import (
+    DepthError,
+    Lineage,
+    child_label,
+    child_session_id,
+    stable_session_id,
+    stage_session,
+    stamped,
+)
+
+STAGE = Lineage(session="r1:search:1", label="fixer-plus.search", depth=0, max_depth=2)
+
+
+def test_a_child_session_id_is_parent_sub_branch_invocation() -> None:
+    assert child_session_id("r1:search:1", "sub_cart", 3) == "r1:search:1:sub:sub_cart:3"
+
+
+def test_each_invocation_of_the_same_child_is_its_own_session() -> None:
+    ids = [STAGE.child("sub_cart", n).session for n in (1, 2, 3)]
+
+    assert ids == ["r1:search:1:sub:sub_cart:1", "r1:search:1:sub:sub_cart:2",
+                   "r1:search:1:sub:sub_cart:3"]  # fmt: skip
+
+
+def test_a_stably_named_child_has_one_deterministic_id_without_an_invocation() -> None:
+    first = stable_session_id("r1:search:1", "indexer")
+
+    assert first == "r1:search:1:sub:indexer"
+    assert stable_session_id("r1:search:1", "indexer") == first
+
+
+def test_a_nested_child_composes_its_label_and_id_from_its_parent() -> None:
+    child = STAGE.child("sub_cart", 1)
+    grandchild = child.child("sub_line", 2)
+
+    assert (child.label, child.depth) == ("fixer-plus.search.sub_cart", 1)
+    assert grandchild.label == "fixer-plus.search.sub_cart.sub_line"
+    assert grandchild.session == "r1:search:1:sub:sub_cart:1:sub:sub_line:2"
+    assert grandchild.depth == 2
+
+
+def test_a_delegation_past_max_depth_is_refused() -> None:
+    deepest = STAGE.child("sub_a", 1).child("sub_b", 1)
+
+    with pytest.raises(DepthError, match="limited to depth 2"):
+        deepest.child("sub_c", 1)
+
+
+@pytest.mark.parametrize("name", ["a.b", "a:b", "Cart", "", "1x", "x" * 33, "sub-cart"])
+def test_a_name_that_could_break_a_label_or_an_id_is_refused(name: str) -> None:
+    with pytest.raises(ValueError, match="lower-case letters"):
+        child_label("fixer-plus.search", name)
+    with pytest.raises(ValueError, match="lower-case letters"):
+        child_session_id("r1:search:1", name, 1)
+
+
+@pytest.mark.parametrize(
+    ("existing", "expected"),
+    [
+        (None, "p.s.sub"),
+        ("p.s.sub", "p.s.sub"),
+        ("p.s.sub.sub_x", "p.s.sub.sub_x"),  # a nested child keeps its label
+        ("inner", "p.s.sub.inner"),  # a relative branch goes below the child's
+        ("p.s.subway", "p.s.sub.p.s.subway"),  # a prefix of a segment is not an ancestor
+    ],
+)
+def test_stamping_keeps_a_label_at_or_below_the_childs(existing: str | None, expected: str) -> None:
+    assert stamped("p.s.sub", existing) == expected
+
+
+def test_a_child_s_entry_is_read_as_its_stage_s_attempt_not_its_invocation() -> None:
+    child = Lineage("r1:search:3", "fixer-plus.search", 0, 2).child("sub", 1).child("sub_x", 2)
+    data = json.dumps({"content": None})
+    raw = {"id": "1-0", "ts": "1.0", "branch": child.label, "session": child.session,
+           "stage": "search", "kind": "model_reply", "data": data}  # fmt: skip
+
+    entry = read_entry(raw)
+
+    assert stage_session(child.session) == "r1:search:3"
+    assert (entry.stage, entry.attempt) == ("search", 3)
+    assert entry.branch == "fixer-plus.search.sub.sub_x"
