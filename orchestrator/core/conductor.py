@@ -15,11 +15,10 @@ import logging
 import secrets
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from orchestrator.core import autonomy, fanout, gates, keys
+from orchestrator.core import approvals, autonomy, fanin, fanout, gates, keys, transitions
 from orchestrator.core.errors import PipelineError, RunStateError
 from orchestrator.core.execution import (
     Completion,
@@ -45,6 +44,7 @@ from orchestrator.core.rules import LoopRule
 from orchestrator.core.runbudget import RunBudget, run_budget
 from orchestrator.core.specs import load_pipeline, pipeline_of, stage_of
 from orchestrator.core.store import RunStore
+from orchestrator.core.transitions import Next
 
 logger = logging.getLogger(__name__)
 
@@ -67,14 +67,6 @@ def _change_part(base: str | None, commit: str) -> str:
 def new_run_id() -> str:
     """Sortable and readable: `20261129-190833-3fa2c1`."""
     return datetime.now(UTC).strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3)
-
-
-@dataclass(frozen=True)
-class Next:
-    """What a run does once a stage is recorded: enqueue a stage, end, or nothing more."""
-
-    send: str | None = None
-    ended: bool = False
 
 
 class Conductor:
@@ -108,7 +100,7 @@ class Conductor:
         spec = pipeline if isinstance(pipeline, Pipeline) else load_pipeline(pipeline)
         stages = {stage.name: StageRecord() for stage in spec.stages}
         stages[spec.first.name] = StageRecord(status=StageStatus.QUEUED, queued_at=time.time())
-        fanout.open_fan(stages[spec.first.name], spec.first)
+        fanin.open_fan(stages[spec.first.name], spec.first)
         run = RunRecord(
             id=new_run_id(),
             pipeline=spec.name,
@@ -153,7 +145,7 @@ class Conductor:
 
         def mutate(run: RunRecord, pipe: Any) -> StageStart:
             start = decide(run)
-            self._audit(run, stage, start.attempt, "stage_begin", pipe=pipe,
+            self.audit(run, stage, start.attempt, "stage_begin", pipe=pipe,
                         action=start.action.value, owner=owner)  # fmt: skip
             return start
 
@@ -188,7 +180,7 @@ class Conductor:
         execution stands."""
 
         def mutate(run: RunRecord, pipe: Any) -> Hold:
-            hold = _hold(run.status, run.stages.get(stage), owner)
+            hold = transitions.hold_of(run.status, run.stages.get(stage), owner)
             if hold == Hold.HELD:
                 run.stages[stage].lease_until = time.time() + lease_s
             return hold
@@ -200,7 +192,7 @@ class Conductor:
         """Where an execution stands with its stage, read (not changed) in one round trip: the
         check before a side effect (a push, say)."""
         status, record = self.store.stage_state(run_id, stage)
-        return _hold(status, record, owner)
+        return transitions.hold_of(status, record, owner)
 
     def complete(
         self, run_id: str, stage: str, result: StageResult, *, owner: str | None = None
@@ -221,7 +213,7 @@ class Conductor:
             if owner is not None and record.owner != owner:
                 return Completion.LOST, None, run
             if run.status == RunStatus.CANCELLED:
-                _stop(record, result.figures)
+                transitions.stop(record, result.figures)
                 return Completion.CANCELLED, None, run
             if run.status.is_terminal:
                 return Completion.LOST, None, run
@@ -230,7 +222,7 @@ class Conductor:
         done, decision, run = self.store.transact(run_id, mutate)
         attempt = run.stages[stage].attempts
         if done == Completion.CANCELLED:
-            self._audit(run, stage, attempt, "stage_stopped", owner=owner, output_dropped=True)
+            self.audit(run, stage, attempt, "stage_stopped", owner=owner, output_dropped=True)
             return done
         if done == Completion.LOST:
             logger.info("not recording %s of run %s: %s no longer holds it", stage, run_id, owner)
@@ -238,7 +230,7 @@ class Conductor:
         if decision is None:  # recorded by an earlier delivery
             self.advance(run_id, stage)
             return done
-        self._carry_out(run, decision)
+        self.carry_out(run, decision)
         return done
 
     def _record(
@@ -248,7 +240,7 @@ class Conductor:
         pipeline = self.pipeline_of(run)
         spec, record = pipeline.stage(stage), run.stages[stage]
         pipe.hset(keys.outputs(run.id), spec.output_key, payload)
-        _record_figures(record, result.figures)
+        transitions.record_figures(record, result.figures)
         record.finished_at, record.waiting_until, record.error = time.time(), None, None
         record.output_chars = len(payload)
         record.compacted = result.compacted
@@ -259,26 +251,26 @@ class Conductor:
             if again is not None:
                 return again
         record.status = StageStatus.DONE
-        self._audit(run, stage, record.attempts, "stage_done", pipe=pipe, chars=len(payload))
+        self.audit(run, stage, record.attempts, "stage_done", pipe=pipe, chars=len(payload))
         if spec.stop_when and spec.stop_when.matches(result.output):
-            return _decide(run, pipeline, stage, result.output)
+            return transitions.decide(run, pipeline, stage, result.output)
         limit = autonomy.effect(
             pipeline, run.repo, stage, left_artifacts=bool(record.artifacts),
             output_of=lambda key: result.output if key == spec.output_key
             else self.store.output(run.id, key),
         )  # fmt: skip
         if limit is not None:
-            self._audit(run, stage, record.attempts, "autonomy", pipe=pipe, reason=limit.reason)
+            self.audit(run, stage, record.attempts, "autonomy", pipe=pipe, reason=limit.reason)
         if limit is not None and limit.stop:
-            return _skip_rest(run, pipeline, stage, limit.reason)
+            return transitions.skip_rest(run, pipeline, stage, limit.reason)
         rule = spec.gate or (limit.gate if limit is not None else None)
         if rule is not None:
             gate = gates.open_gate(run, stage, rule, artifacts=list(record.artifacts),
                                    now=time.time())  # fmt: skip
-            self._audit(run, stage, record.attempts, "gate_opened", pipe=pipe,
+            self.audit(run, stage, record.attempts, "gate_opened", pipe=pipe,
                         gate=gates.gate_id(stage), approve=gate.approve)  # fmt: skip
             return Next()
-        return _decide(run, pipeline, stage, result.output)
+        return transitions.decide(run, pipeline, stage, result.output)
 
     def _iterate(
         self, run: RunRecord, pipe: Any, stage: str, loop: LoopRule, output: dict[str, Any]
@@ -298,7 +290,7 @@ class Conductor:
                 finished_at=record.finished_at,
             )
         )  # fmt: skip
-        self._audit(run, stage, record.attempts, "iteration_done", pipe=pipe,
+        self.audit(run, stage, record.attempts, "iteration_done", pipe=pipe,
                     iteration=record.iteration, passed=passed, reason=reason)  # fmt: skip
         if passed:
             return None
@@ -307,7 +299,7 @@ class Conductor:
             error = f"{reason} (after {ran})"
             record.status, record.error = StageStatus.FAILED, error
             run.status, run.reason, run.current_stage = RunStatus.FAILED, f"{stage}: {error}", None
-            self._audit(run, stage, record.attempts, "stage_failed", pipe=pipe, error=error)
+            self.audit(run, stage, record.attempts, "stage_failed", pipe=pipe, error=error)
             return Next(ended=True)
         record.iteration += 1
         record.status, record.queued_at, record.owner = StageStatus.QUEUED, time.time(), None
@@ -320,9 +312,9 @@ class Conductor:
         pipeline = self.pipeline_of(run)
         output = self.store.output(run_id, pipeline.stage(completed).output_key) or {}
         decision, run = self.store.transact(
-            run_id, lambda run, _pipe: (_decide(run, pipeline, completed, output), run)
+            run_id, lambda run, _pipe: (transitions.decide(run, pipeline, completed, output), run)
         )
-        return self._carry_out(run, decision, pipeline)
+        return self.carry_out(run, decision, pipeline)
 
     def postpone(
         self,
@@ -347,7 +339,7 @@ class Conductor:
             if run.status.is_terminal or (owner is not None and record.owner != owner):
                 return None
             if figures is not None:
-                _record_figures(record, figures)
+                transitions.record_figures(record, figures)
             record.status = StageStatus.WAITING
             record.waiting_until = time.time() + delay_s
             if rate_limited:
@@ -366,7 +358,7 @@ class Conductor:
             )
             return None
         record = run.stages[stage]
-        self._audit(run, stage, record.attempts, "stage_waiting", delay_s=delay_s, reason=reason)
+        self.audit(run, stage, record.attempts, "stage_waiting", delay_s=delay_s, reason=reason)
         return record
 
     def show_wait(self, run_id: str, stage: str, seconds: float, reason: str) -> None:
@@ -403,7 +395,7 @@ class Conductor:
             if run.status.is_terminal or (owner is not None and record.owner != owner):
                 return None
             if figures is not None:
-                _record_figures(record, figures)
+                transitions.record_figures(record, figures)
             record.status, record.finished_at, record.error = StageStatus.FAILED, time.time(), error
             record.lease_until = None
             run.status, run.reason, run.current_stage = RunStatus.FAILED, f"{stage}: {error}", None
@@ -413,7 +405,7 @@ class Conductor:
         if run is None:
             logger.info("not failing %s of run %s: no longer held by %s", stage, run_id, owner)
             return
-        self._audit(run, stage, run.stages[stage].attempts, "stage_failed", error=error)
+        self.audit(run, stage, run.stages[stage].attempts, "stage_failed", error=error)
         self.store.retire(run)
 
     def cancel(self, run_id: str, reason: str = "cancelled") -> bool:
@@ -432,7 +424,7 @@ class Conductor:
         run: RunRecord | None = self.store.transact(run_id, mutate)
         if run is None:
             return False
-        self._audit(run, "-", 0, "run_cancelled", reason=reason)
+        self.audit(run, "-", 0, "run_cancelled", reason=reason)
         self.store.retire(run)
         return True
 
@@ -446,11 +438,11 @@ class Conductor:
             self._record_execution(run, pipe, figures)
             record = run.stages[stage]
             if record.owner == owner and record.status == StageStatus.RUNNING:
-                _stop(record, figures)
+                transitions.stop(record, figures)
             return run
 
         run: RunRecord = self.store.transact(run_id, mutate)
-        self._audit(run, stage, run.stages[stage].attempts, "stage_stopped", owner=owner)
+        self.audit(run, stage, run.stages[stage].attempts, "stage_stopped", owner=owner)
 
     def resume(
         self, run_id: str, from_stage: str | None = None, *, pipeline: Pipeline | None = None
@@ -479,7 +471,7 @@ class Conductor:
             if not run.status.is_terminal:
                 raise RunStateError(f"run {run_id} is still {run.status.value}; cancel it first")
             if repin:
-                _repin(run, pipe, pipeline)
+                transitions.repin(run, pipe, pipeline)
             now = time.time()
             for name, record in run.stages.items():
                 left_s = (record.lease_until or 0) - now
@@ -490,17 +482,17 @@ class Conductor:
                         f"stage {name} of run {run_id} is still stopping; resume the run once "
                         f"it has (within {left_s:.0f}s)"
                     )
-            target = from_stage or gates.resume_point(run) or _resume_point(run, names)
+            target = from_stage or gates.resume_point(run) or transitions.resume_point(run, names)
             previous = run.stages.get(target)
             for name in names[names.index(target) :]:
-                run.stages[name] = _fresh(run.stages.get(name))
+                run.stages[name] = transitions.fresh(run.stages.get(name))
             for dropped in gates.forget(run, names[names.index(target) :]):
                 pipe.hdel(keys.run(run.id), keys.gate_field(dropped))
             run.stages[target].status, run.stages[target].queued_at = (
                 StageStatus.QUEUED,
                 time.time(),
             )
-            fanout.open_fan(run.stages[target], pipeline.stage(target),
+            fanin.open_fan(run.stages[target], pipeline.stage(target),
                             previous.fan_in if previous else None)  # fmt: skip
             run.status, run.reason, run.current_stage = RunStatus.QUEUED, None, target
             return run
@@ -510,7 +502,7 @@ class Conductor:
         assert target is not None
         redo = [pipeline.stage(name).output_key for name in names[names.index(target) :]]
         self.store.revive(run, drop_outputs=redo)
-        self._audit(run, target, 0, "run_resumed", from_stage=target,
+        self.audit(run, target, 0, "run_resumed", from_stage=target,
                     pipeline_hash=run.pipeline_hash)  # fmt: skip
         self._send(run_id, pipeline.name, pipeline.stage(target), run.stages[target].iteration)
         return target
@@ -519,81 +511,18 @@ class Conductor:
         self, run_id: str, gate: str | None = None, *, by: str,
         edit: Mapping[str, Any] | None = None,
     ) -> gates.Approval:  # fmt: skip
-        """Approve a gate of the run (`gate`, or its one pending gate), with `edit` replacing
-        the gated stage's output (checked against its schema; audited). Says whether it was
-        applied (not if the gate was approved before: nothing changes) and the stage queued.
-
-        Raises:
-            RunStateError: no such gate, it was rejected or expired, or the run has ended.
-            PipelineError: `edit` does not fit the stage's output schema, or edits a diff gate.
-        """
-        run = self.store.get(run_id)
-        chosen = gates.choose(run, gate)
-        pipeline = self.pipeline_of(run)
-        spec = pipeline.stage(run.gates[chosen].stage)
-        edited = None if edit is None else gates.checked_edit(spec, run.gates[chosen], edit)
-        outputs = keys.outputs(run_id)
-
-        def mutate(run: RunRecord, pipe: Any) -> tuple[Next | None, RunRecord]:
-            if not gates.approve(run, chosen, by=by, edited=edited is not None, now=time.time()):
-                return None, run
-            output = self.store.output(run_id, spec.output_key) or {}
-            if edited is not None:
-                pipe.hset(outputs, f"{spec.output_key}.proposed", _compact(output))
-                pipe.hset(outputs, spec.output_key, _compact(edited))
-            self._audit(run, spec.name, run.stages[spec.name].attempts, "gate_approved",
-                        pipe=pipe, gate=chosen, by=by, edit=edited)  # fmt: skip
-            if gates.pending(run):  # another gate still holds the run: it goes on after that one
-                return Next(), run
-            return _decide(run, pipeline, spec.name, output if edited is None else edited), run
-
-        decision, run = self.store.transact(run_id, mutate)
-        if decision is None:
-            return gates.Approval(applied=False)
-        return gates.Approval(applied=True, queued=self._carry_out(run, decision, pipeline))
+        """Approve a gate of the run (`orchestrator.core.approvals.approve`)."""
+        return approvals.approve(self, run_id, gate, by=by, edit=edit)
 
     def reject(self, run_id: str, gate: str | None = None, *, by: str, reason: str) -> bool:
-        """Reject a gate of the run (`gate`, or its one pending gate): the run ends `rejected`
-        with `reason`. False if the gate was rejected before (nothing changes).
-
-        Raises:
-            RunStateError: no such gate, it was approved or expired, or the run has ended.
-        """
-
-        def mutate(run: RunRecord, pipe: Any) -> tuple[bool, RunRecord]:
-            chosen = gates.choose(run, gate)
-            if not gates.reject(run, chosen, by=by, reason=reason, now=time.time()):
-                return False, run
-            stage = run.gates[chosen].stage
-            self._audit(run, stage, run.stages[stage].attempts, "gate_rejected", pipe=pipe,
-                        gate=chosen, by=by, reason=reason)  # fmt: skip
-            return True, run
-
-        done, run = self.store.transact(run_id, mutate)
-        if done:
-            self.store.retire(run)
-        return bool(done)
+        """Reject a gate of the run (`orchestrator.core.approvals.reject`)."""
+        return approvals.reject(self, run_id, gate, by=by, reason=reason)
 
     def time_out_gates(self, run_id: str, now: float) -> dict[str, str]:
-        """Act on the run's gates whose timeout fell (the reconciler's part): each id with
-        what happened, `expired` (the run failed) or `escalated`."""
+        """Act on the run's overdue gates (`orchestrator.core.approvals.time_out`)."""
+        return approvals.time_out(self, run_id, now)
 
-        def mutate(run: RunRecord, pipe: Any) -> tuple[dict[str, str], RunRecord]:
-            acted = {}
-            for name, gate in gates.overdue(run, now).items():
-                what = gates.time_out(run, name, now=now)
-                if what is not None:
-                    acted[name] = what
-                    self._audit(run, gate.stage, run.stages[gate.stage].attempts,
-                                f"gate_{what}", pipe=pipe, gate=name)  # fmt: skip
-            return acted, run
-
-        acted, run = self.store.transact(run_id, mutate)
-        if run.status.is_terminal:
-            self.store.retire(run)
-        return dict(acted)
-
-    def _carry_out(
+    def carry_out(
         self, run: RunRecord, decision: Next, pipeline: Pipeline | None = None
     ) -> str | None:
         """Act on a decision, with the run as its transaction left it."""
@@ -623,7 +552,7 @@ class Conductor:
         if figures.environment:
             run.environment = figures.environment
 
-    def _audit(
+    def audit(
         self, run: RunRecord, stage: str, attempt: int, kind: str, *, pipe: Any = None,
         **data: Any,
     ) -> None:  # fmt: skip
@@ -639,93 +568,3 @@ class Conductor:
             self.store.queue_audit(pipe, run.id, [entry])
         else:
             self.store.audit(run.id, [entry])
-
-
-def _compact(output: Mapping[str, Any]) -> str:
-    """An output as the store keeps it."""
-    return json.dumps(output, ensure_ascii=False, separators=(",", ":"))
-
-
-def _repin(run: RunRecord, pipe: Any, pipeline: Pipeline) -> None:
-    """Within `resume`'s transaction: the run pins `pipeline` from now on; its stage records
-    follow the new stage order, a new stage's fresh."""
-    run.pipeline_hash = pipeline.digest
-    pipe.set(keys.pipeline(run.id), pipeline.content)
-    names = [stage.name for stage in pipeline.stages]
-    others = {name: record for name, record in run.stages.items() if name not in names}
-    run.stages = {name: run.stages.get(name) or StageRecord() for name in names} | others
-
-
-def _resume_point(run: RunRecord, names: list[str]) -> str:
-    """The first stage a resumed run must run again: the one that failed or was stopped."""
-    for name in names:
-        if run.stages[name].status not in (StageStatus.DONE, StageStatus.SKIPPED):
-            return name
-    raise RunStateError(
-        f"run {run.id} has nothing left to run: every stage ended {run.status.value} "
-        f"({', '.join(names)}); to run stages again, name the first with --from STAGE "
-        "(`from_stage=` from Python)"
-    )
-
-
-def _hold(status: RunStatus, record: StageRecord | None, owner: str) -> Hold:
-    """Where `owner` stands with a stage of a run in `status`."""
-    if status == RunStatus.CANCELLED:
-        return Hold.CANCELLED
-    if status.is_terminal or record is None or record.owner != owner:
-        return Hold.LOST
-    return Hold.HELD
-
-
-def _record_figures(record: StageRecord, figures: StageFigures) -> None:
-    """What an execution cost and left behind, on its stage's record (an attempt's own)."""
-    record.requests = figures.requests
-    record.prompt_tokens_total = figures.prompt_tokens_total
-    record.prompt_tokens_max = figures.prompt_tokens_max
-    record.output_tokens = figures.output_tokens
-    record.artifacts = dict(figures.artifacts)
-    record.quota_wait_s = round(record.quota_wait_s + figures.quota_wait_s, 3)
-
-
-def _stop(record: StageRecord, figures: StageFigures | None) -> None:
-    """Mark a running stage stopped because its run was cancelled."""
-    if figures is not None:
-        _record_figures(record, figures)
-    record.status, record.finished_at = StageStatus.CANCELLED, time.time()
-    record.error, record.lease_until = "stopped: the run was cancelled", None
-
-
-def _fresh(record: StageRecord | None) -> StageRecord:
-    """A stage record ready to run again; its attempt count carries on (session ids stay
-    unique)."""
-    return StageRecord(attempts=record.attempts if record else 0)
-
-
-def _skip_rest(run: RunRecord, pipeline: Pipeline, completed: str, reason: str) -> Next:
-    """Within a transaction: end the run `skipped` after `completed`, the rest skipped."""
-    following = pipeline.next_after(completed)
-    while following is not None:
-        run.stages[following.name].status = StageStatus.SKIPPED
-        following = pipeline.next_after(following.name)
-    run.status, run.reason, run.current_stage = RunStatus.SKIPPED, reason, None
-    return Next(ended=True)
-
-
-def _decide(run: RunRecord, pipeline: Pipeline, completed: str, output: dict[str, Any]) -> Next:
-    """Within a transaction: skip the rest, end the run, or mark the next stage queued."""
-    if run.status.is_terminal or gates.holds(run, completed):
-        return Next()
-    spec = pipeline.stage(completed)
-    following = pipeline.next_after(completed)
-    if spec.stop_when and spec.stop_when.matches(output):
-        return _skip_rest(run, pipeline, completed, f"{completed}: {spec.stop_when.reason(output)}")
-    if following is None:
-        run.status, run.current_stage = RunStatus.DONE, None
-        return Next(ended=True)
-    record = run.stages.setdefault(following.name, StageRecord())
-    if record.status != StageStatus.PENDING:
-        return Next()
-    record.status, record.queued_at = StageStatus.QUEUED, time.time()
-    fanout.open_fan(record, following)
-    run.current_stage = following.name
-    return Next(send=following.name)

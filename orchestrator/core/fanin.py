@@ -14,11 +14,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from orchestrator.core.branches import branch_ids, branch_number, branch_session_id
+
+if TYPE_CHECKING:
+    from orchestrator.core.models import StageRecord
+    from orchestrator.core.pipeline import StageSpec
 
 
 class BranchStatus(StrEnum):
@@ -251,3 +255,16 @@ def _branch(fan: FanIn, branch: str) -> BranchRecord:
     if branch not in fan.branches:
         raise KeyError(f"no branch {branch!r}; the stage has {', '.join(fan.branches)}")
     return fan.branches[branch]
+
+
+def open_fan(record: StageRecord, spec: StageSpec, previous: FanIn | None = None) -> None:
+    """Within the transaction that queues a stage: if it fans out, its branches, all queued.
+    Given the `previous` fan-in of the stage (a resumed run), each branch's attempt count
+    carries on, so its session ids stay unique."""
+    if not spec.fans_out:
+        return
+    assert spec.parallel is not None, "a map stage is refused when its pipeline loads"
+    record.fan_in = fan_out(spec.parallel)
+    for name, branch in record.fan_in.branches.items():
+        if previous is not None and name in previous.branches:
+            branch.attempts = previous.branches[name].attempts

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
-from orchestrator.core import keys
+from orchestrator.core import keys, transitions
 from orchestrator.core.branches import (
     branch_label,
     branch_output_key,
@@ -34,7 +34,6 @@ from orchestrator.core.fanin import (
     FanIn,
     Recorded,
     claim,
-    fan_out,
     lapsed,
     record_end,
     why_none,
@@ -43,7 +42,7 @@ from orchestrator.core.models import ArtifactRef, RunRecord, RunStatus, StageRec
 from orchestrator.core.queue import STAGE_TASK
 
 if TYPE_CHECKING:
-    from orchestrator.core.conductor import Conductor, Next
+    from orchestrator.core.conductor import Conductor
     from orchestrator.core.pipeline import StageSpec
 
 logger = logging.getLogger(__name__)
@@ -56,19 +55,6 @@ _CLAIMED = {
     Claim.BUSY: StartAction.BUSY,
     Claim.EXHAUSTED: StartAction.EXHAUSTED,
 }
-
-
-def open_fan(record: StageRecord, spec: StageSpec, previous: FanIn | None = None) -> None:
-    """Within the transaction that queues a stage: if it fans out, its branches, all queued.
-    Given the `previous` fan-in of the stage (a resumed run), each branch's attempt count
-    carries on, so its session ids stay unique."""
-    if not spec.fans_out:
-        return
-    assert spec.parallel is not None, "a map stage is refused when its pipeline loads"
-    record.fan_in = fan_out(spec.parallel)
-    for name, branch in record.fan_in.branches.items():
-        if previous is not None and name in previous.branches:
-            branch.attempts = previous.branches[name].attempts
 
 
 def send_branches(
@@ -201,7 +187,7 @@ def complete_branch(
     pipeline = conductor.pipeline_of(conductor.store.get(run_id))
     spec = pipeline.stage(stage)
 
-    def mutate(run: RunRecord, pipe: Any) -> tuple[Completion, Next | None, RunRecord]:
+    def mutate(run: RunRecord, pipe: Any) -> tuple[Completion, transitions.Next | None, RunRecord]:
         record = run.stages[stage]
         fan = _fan(record)
         if run.status.is_terminal:
@@ -222,7 +208,7 @@ def complete_branch(
 
     done, decision, run = conductor.store.transact(run_id, mutate)
     if decision is not None:
-        conductor._carry_out(run, decision, pipeline)
+        conductor.carry_out(run, decision, pipeline)
     return done
 
 
@@ -234,11 +220,9 @@ def _join(
     fan: FanIn,
     payload: str | None,
     last: str,
-) -> Next:
+) -> transitions.Next:
     """Within the transaction that ended the last branch: the selected branch's output becomes
     the stage's and the run moves on; none selected, the stage and the run fail."""
-    from orchestrator.core.conductor import Next, _decide
-
     record = run.stages[spec.name]
     record.finished_at, record.lease_until = time.time(), None
     if fan.selected is None:
@@ -246,7 +230,7 @@ def _join(
         record.status, record.error = StageStatus.FAILED, error
         run.status, run.reason, run.current_stage = RunStatus.FAILED, f"{spec.name}: {error}", None
         _audit(conductor, run, spec.name, "-", 0, "fan_in_failed", pipe, error=error)
-        return Next(ended=True)
+        return transitions.Next(ended=True)
     chosen = (
         payload
         if fan.selected == last and payload is not None
@@ -258,7 +242,7 @@ def _join(
     record.status, record.output_chars = StageStatus.DONE, len(chosen)
     _audit(conductor, run, spec.name, fan.selected, fan.branches[fan.selected].attempts,
            "fan_in_joined", pipe, selected=fan.selected, ended=fan.ended)  # fmt: skip
-    return _decide(run, conductor.pipeline_of(run), spec.name, json.loads(chosen))
+    return transitions.decide(run, conductor.pipeline_of(run), spec.name, json.loads(chosen))
 
 
 def _stored(conductor: Conductor, run_id: str, spec: StageSpec, branch: str) -> str:

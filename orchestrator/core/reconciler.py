@@ -107,24 +107,8 @@ class Reconciler:
         for run_id, run in store.get_each(store.active(), on_broken=broken):
             if run is None:
                 store.redis.srem(keys.ACTIVE, run_id)
-                continue
-            if (overdue := wall_time_exceeded(run, now)) is not None:
-                self._stop(run, overdue, sweep)
-                continue
-            try:
-                if run.status == RunStatus.AWAITING_APPROVAL:
-                    self._time_out(run, now, sweep)
-                    continue
-                repair = self._repair(run, now, held)
-            except PipelineError as exc:
-                self._fail(run, str(exc), sweep)
-                continue
-            except Exception as exc:
-                sweep.errors[run_id] = f"{type(exc).__name__}: {exc}"
-                logger.exception("run %s: reconciling it failed; going on with the others", run_id)
-                continue
-            if repair is not None:
-                sweep.repairs.append(repair)
+            else:
+                self._reconcile(run, now, held, sweep)
         if sweep.repairs:
             logger.warning(
                 "reconciler put %d stuck stages back on their queues", len(sweep.repairs)
@@ -132,6 +116,27 @@ class Reconciler:
         if sweep.errors:
             logger.error("reconciler could not handle %d runs", len(sweep.errors))
         return sweep
+
+    def _reconcile(self, run: RunRecord, now: float, held: Held, sweep: Sweep) -> None:
+        """One active run's part of a sweep: stopped past its wall time, its gates timed out,
+        or its stuck stage repaired; an error is counted, never raised."""
+        if (overdue := wall_time_exceeded(run, now)) is not None:
+            self._stop(run, overdue, sweep)
+            return
+        try:
+            if run.status == RunStatus.AWAITING_APPROVAL:
+                self._time_out(run, now, sweep)
+                return
+            repair = self._repair(run, now, held)
+        except PipelineError as exc:
+            self._fail(run, str(exc), sweep)
+            return
+        except Exception as exc:
+            sweep.errors[run.id] = f"{type(exc).__name__}: {exc}"
+            logger.exception("run %s: reconciling it failed; going on with the others", run.id)
+            return
+        if repair is not None:
+            sweep.repairs.append(repair)
 
     def _fail(self, run: RunRecord, reason: str, sweep: Sweep) -> None:
         """End a run no worker can run, saying why (and, if even that fails, count it)."""
