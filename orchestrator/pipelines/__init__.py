@@ -9,3 +9,6 @@ FIXER = resources.files(__name__) / "fixer" / "pipeline.toml"
 
 REVIEWER = resources.files(__name__) / "reviewer" / "pipeline.toml"
 """The second reference pipeline: a pull request to review comments posted on it."""
+
+FIXER_PLUS = resources.files(__name__) / "fixer_plus" / "pipeline.toml"
+"""The fixer as a graph: scored triage, search subagents, a gate by score, best-of-3 fix."""
