@@ -23,6 +23,7 @@ from bench import (
     delegation,
     docs,
     environment,
+    fanout,
     governor,
     inspection,
     isolation,
@@ -48,6 +49,7 @@ BENCHMARKS = {
     "upstream": upstream,
     "compaction": compaction,
     "delegation": delegation,
+    "fanout": fanout,
 }
 
 

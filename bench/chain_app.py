@@ -6,6 +6,9 @@ as Baton (acks late, prefetch 1, prefork) and every CPU saving Baton's worker ha
 
 from __future__ import annotations
 
+from typing import Any
+
+from celery import group
 from google.genai import types
 
 from bench.baseline import client, worker_app
@@ -26,3 +29,15 @@ def stage(previous: str | None, name: str) -> str:
     )
     reply = client().models.generate_content(model=MODEL, contents=prompt, config=config)
     return reply.text or ""
+
+
+@app.task(name="bench.fan_out", bind=True)
+def fan_out(self: Any, prefix: str, count: int) -> None:
+    """The fan-out benchmark's baseline (`bench.fanout`): one model call, then a Celery group
+    of `count` tasks, `<prefix>.b1` … `<prefix>.b<count>`, on this task's queue."""
+    reply = stage(None, "p0")
+    queue = self.request.delivery_info.get("routing_key")
+    group(
+        stage.signature((reply, f"b{k}"), queue=queue, task_id=f"{prefix}.b{k}")
+        for k in range(1, count + 1)
+    ).apply_async()
