@@ -1,6 +1,11 @@
 """Gates from the conductor's side: approve, reject and time out a run's gates, each in one
 transaction on the run record, each applied once (`orchestrator.core.gates` is the pure part:
-what a gate is, when it holds a run, what an approval or a rejection changes)."""
+what a gate is, when it holds a run, what an approval or a rejection changes).
+
+A branch's gate (a gated fan-out stage: each branch that finishes waits on its own, `fix.b2`)
+decides that branch only: approved, it ends done; rejected or expired, it ends failed, and its
+stage goes on with the others (`orchestrator.core.fanout.settle_gate`); the last branch to end
+joins, whichever decision ended it."""
 
 from __future__ import annotations
 
@@ -8,7 +13,8 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.core import gates, keys, transitions
+from orchestrator.core import fanout, gates, keys, transitions
+from orchestrator.core.branches import branch_output_key
 from orchestrator.core.models import RunRecord
 
 if TYPE_CHECKING:
@@ -20,7 +26,7 @@ def approve(
     edit: Mapping[str, Any] | None = None,
 ) -> gates.Approval:  # fmt: skip
     """Approve a gate of the run (`gate`, or its one pending gate), with `edit` replacing
-    the gated stage's output (checked against its schema; audited). Says whether it was
+    the gated output (checked against the stage's schema; audited). Says whether it was
     applied (not if the gate was approved before: nothing changes) and the stage queued.
 
     Raises:
@@ -30,19 +36,27 @@ def approve(
     run = conductor.store.get(run_id)
     chosen = gates.choose(run, gate)
     pipeline = conductor.pipeline_of(run)
-    spec = pipeline.stage(run.gates[chosen].stage)
-    edited = None if edit is None else gates.checked_edit(spec, run.gates[chosen], edit)
+    held = run.gates[chosen]
+    spec = pipeline.stage(held.stage)
+    edited = None if edit is None else gates.checked_edit(spec, held, edit)
+    key = (
+        spec.output_key if held.branch is None else branch_output_key(spec.output_key, held.branch)
+    )
     outputs = keys.outputs(run_id)
 
     def mutate(run: RunRecord, pipe: Any) -> tuple[transitions.Next | None, RunRecord]:
         if not gates.approve(run, chosen, by=by, edited=edited is not None, now=time.time()):
             return None, run
-        output = conductor.store.output(run_id, spec.output_key) or {}
+        output = conductor.store.output(run_id, key) or {}
         if edited is not None:
-            pipe.hset(outputs, f"{spec.output_key}.proposed", transitions.compact(output))
-            pipe.hset(outputs, spec.output_key, transitions.compact(edited))
+            pipe.hset(outputs, f"{key}.proposed", transitions.compact(output))
+            pipe.hset(outputs, key, transitions.compact(edited))
         conductor.audit(run, spec.name, run.stages[spec.name].attempts, "gate_approved",
-                    pipe=pipe, gate=chosen, by=by, edit=edited)  # fmt: skip
+                        pipe=pipe, gate=chosen, by=by, edit=edited)  # fmt: skip
+        if held.branch is not None:
+            given = None if edited is None else transitions.compact(edited)
+            return fanout.settle_gate(conductor, run, pipe, spec, held.branch, approved=True,
+                                      output=given), run  # fmt: skip
         if gates.pending(run):  # another gate still holds the run: it goes on after that one
             return transitions.Next(), run
         chosen_output = output if edited is None else edited
@@ -58,42 +72,61 @@ def reject(
     conductor: Conductor, run_id: str, gate: str | None = None, *, by: str, reason: str
 ) -> bool:
     """Reject a gate of the run (`gate`, or its one pending gate): the run ends `rejected`
-    with `reason`. False if the gate was rejected before (nothing changes).
+    with `reason` (a branch's gate: the branch ends failed, and the stage goes on with the
+    others). False if the gate was rejected before (nothing changes).
 
     Raises:
         RunStateError: no such gate, it was approved or expired, or the run has ended.
     """
+    pipeline = conductor.pipeline_of(conductor.store.get(run_id))
 
-    def mutate(run: RunRecord, pipe: Any) -> tuple[bool, RunRecord]:
+    def mutate(run: RunRecord, pipe: Any) -> tuple[transitions.Next | None, RunRecord]:
         chosen = gates.choose(run, gate)
         if not gates.reject(run, chosen, by=by, reason=reason, now=time.time()):
-            return False, run
-        stage = run.gates[chosen].stage
-        conductor.audit(run, stage, run.stages[stage].attempts, "gate_rejected", pipe=pipe,
-                    gate=chosen, by=by, reason=reason)  # fmt: skip
-        return True, run
+            return None, run
+        held = run.gates[chosen]
+        conductor.audit(run, held.stage, run.stages[held.stage].attempts, "gate_rejected",
+                        pipe=pipe, gate=chosen, by=by, reason=reason)  # fmt: skip
+        if held.branch is None:
+            return transitions.Next(ended=True), run
+        spec = pipeline.stage(held.stage)
+        why = f"rejected by {by}: {reason}"
+        return fanout.settle_gate(conductor, run, pipe, spec, held.branch, approved=False,
+                                  reason=why), run  # fmt: skip
 
-    done, run = conductor.store.transact(run_id, mutate)
-    if done:
-        conductor.store.retire(run)
-    return bool(done)
+    decision, run = conductor.store.transact(run_id, mutate)
+    if decision is None:
+        return False
+    conductor.carry_out(run, decision, pipeline)
+    return True
 
 
 def time_out(conductor: Conductor, run_id: str, now: float) -> dict[str, str]:
     """Act on the run's gates whose timeout fell (the reconciler's part): each id with
-    what happened, `expired` (the run failed) or `escalated`."""
+    what happened, `expired` (the run failed; a branch's gate: the branch) or `escalated`."""
+    pipeline = conductor.pipeline_of(conductor.store.get(run_id))
 
-    def mutate(run: RunRecord, pipe: Any) -> tuple[dict[str, str], RunRecord]:
-        acted = {}
+    def mutate(
+        run: RunRecord, pipe: Any
+    ) -> tuple[tuple[dict[str, str], list[transitions.Next]], RunRecord]:
+        acted, decisions = {}, []
         for name, gate in gates.overdue(run, now).items():
             what = gates.time_out(run, name, now=now)
-            if what is not None:
-                acted[name] = what
-                conductor.audit(run, gate.stage, run.stages[gate.stage].attempts,
+            if what is None:
+                continue
+            acted[name] = what
+            conductor.audit(run, gate.stage, run.stages[gate.stage].attempts,
                             f"gate_{what}", pipe=pipe, gate=name)  # fmt: skip
-        return acted, run
+            if what == "expired" and gate.branch is not None:
+                decisions.append(fanout.settle_gate(
+                    conductor, run, pipe, pipeline.stage(gate.stage), gate.branch,
+                    approved=False, reason=f"gate {name}: {gate.reason}",
+                ))  # fmt: skip
+        return (acted, decisions), run
 
-    acted, run = conductor.store.transact(run_id, mutate)
+    (acted, decisions), run = conductor.store.transact(run_id, mutate)
+    for decision in decisions:
+        conductor.carry_out(run, decision, pipeline)
     if run.status.is_terminal:
         conductor.store.retire(run)
     return dict(acted)

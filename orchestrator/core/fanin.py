@@ -32,6 +32,8 @@ class BranchStatus(StrEnum):
     RUNNING = "running"
     DONE = "done"
     FAILED = "failed"
+    AWAITING_APPROVAL = "awaiting_approval"
+    """It finished and its gate waits for a person (`settle` ends it either way)."""
 
     @property
     def ended(self) -> bool:
@@ -124,7 +126,7 @@ def claim(
     """Claim `branch` for an execution by `owner`, as `Conductor.begin` claims a stage: a lapsed
     lease held by another counts as one interrupted execution."""
     record = _branch(fan, branch)
-    if record.status.ended:
+    if record.status.ended or record.status == BranchStatus.AWAITING_APPROVAL:
         return Claim.ENDED
     if record.status == BranchStatus.RUNNING and record.owner != owner:
         if record.lease_until is not None and record.lease_until > now:
@@ -169,6 +171,8 @@ class Recorded(StrEnum):
     """The branch had ended already: nothing changed."""
     LOST = "lost"
     """Another execution holds the branch: nothing changed."""
+    HELD = "held"
+    """The branch finished and waits for a person (`hold_end`): not counted yet."""
 
 
 def record_end(fan: FanIn, end: BranchEnd, *, now: float, by_facts: bool = True) -> Recorded:
@@ -178,11 +182,59 @@ def record_end(fan: FanIn, end: BranchEnd, *, now: float, by_facts: bool = True)
     Idempotent: a branch that has ended is never counted again, so any order and any
     duplication of the same ends joins exactly once, with the same selection.
     """
+    refused = _refused(fan, end)
+    if refused is not None:
+        return refused
+    _note(_branch(fan, end.branch), end, now)
+    return _count(fan, by_facts=by_facts)
+
+
+def hold_end(fan: FanIn, end: BranchEnd, *, now: float) -> Recorded:
+    """Record that a branch finished (done) and waits for a person's decision on it, without
+    counting it as ended: `settle` does that once the decision comes. As `record_end`, a
+    branch that ended, or that another execution holds, changes nothing."""
+    refused = _refused(fan, end)
+    if refused is not None:
+        return refused
     record = _branch(fan, end.branch)
-    if record.status.ended:
+    _note(record, end, now)
+    record.status = BranchStatus.AWAITING_APPROVAL
+    return Recorded.HELD
+
+
+def settle(
+    fan: FanIn, branch: str, *, approved: bool, reason: str = "", now: float, by_facts: bool = True
+) -> Recorded:
+    """End a branch that awaited approval: done if `approved`, else failed with `reason`;
+    counted, and the last to end joins (`record_end`). A branch not awaiting approval (settled
+    before) changes nothing."""
+    record = _branch(fan, branch)
+    if record.status != BranchStatus.AWAITING_APPROVAL:
+        return Recorded.DUPLICATE
+    record.status = BranchStatus.DONE if approved else BranchStatus.FAILED
+    record.finished_at, record.error = now, None if approved else reason
+    return _count(fan, by_facts=by_facts)
+
+
+def active(fan: FanIn) -> bool:
+    """Whether a branch may still run (queued or running): a run whose branches all ended or
+    wait for a person holds no worker, and awaits approval."""
+    return any(
+        b.status in (BranchStatus.QUEUED, BranchStatus.RUNNING) for b in fan.branches.values()
+    )
+
+
+def _refused(fan: FanIn, end: BranchEnd) -> Recorded | None:
+    record = _branch(fan, end.branch)
+    if record.status.ended or record.status == BranchStatus.AWAITING_APPROVAL:
         return Recorded.DUPLICATE
     if end.owner is not None and record.owner != end.owner:
         return Recorded.LOST
+    return None
+
+
+def _note(record: BranchRecord, end: BranchEnd, now: float) -> None:
+    """What an execution's end leaves on its branch's record."""
     record.status = BranchStatus.DONE if end.done else BranchStatus.FAILED
     record.finished_at, record.owner, record.lease_until = now, None, None
     record.error = None if end.done else (end.error or "failed")
@@ -190,6 +242,10 @@ def record_end(fan: FanIn, end: BranchEnd, *, now: float, by_facts: bool = True)
     record.output_chars, record.requests = end.output_chars, end.requests
     record.prompt_tokens_total, record.output_tokens = end.prompt_tokens_total, end.output_tokens
     record.artifacts = {name: dict(ref) for name, ref in end.artifacts.items()}
+
+
+def _count(fan: FanIn, *, by_facts: bool) -> Recorded:
+    """One more branch ended: the last one joins."""
     fan.ended += 1
     if not fan.complete:
         return Recorded.COUNTED

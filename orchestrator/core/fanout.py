@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
-from orchestrator.core import keys, transitions
+from orchestrator.core import gates, keys, transitions
 from orchestrator.core.branches import (
     branch_label,
     branch_output_key,
@@ -33,9 +33,12 @@ from orchestrator.core.fanin import (
     Claim,
     FanIn,
     Recorded,
+    active,
     claim,
+    hold_end,
     lapsed,
     record_end,
+    settle,
     why_none,
 )
 from orchestrator.core.models import ArtifactRef, RunRecord, RunStatus, StageRecord, StageStatus
@@ -193,7 +196,10 @@ def complete_branch(
         if run.status.is_terminal:
             return Completion.LOST, None, run
         end = _end(spec.schema_class(), branch, result, owner, error, payload)
-        recorded = record_end(fan, end, now=time.time(), by_facts=_by_facts(spec))
+        if spec.gate is not None and result is not None:
+            recorded = hold_end(fan, end, now=time.time())
+        else:
+            recorded = record_end(fan, end, now=time.time(), by_facts=_by_facts(spec))
         if recorded in (Recorded.DUPLICATE, Recorded.LOST):
             return (Completion.RECORDED if recorded == Recorded.DUPLICATE else Completion.LOST,
                     None, run)  # fmt: skip
@@ -202,7 +208,10 @@ def complete_branch(
             pipe.hset(keys.outputs(run.id), branch_output_key(spec.output_key, branch), payload)
         _audit(conductor, run, stage, branch, attempt, "branch_done" if result else
                "branch_failed", pipe, chars=len(payload or ""), error=error)  # fmt: skip
-        if recorded == Recorded.COUNTED:
+        if recorded == Recorded.HELD:
+            _open_gate(conductor, run, pipe, spec, branch)
+        if recorded != Recorded.JOINED:
+            _park_if_idle(run, fan)
             return Completion.RECORDED, None, run
         return Completion.RECORDED, _join(conductor, run, pipe, spec, fan, payload, branch), run
 
@@ -210,6 +219,41 @@ def complete_branch(
     if decision is not None:
         conductor.carry_out(run, decision, pipeline)
     return done
+
+
+def _open_gate(
+    conductor: Conductor, run: RunRecord, pipe: Any, spec: StageSpec, branch: str
+) -> None:
+    """Within the transaction that held a finished branch: its own gate, pending."""
+    assert spec.gate is not None
+    record = _fan(run.stages[spec.name]).branches[branch]
+    gate = gates.open_gate(run, spec.name, spec.gate, artifacts=list(record.artifacts),
+                           now=time.time(), branch=branch, park=False)  # fmt: skip
+    _audit(conductor, run, spec.name, branch, record.attempts, "gate_opened", pipe,
+           gate=gates.gate_id(spec.name, branch), approve=gate.approve)  # fmt: skip
+
+
+def _park_if_idle(run: RunRecord, fan: FanIn) -> None:
+    """A run whose branches have all ended or wait for a person holds no worker: it awaits
+    approval until the gates are decided."""
+    if gates.pending(run) and not active(fan) and not run.status.is_terminal:
+        run.status = RunStatus.AWAITING_APPROVAL
+
+
+def settle_gate(
+    conductor: Conductor, run: RunRecord, pipe: Any, spec: StageSpec, branch: str, *,
+    approved: bool, reason: str = "", output: str | None = None,
+) -> transitions.Next:  # fmt: skip
+    """Within the transaction that decided a branch's gate: the branch ends, done when
+    `approved` (with `output`, an approver's edit, as its output), else failed with `reason`;
+    the last branch to end joins, as in `complete_branch`."""
+    fan = _fan(run.stages[spec.name])
+    recorded = settle(fan, branch, approved=approved, reason=reason, now=time.time(),
+                      by_facts=_by_facts(spec))  # fmt: skip
+    if recorded != Recorded.JOINED:
+        _park_if_idle(run, fan)
+        return transitions.Next()
+    return _join(conductor, run, pipe, spec, fan, output, branch)
 
 
 def _join(

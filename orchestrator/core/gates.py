@@ -64,23 +64,27 @@ class GateRule(BaseModel):
     and keep waiting for a person)."""
 
 
-def gate_id(stage: str) -> str:
-    """The id of a stage's gate. One per stage today; a branch of a parallel stage would add
-    its label (`fix.b2`), which is why gates are keyed by id and not by stage or run."""
-    return stage
+def gate_id(stage: str, branch: str | None = None) -> str:
+    """The id of a gate: the stage's name, or for a branch of a fan-out stage the stage's and
+    the branch's (`fix.b2`): each branch of a gated fan-out stage waits on its own gate."""
+    return stage if branch is None else f"{stage}.{branch}"
 
 
 def open_gate(
-    run: RunRecord, stage: str, rule: GateRule, *, artifacts: list[str], now: float
-) -> GateRecord:
-    """Park `run` on `stage`'s gate (within the transaction that records its output)."""
+    run: RunRecord, stage: str, rule: GateRule, *, artifacts: list[str], now: float,
+    branch: str | None = None, park: bool = True,
+) -> GateRecord:  # fmt: skip
+    """Open `stage`'s gate (or its `branch`'s) within the transaction that records its output;
+    `park`: the run waits on it now (not while other branches of the stage still run)."""
     gate = GateRecord(
-        stage=stage, approve=rule.approve, opened_at=now, on_timeout=rule.on_timeout,
+        stage=stage, branch=branch, approve=rule.approve, opened_at=now,
+        on_timeout=rule.on_timeout,
         deadline=now + rule.timeout_s if rule.timeout_s is not None else None,
         artifacts=sorted(artifacts),
     )  # fmt: skip
-    run.gates[gate_id(stage)] = gate
-    run.status, run.current_stage = RunStatus.AWAITING_APPROVAL, stage
+    run.gates[gate_id(stage, branch)] = gate
+    if park:
+        run.status, run.current_stage = RunStatus.AWAITING_APPROVAL, stage
     return gate
 
 
@@ -144,14 +148,20 @@ def approve(run: RunRecord, gate: str, *, by: str, edited: bool, now: float) -> 
         )
     record.status, record.decided_at, record.decided_by = GateStatus.APPROVED, now, by
     record.edited = edited
-    if not pending(run):
-        run.status = RunStatus.QUEUED
+    _unpark(run)
     return True
 
 
+def _unpark(run: RunRecord) -> None:
+    """The run waits on no gate any more: it goes on (what comes next is the caller's)."""
+    if not pending(run) and run.status == RunStatus.AWAITING_APPROVAL:
+        run.status = RunStatus.QUEUED
+
+
 def reject(run: RunRecord, gate: str, *, by: str, reason: str, now: float) -> bool:
-    """Reject `gate` and end the run `rejected` with `reason`. True: rejected now; False: it
-    was rejected before (nothing changes).
+    """Reject `gate` and end the run `rejected` with `reason` (a branch's gate: only the branch
+    ends, failed; its stage goes on with the others). True: rejected now; False: it was
+    rejected before (nothing changes).
 
     Raises:
         RunStateError: the gate was approved or expired, the run has ended, or no reason.
@@ -171,6 +181,9 @@ def reject(run: RunRecord, gate: str, *, by: str, reason: str, now: float) -> bo
         )
     record.status, record.decided_at, record.decided_by = GateStatus.REJECTED, now, by
     record.reason = reason
+    if record.branch is not None:
+        _unpark(run)
+        return True
     run.status, run.current_stage = RunStatus.REJECTED, None
     run.reason = f"{record.stage}: rejected by {by}: {reason}"
     return True
@@ -198,6 +211,9 @@ def time_out(run: RunRecord, gate: str, *, now: float) -> str | None:
         return "escalated"
     record.status, record.decided_at = GateStatus.EXPIRED, now
     record.reason = f"no decision within {waited_s}s"
+    if record.branch is not None:  # the branch fails; its stage goes on with the others
+        _unpark(run)
+        return "expired"
     run.status, run.current_stage = RunStatus.FAILED, None
     run.reason = f"{record.stage}: gate {gate}: {record.reason}"
     return "expired"
@@ -229,8 +245,8 @@ def checked_edit(spec: StageSpec, gate: GateRecord, edit: Mapping[str, Any]) -> 
     """
     if gate.approve != "plan":
         raise PipelineError(
-            f"gate {gate_id(spec.name)} approves a {gate.approve}, which is approved or "
-            "rejected as it is; reject it with a reason instead of editing it"
+            f"gate {gate_id(spec.name, gate.branch)} approves a {gate.approve}, which is "
+            "approved or rejected as it is; reject it with a reason instead of editing it"
         )
     try:
         checked = spec.schema_class().model_validate(dict(edit))

@@ -247,6 +247,9 @@ class GateRecord(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     stage: str
+    branch: str | None = None
+    """The branch of a fan-out stage whose output it holds (`fix.b2`'s gate); None: the
+    stage's own output."""
     approve: str
     """What is approved: `plan` (an output a person may edit) or `diff` (the stage's artifacts
     and proof, approved or rejected as they are)."""
