@@ -94,10 +94,9 @@ def check_spec(stage: StageSpec) -> None:
 
 
 def check_runnable(stage: StageSpec) -> None:
-    """What of a fan-out, checked already, this version of Baton can run: `parallel` with
-    `select = "proof"`. A `map` stage and a judge are designed (docs/architecture.md) and
-    checked, but refused here until the conductor runs them, so that no run starts that would
-    stop at them.
+    """What of a fan-out, checked already, this version of Baton can run: `parallel`, selected
+    by facts or by a judge. A `map` stage is designed (docs/architecture.md) and checked, but
+    refused here until the conductor runs it, so that no run starts that would stop at it.
 
     Raises:
         ValueError: names the stage and what is not run yet.
@@ -105,11 +104,6 @@ def check_runnable(stage: StageSpec) -> None:
     if stage.map is not None:
         raise ValueError(
             f"stage {stage.name!r}: `map` is checked but not run yet; use `parallel` for now"
-        )
-    if stage.select is not None and stage.select.judge is not None:
-        raise ValueError(
-            f'stage {stage.name!r}: a judge is checked but not run yet; use select = "proof" '
-            "for now"
         )
 
 

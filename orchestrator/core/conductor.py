@@ -18,7 +18,16 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from orchestrator.core import approvals, autonomy, fanin, fanout, gates, keys, transitions
+from orchestrator.core import (
+    approvals,
+    autonomy,
+    fanin,
+    fanout,
+    gates,
+    judging,
+    keys,
+    transitions,
+)
 from orchestrator.core.errors import PipelineError, RunStateError
 from orchestrator.core.execution import (
     Completion,
@@ -252,6 +261,13 @@ class Conductor:
                 return again
         record.status = StageStatus.DONE
         self.audit(run, stage, record.attempts, "stage_done", pipe=pipe, chars=len(payload))
+        if (fanned := judging.judged(pipeline, stage)) is not None:
+            try:
+                kept = judging.apply(self.store, run, pipe, fanned, result.output)
+            except ValueError as exc:
+                self.audit(run, stage, record.attempts, "stage_failed", pipe=pipe, error=str(exc))
+                return transitions.fail(run, stage, str(exc))
+            self.audit(run, stage, record.attempts, "judged", pipe=pipe, kept=kept)
         if spec.stop_when and spec.stop_when.matches(result.output):
             return transitions.decide(run, pipeline, stage, result.output)
         limit = autonomy.effect(

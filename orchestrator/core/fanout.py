@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
-from orchestrator.core import gates, keys, transitions
+from orchestrator.core import gates, judging, keys, transitions
 from orchestrator.core.branches import (
     branch_label,
     branch_output_key,
@@ -269,6 +269,10 @@ def _join(
     the stage's and the run moves on; none selected, the stage and the run fail."""
     record = run.stages[spec.name]
     record.finished_at, record.lease_until = time.time(), None
+    if fan.selected is None and not _by_facts(spec) and spec.select is not None:
+        unwritten = {last: payload} if payload is not None else {}
+        if choices := judging.candidates(conductor.store, run.id, spec, fan, unwritten):
+            return _to_judge(conductor, run, pipe, spec, fan, choices)
     if fan.selected is None:
         error = f"no branch finished: {why_none(fan)}"
         record.status, record.error = StageStatus.FAILED, error
@@ -287,6 +291,21 @@ def _join(
     _audit(conductor, run, spec.name, fan.selected, fan.branches[fan.selected].attempts,
            "fan_in_joined", pipe, selected=fan.selected, ended=fan.ended)  # fmt: skip
     return transitions.decide(run, conductor.pipeline_of(run), spec.name, json.loads(chosen))
+
+
+def _to_judge(
+    conductor: Conductor, run: RunRecord, pipe: Any, spec: StageSpec, fan: FanIn,
+    choices: dict[str, Any],
+) -> transitions.Next:  # fmt: skip
+    """Within the join of a judged stage: its output is its candidates, and its judge comes
+    next (`orchestrator.core.judging`)."""
+    payload = transitions.compact(choices)
+    pipe.hset(keys.outputs(run.id), spec.output_key, payload)
+    record = run.stages[spec.name]
+    record.status, record.output_chars = StageStatus.DONE, len(payload)
+    _audit(conductor, run, spec.name, "-", 0, "fan_in_joined", pipe, selected=None,
+           candidates=list(choices), ended=fan.ended)  # fmt: skip
+    return transitions.decide(run, conductor.pipeline_of(run), spec.name, choices)
 
 
 def _stored(conductor: Conductor, run_id: str, spec: StageSpec, branch: str) -> str:

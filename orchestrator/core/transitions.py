@@ -89,6 +89,14 @@ def fresh(record: StageRecord | None) -> StageRecord:
     return StageRecord(attempts=record.attempts if record else 0)
 
 
+def fail(run: RunRecord, stage: str, error: str) -> Next:
+    """Within a transaction: fail `stage` with `error`, and the run with it."""
+    record = run.stages[stage]
+    record.status, record.error, record.finished_at = StageStatus.FAILED, error, time.time()
+    run.status, run.reason, run.current_stage = RunStatus.FAILED, f"{stage}: {error}", None
+    return Next(ended=True)
+
+
 def skip_rest(run: RunRecord, pipeline: Pipeline, completed: str, reason: str) -> Next:
     """Within a transaction: end the run `skipped` after `completed`, the rest skipped."""
     following = pipeline.next_after(completed)

@@ -57,11 +57,14 @@ def test_a_map_over_an_upstream_list_passes_its_checks_and_is_refused_as_not_run
         Pipeline.model_validate(spec)
 
 
-def test_a_judge_right_after_passes_its_checks_and_is_refused_as_not_run_yet() -> None:
+def test_a_judge_right_after_with_a_text_field_loads() -> None:
     spec = _fixer_like(parallel=2, select={"judge": "after", "field": "branch"})
     spec["stages"][-1]["output_schema"] = f"{__name__}:Pick"  # type: ignore[index]
-    with pytest.raises(ValueError, match="stage 'fix': a judge is checked but not run yet"):
-        Pipeline.model_validate(spec)
+    stage = Pipeline.model_validate(spec).stage("fix")
+    assert stage.select is not None and (stage.select.judge, stage.select.field) == (
+        "after",
+        "branch",
+    )
 
 
 def test_a_stage_without_fan_out_fields_does_not_fan_out() -> None:
