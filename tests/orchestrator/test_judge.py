@@ -36,7 +36,8 @@ PIPELINE = Pipeline.model_validate(
         {"name": "fix", "instruction": "{reproduce}", "output_schema": f"{SCHEMAS}:Fix",
          "tools": ["read_file", "edit_file"], "proof": {"reproduction_from": "reproduce"},
          "parallel": 3, "select": {"judge": "pick", "field": "keep"}},
-        {"name": "pick", "instruction": "Keep the best of {fix}", "output_schema": f"{__name__}:Pick"},
+        {"name": "pick", "instruction": "Keep the best of {fix}",
+         "output_schema": f"{__name__}:Pick"},
         {"name": "pr", "instruction": "{fix}", "output_schema": f"{SCHEMAS}:Plan"},
     ]}
 )  # fmt: skip
