@@ -25,6 +25,7 @@ from bench import (
     environment,
     fanout,
     governor,
+    graph,
     inspection,
     isolation,
     overhead,
@@ -50,6 +51,7 @@ BENCHMARKS = {
     "compaction": compaction,
     "delegation": delegation,
     "fanout": fanout,
+    "graph": graph,
 }
 
 

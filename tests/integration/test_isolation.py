@@ -21,6 +21,7 @@ from orchestrator.core.models import RunStatus, StageStatus
 from orchestrator.core.pipeline import load_pipeline
 from orchestrator.core.settings import ModelConfig, RetryConfig
 from orchestrator.core.store import RunStore
+from testkit.leaks import find_leaks, scripted_calls, traffic_lines
 from testkit.sinks import MemoryArtifacts
 from testkit.workspace import LocalWorkspace
 from tests.repos import Git
@@ -28,7 +29,6 @@ from workers.gemini import build_model, close_model
 from workers.tools.code import build_tools
 
 from .conftest import CANARY_KEY, Stack, demo_scenario
-from .leaks import find_leaks, scripted_calls, traffic_lines
 
 STAGES = ["triage", "search", "plan", "reproduce", "fix", "pr"]
 
