@@ -362,6 +362,12 @@ def test_an_operator_approves_a_plan_with_an_edit_and_sees_branches_side_by_side
     with api.connect(session_stack.settings) as conductor:
         run_id = park_a_run(conductor)
         conductor.store.transact(run_id, lambda run, _: branched(run.stages["plan"]))
+        conductor.store.audit(run_id, [
+            {"ts": repr(time.time()), "branch": f"gated-web.plan.{branch}", "kind": "model_reply",
+             "session": f"{run_id}:plan:{branch}:1", "author": "plan",
+             "data": {"content": {"parts": [{"text": f"the plan of {branch}"}]}}}
+            for branch in ("b1", "b2")
+        ])  # fmt: skip
         store = conductor.store
         driver = sized(browser)
         log_in(driver, web, "operator", f"/runs/{quote(run_id)}")
@@ -371,6 +377,9 @@ def test_an_operator_approves_a_plan_with_an_edit_and_sees_branches_side_by_side
         assert [lane.get_attribute("data-selected") for lane in lanes] == ["false", "true"]
         assert lanes[1].find_element(By.CLASS_NAME, "tl-name").text == "└ b2 ★"
         link = wait_for(driver, 'tr[data-branch="b2"] a.flower-task')  # the plan stage's panel
+        tagged = wait_for(driver, '.transcript li[data-branch="b2"]')  # its transcript's entry
+        assert tagged.find_element(By.CLASS_NAME, "lane").text == "b2"
+        assert "the plan of b2" in text_of(tagged)
         assert link.get_attribute("href") == f"{FLOWER_URL}/task/{quote(run_id)}.plan.b2"
 
         wait_for(driver, "#edit-plan").click()
