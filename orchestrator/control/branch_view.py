@@ -11,8 +11,8 @@ A branch's error may quote a model or a repository: every cell goes through
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 from rich.text import Text
 
@@ -33,6 +33,18 @@ STYLE = {
     BranchStatus.DONE: "green",
     BranchStatus.FAILED: "red",
 }
+
+
+class Live(Protocol):
+    """What a running branch's session is doing, read from the audit log
+    (`orchestrator.control.report.Activity`)."""
+
+    @property
+    def model_calls(self) -> int: ...
+    @property
+    def prompt_tokens(self) -> int: ...
+    @property
+    def doing(self) -> str: ...
 
 
 def ordered(fan: FanIn) -> list[tuple[str, BranchRecord]]:
@@ -67,30 +79,30 @@ def progress(fan: FanIn) -> str:
 
 
 def branch_rows(
-    run: RunRecord, fan: FanIn, *, now: float | None = None, calls: dict[str, int] | None = None
+    run: RunRecord, fan: FanIn, *, now: float | None = None, live: Mapping[str, Live] | None = None
 ) -> list[list[Cell]]:
     """A sub-row per branch, under its stage's row of `report.run_table` and in its columns
     (stage, status, tries, calls, prompt tok, max req, out chars, time, note): `└ b2 ★`,
-    its status, its executions, its model calls (`calls`, by branch, for one still running:
-    counted from the audit log), its tokens and output, its time, and in the note its session
-    id, or why it failed."""
+    its status, its executions, its model calls and prompt tokens (for one still running, as
+    `live` has them by branch, from the audit log), its output, its time, and in the note its
+    session (`…:fix:b2:1`) and what it is doing, or why it failed."""
     now = time.time() if now is None else now
     branches = ordered(fan)
     rows: list[list[Cell]] = []
     for index, (name, record) in enumerate(branches):
         corner = "└" if index == len(branches) - 1 else "├"
         mark = f" {SELECTED}" if name == fan.selected else ""
-        live = (calls or {}).get(name)
+        going = (live or {}).get(name)
         rows.append([
             f"  {corner} {name}{mark}",
             _status(run, record),
             str(record.attempts),
-            str(live if live is not None else record.requests),
-            f"{record.prompt_tokens_total:,}",
+            str(going.model_calls if going else record.requests),
+            f"{going.prompt_tokens if going else record.prompt_tokens_total:,}",
             "",
             f"{record.output_chars:,}",
             _duration(record, now),
-            _note(record),
+            " · ".join(n for n in (_note(run.id, record), going.doing if going else "") if n),
         ])  # fmt: skip
     return rows
 
@@ -110,11 +122,14 @@ def _duration(record: BranchRecord, now: float) -> str:
     return f"{now - record.started_at:.1f}s…" if record.status == BranchStatus.RUNNING else ""
 
 
-def _note(record: BranchRecord) -> str:
-    """Why it failed, else its session id (and its lost executions)."""
+def _note(run_id: str, record: BranchRecord) -> str:
+    """Why it failed, else its session id (`…:fix:b2:1`: the run id, which the table's title
+    holds, left out, so that what tells the sessions apart fits a narrow terminal; `--json`
+    has it whole), its lost executions and its proof."""
     if record.status == BranchStatus.FAILED and record.error:
         return " ".join(record.error.split())
-    parts = [record.session_id or ""]
+    session = record.session_id or ""
+    parts = ["…" + session.removeprefix(run_id) if session.startswith(f"{run_id}:") else session]
     if record.interrupted:
         parts.append(f"lost {record.interrupted}x")
     if record.proof_passed is not None:

@@ -325,12 +325,12 @@ def run_table(
     for name, record in run.stages.items():
         rows.append(_stage_row(run, name, record, (activity or {}).get(name), now))
         if record.fan_in is not None:
-            calls = {
-                branch: live.model_calls
+            live = {
+                branch: going
                 for branch in record.fan_in.branches
-                if (live := (activity or {}).get(f"{name}.{branch}")) is not None
+                if (going := (activity or {}).get(f"{name}.{branch}")) is not None
             }
-            rows.extend(branch_rows(run, record.fan_in, now=now, calls=calls))
+            rows.extend(branch_rows(run, record.fan_in, now=now, live=live))
     title = f"run {run.id} · {run.pipeline} · {run.status.value}"
     caption, line = _caption(run, now), published_line(where)
     if line is not None:

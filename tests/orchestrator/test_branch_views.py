@@ -70,8 +70,8 @@ def test_status_shows_a_row_per_branch_under_its_stage_with_attempts_and_session
     assert cells["tries"][2:5] == ["1", "2", "1"]
     assert cells["time"][2:5] == ["30.0s", "30.0s…", "20.0s"]
     assert cells["note"][1] == "2/3 branches ended (1 failed)"
-    assert cells["note"][2] == f"{RUN}:fix:b1:1 · proof passed"
-    assert cells["note"][3] == f"{RUN}:fix:b2:2 · lost 1x"
+    assert cells["note"][2] == "…:fix:b1:1 · proof passed"  # the run id is in the title
+    assert cells["note"][3] == "…:fix:b2:2 · lost 1x"
     assert cells["note"][4].startswith("model said ok")
 
 
@@ -125,6 +125,8 @@ def test_watch_counts_a_running_branch_s_model_calls_from_its_own_session() -> N
     assert set(activity) == {"fix.b2"}
     assert (activity["fix.b2"].model_calls, activity["fix.b2"].prompt_tokens) == (2, 1400)
     assert cells["calls"][2:5] == ["4", "2", "0"]
+    assert cells["prompt tok"][3] == "1,400"
+    assert cells["note"][3] == "…:fix:b2:2 · lost 1x · replying"
 
 
 def test_a_branch_s_audit_entry_belongs_to_its_stage_and_attempt() -> None:
