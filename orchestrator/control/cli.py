@@ -26,7 +26,7 @@ from rich.markup import escape
 
 from orchestrator.control import api, cli_gates, cli_inspect, cli_pipeline
 from orchestrator.control.budget_view import budget_cell, budget_json, budget_line, spend_of_each
-from orchestrator.control.messages import EXIT_BAD_INPUT, complaint
+from orchestrator.control.messages import EXIT_AWAITING_APPROVAL, EXIT_BAD_INPUT, complaint
 from orchestrator.control.report import (
     follow,
     recorded_outputs,
@@ -332,8 +332,14 @@ def reconcile() -> None:
 @click.option("--interval", default=0.5, show_default=True, help="Seconds between refreshes.")
 @click.option("--timeout", default=0.0, help="Give up after this many seconds (0: never).")
 def watch(run_id: str, interval: float, timeout: float) -> None:
-    """Follow a run live until it ends; exits non-zero if it failed or was cancelled."""
+    """Follow a run live until it ends; exits non-zero if it failed or was cancelled, and 4
+    when it parks awaiting approval, after saying how to approve or reject it."""
     run = follow(run_id, Settings(), interval_s=interval, timeout_s=timeout, console=out)
+    if run.status == RunStatus.AWAITING_APPROVAL:
+        err.print(f"run {escape(run_id)} awaits approval; the watch ends here", highlight=False)
+        for note in cli_gates.gate_notes(run):
+            err.print(f"[yellow]{escape(note)}[/]", highlight=False, soft_wrap=True)
+        sys.exit(EXIT_AWAITING_APPROVAL)
     sys.exit(0 if run.status in (RunStatus.DONE, RunStatus.SKIPPED) else EXIT_FAILED_RUN)
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from orchestrator.control import api
+from orchestrator.control.plain import safe
 from orchestrator.core import gates
 from orchestrator.core.models import GateStatus, RunRecord
 
@@ -65,4 +66,4 @@ def gate_notes(run: RunRecord) -> list[str]:
     for name, gate in run.gates.items():
         if gate.status == GateStatus.REJECTED:
             notes.append(f"gate {name} was rejected by {gate.decided_by}: {gate.reason}")
-    return notes
+    return [safe(note) for note in notes]  # a reason is typed by a person, through the API too

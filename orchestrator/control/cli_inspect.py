@@ -25,6 +25,7 @@ from rich.text import Text
 
 from orchestrator.control import inspection, plain
 from orchestrator.control.api import connect
+from orchestrator.control.branch_view import group_by_branch
 from orchestrator.control.inspection import Entry
 from orchestrator.control.tables import Column, counted, fitted_table
 from orchestrator.core.errors import ConfigError
@@ -203,11 +204,23 @@ def artifact(run_id: str, name: str, path: Path | None, as_json: bool) -> None:
 @click.option("--full", is_flag=True, help="Whole arguments, results and messages, wrapped to "
               "the terminal's width (by default each entry is one line, cut to fit).")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
-def log(run_id: str, stage: str | None, follow: bool, full: bool, as_json: bool) -> None:
+@click.option("--by-branch", is_flag=True, help="Group the entries by branch label "
+              "(`fixer.fix.b1`, …), each group under a heading: the branches of a fan-out "
+              "stage run at once, and their entries interleave.")  # fmt: skip
+def log(
+    run_id: str, stage: str | None, follow: bool, full: bool, as_json: bool, by_branch: bool
+) -> None:
     """Print RUN_ID's audit stream as a transcript: the messages each stage's session was
     given, the model's replies and tool calls (arguments and results cut to the terminal's
     width, or whole with --full), retries and waits, each with its time and branch."""
     width = max(out.width, 60)
+    if by_branch:
+        if follow:
+            raise click.UsageError("--by-branch groups a whole log; it does not --follow")
+        with _store() as store:
+            entries = inspection.whole_audit(store, run_id, stage=stage)
+        _print_grouped(group_by_branch(entries), as_json, width, full=full)
+        return
     with _store() as store:
         after: str | None = None
         while True:
@@ -217,6 +230,24 @@ def log(run_id: str, stage: str | None, follow: bool, full: bool, as_json: bool)
             if not follow or ended:
                 break
             time.sleep(FOLLOW_INTERVAL_S)
+
+
+def _print_grouped(
+    groups: dict[str, list[Entry]], as_json: bool, width: int, *, full: bool
+) -> None:
+    """Each branch label's entries under a heading naming it and counting them (JSON lines
+    in the same order, without headings)."""
+    for label, entries in groups.items():
+        if not as_json:
+            noun = "entry" if len(entries) == 1 else "entries"
+            out.print(Text(f"── {plain.safe(label)} · {len(entries)} {noun}", style="bold"))
+        for entry in entries:
+            if as_json:
+                click.echo(entry.model_dump_json())
+            elif full:
+                out.print(transcript_entry(entry))
+            else:
+                out.print(transcript_line(entry, width), soft_wrap=True)
 
 
 def _print_audit(

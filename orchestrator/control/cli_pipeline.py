@@ -13,6 +13,14 @@ from rich.markup import escape
 from rich.text import Text
 
 from orchestrator.control.checks import Checked, check_pipeline
+from orchestrator.control.pipeline_rules import (
+    autonomy_lines,
+    budget_text,
+    fan_text,
+    gate_text,
+    pipeline_rules_json,
+    stage_rules_json,
+)
 from orchestrator.control.scaffold import SCENARIO_FILE, SPEC_FILE, scaffold
 from orchestrator.control.tables import Column, fitted_table
 from orchestrator.core.pipeline import Pipeline, StageSpec
@@ -52,8 +60,8 @@ def check(spec: str) -> None:
 @click.argument("spec")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def show(spec: str, as_json: bool) -> None:
-    """Show SPEC: its stages with their queues, tools, models, budgets and loops, and the graph
-    of what each stage reads."""
+    """Show SPEC: its stages with their queues, tools, models, budgets and loops; the graph of
+    what each stage reads, with its gate and fan-out; the pipeline's autonomy and run budget."""
     checked = _checked(spec)
     if checked.pipeline is None:
         for problem in checked.problems:
@@ -63,7 +71,8 @@ def show(spec: str, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(pipeline_json(found), indent=2))
         return
-    out.print(Group(stage_table(found, width=out.width), Text(""), graph(found)))
+    out.print(Group(stage_table(found, width=out.width), Text(""), graph(found), Text(""),
+                    rules(found)))  # fmt: skip
 
 
 @pipeline.command()
@@ -150,7 +159,9 @@ def graph(found: Pipeline) -> Text:
     wide = max(len(stage.name) for stage in found.stages)
     for stage in found.stages:
         reads = " ".join(f"{{{key}}}" for key in stage.inputs) or "nothing"
-        notes = "; ".join(n for n in (_stop(stage), _loop(stage) and f"loops {_loop(stage)}") if n)
+        said = (fan_text(stage), _stop(stage), _loop(stage) and f"loops {_loop(stage)}",
+                gate_text(stage))  # fmt: skip
+        notes = "; ".join(note for note in said if note)
         text.append(
             f"  {stage.name:<{wide}}  ← {reads}" + (f"   ({notes})" if notes else "") + "\n"
         )
@@ -158,8 +169,14 @@ def graph(found: Pipeline) -> Text:
     return text
 
 
+def rules(found: Pipeline) -> Text:
+    """The pipeline's run budget and autonomy rule, as text."""
+    return Text("\n".join([budget_text(found), *autonomy_lines(found.autonomy)]))
+
+
 def pipeline_json(found: Pipeline) -> dict[str, Any]:
-    """The pipeline for scripts: its name and digest, each stage's routing and limits."""
+    """The pipeline for scripts: its name and digest, each stage's routing, limits, gate and
+    fan-out, and the pipeline's autonomy and run budget."""
     return {
         "name": found.name,
         "digest": found.digest,
@@ -176,7 +193,9 @@ def pipeline_json(found: Pipeline) -> dict[str, Any]:
                 "budget": stage.budget.model_dump(mode="json"),
                 "loop": _loop(stage) or None,
                 "stop": _stop(stage) or None,
+                **stage_rules_json(stage),
             }
             for stage in found.stages
         ],
+        **pipeline_rules_json(found),
     }

@@ -38,7 +38,8 @@ class QueueView:
 class WorkerView:
     name: str
     running: list[str]
-    """`<run id>.<stage>` of each stage it runs now."""
+    """The task id of each stage it runs now: `<run id>.<stage>`, `<run id>.<stage>.<n>` for a
+    looped stage's iteration n, `<run id>.<stage>.<branch>` for a branch (`….fix.b2`)."""
 
 
 @dataclass(frozen=True)

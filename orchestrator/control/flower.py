@@ -32,9 +32,11 @@ workers restart, each with the pid in its name)."""
 TASKS_COLUMNS = ("name", "uuid", "state", "received", "runtime", "worker")
 """Columns of the Tasks page, chosen to fit a 1400-pixel window. A stage task's name is its
 stage's (`baton.fix`: the dispatcher sends it as a shadow name of `baton.run_stage`) and its id
-is `<run_id>.<stage>`, so name and id say which run and stage; Flower's default `args` would
-only repeat them. Left out too: `retries` (the "Retried" filter still lists stages waiting out
-a 429). Times stay absolute, without `natural_time`: "a minute ago" for all five stages of a
+is `<run_id>.<stage>`, so name and id say which run and stage; a branch of a fan-out stage is
+`baton.<pipeline>.<stage>.<branch>` with id `<run_id>.<stage>.<branch>`
+(`orchestrator.core.branches`; the run page links to each). Flower's default `args` would only
+repeat them. Left out too: `retries` (the "Retried" filter still lists stages waiting out a
+429). Times stay absolute, without `natural_time`: "a minute ago" for all five stages of a
 run would hide their order."""
 
 

@@ -15,9 +15,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from orchestrator.control.timeline import Span as Span  # re-exported: the API's and tests' name
+from orchestrator.control.timeline import timeline as timeline
 from orchestrator.core import keys
 from orchestrator.core.errors import ArtifactNotFoundError
-from orchestrator.core.models import ArtifactRef, RunRecord, RunStatus, StageRecord, StageStatus
+from orchestrator.core.models import ArtifactRef, RunRecord, RunStatus, StageRecord
 from orchestrator.core.store import RunStore
 from orchestrator.core.subsessions import stage_session
 
@@ -169,106 +171,6 @@ _JSON_PLAIN = re.compile(r"[ !#-\[\]-~]*")
 """Text every JSON writer leaves as it is: printable ASCII but the quote and the backslash."""
 
 
-# -- stages ----------------------------------------------------------------------------------
-
-
-class Span(BaseModel):
-    """A stretch of a stage's time line, in epoch seconds."""
-
-    stage: str
-    label: str
-    """`fix`, or `fix.2` for a looped stage's second iteration."""
-    state: Literal["queued", "running", "waiting", "done", "failed", "cancelled", "skipped"]
-    start: float
-    end: float | None
-    """None: still going."""
-    note: str = ""
-
-
-def timeline(run: RunRecord, entries: list[Entry]) -> list[Span]:
-    """Each stage's time queued, running (per iteration of a looped stage) and waiting on a
-    rate limit, from its record and the waits its audit entries name."""
-    spans: list[Span] = []
-    ended = run.updated_at if run.status.is_terminal else None
-    for name, record in run.stages.items():
-        if record.queued_at and (record.started_at or ended):
-            spans.append(
-                Span(
-                    stage=name,
-                    label=name,
-                    state="queued",
-                    start=record.queued_at,
-                    end=record.started_at or ended,
-                )
-            )
-        spans.extend(_running(name, record, ended))
-    for entry in entries:
-        if entry.kind == "stage_waiting" and entry.stage:
-            delay = float(entry.data.get("delay_s") or 0.0)
-            reason = str(entry.data.get("reason") or "")
-            spans.append(
-                Span(
-                    stage=entry.stage,
-                    label=entry.stage,
-                    state="waiting",
-                    start=entry.ts,
-                    end=entry.ts + delay,
-                    note=reason,
-                )
-            )
-    return sorted(spans, key=lambda s: (s.start, s.stage))
-
-
-def _running(name: str, record: StageRecord, ended: float | None) -> list[Span]:
-    final = _FINAL.get(record.status, "running")
-    if record.iterations:
-        spans = [
-            Span(
-                stage=name,
-                label=f"{name}.{i.number}" if i.number > 1 else name,
-                state="done" if i.passed else "failed",
-                start=i.started_at,
-                end=i.finished_at,
-                note=i.reason,
-            )
-            for i in record.iterations
-            if i.started_at is not None
-        ]
-        last = record.iterations[-1].number
-        if record.iteration > last and record.started_at:  # an iteration going on, or cut short
-            spans.append(
-                Span(
-                    stage=name,
-                    label=f"{name}.{record.iteration}",
-                    state=final,
-                    start=record.started_at,
-                    end=record.finished_at or ended,
-                )
-            )
-        return spans
-    if record.started_at is None:
-        return []
-    end = record.finished_at or (ended if final != "running" else None)
-    return [
-        Span(
-            stage=name,
-            label=name,
-            state=final,
-            start=record.started_at,
-            end=end,
-            note=record.error or "",
-        )
-    ]
-
-
-_FINAL: dict[StageStatus, Any] = {
-    StageStatus.DONE: "done",
-    StageStatus.FAILED: "failed",
-    StageStatus.CANCELLED: "cancelled",
-    StageStatus.SKIPPED: "skipped",
-}
-
-
 # -- artifacts -------------------------------------------------------------------------------
 
 
@@ -346,12 +248,13 @@ def read_artifact(store: RunStore, ref: ArtifactRef) -> tuple[int, Iterator[byte
 
 
 def output_names(store: RunStore, run: RunRecord) -> list[str]:
-    """The run's recorded stage outputs, in pipeline order (`fix.1` after `fix`)."""
+    """The run's recorded stage outputs, in pipeline order (`fix.1` and a branch's `fix#b2`
+    after `fix`)."""
     recorded = [k for k in store.redis.hkeys(keys.outputs(run.id)) if not k.startswith("temp:")]
     order = list(run.stages)
 
     def position(key: str) -> tuple[int, str]:
-        stage = key.split(".", 1)[0]
+        stage = re.split(r"[.#]", key, maxsplit=1)[0]  # `fix.1`, a branch's `fix#b2`
         return (order.index(stage) if stage in order else len(order), key)
 
     return sorted(recorded, key=position)
@@ -462,12 +365,20 @@ def read_entry(raw: dict[str, str]) -> Entry:
 
 
 def _session(session: str) -> tuple[str, str | None, int | None]:
-    """`<run>:<stage>:<attempt>` split; the run-level `<run>:-:0` has no stage."""
+    """`<run>:<stage>:<attempt>` split, or a branch's `<run>:<stage>:<branch>:<attempt>`
+    (`orchestrator.core.branches`), whose stage is the part before its branch; the run-level
+    `<run>:-:0` has no stage."""
     run_id, _, rest = session.partition(":")
     stage, _, attempt = rest.rpartition(":")
+    if _BRANCH_SESSION.fullmatch(stage):
+        stage = stage.rpartition(":")[0]
     if not stage or stage == "-":
         return run_id, None, None
     return run_id, stage, int(attempt) if attempt.isdigit() else None
+
+
+_BRANCH_SESSION = re.compile(r"[^:]+:b[0-9]+")
+"""What stands before the attempt in a branch's session id: `<stage>:<branch>`."""
 
 
 def _parts(content: Any) -> list[Part]:

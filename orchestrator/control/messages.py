@@ -21,6 +21,9 @@ EXIT_BAD_INPUT = 2
 """What a command exits with when what it was given (arguments, a file, a setting) is wrong."""
 EXIT_UNREACHABLE = 3
 """What a command exits with when Redis does not answer: nothing was wrong with the request."""
+EXIT_AWAITING_APPROVAL = 4
+"""What `baton watch` exits with when the run parks at a gate: it goes on only once a person
+runs `baton approve` (or ends with `baton reject`), so there is nothing more to watch."""
 
 
 @dataclass(frozen=True)

@@ -15,10 +15,12 @@ from rich.table import Table
 from rich.text import Text
 
 from orchestrator.control import api
+from orchestrator.control.branch_view import branch_rows, fan_in_json, progress
 from orchestrator.control.plain import safe
 from orchestrator.control.tables import Cell, Column, counted, fitted_table
 from orchestrator.core.errors import PipelineError
 from orchestrator.core.facts import Fact, measured_fields
+from orchestrator.core.fanin import BranchStatus
 from orchestrator.core.models import RunRecord, RunStatus, StageRecord, StageStatus
 from orchestrator.core.pipeline import Pipeline
 from orchestrator.core.settings import Settings
@@ -56,6 +58,7 @@ def stage_json(record: StageRecord) -> dict[str, Any]:
         "compacted": record.compacted,
         "error": record.error,
         "artifacts": {name: ref.uri for name, ref in record.artifacts.items()},
+        "fan_in": fan_in_json(record.fan_in) if record.fan_in is not None else None,
     }
 
 
@@ -203,27 +206,35 @@ class Activity:
 
 
 def live_activity(run: RunRecord, tail: list[dict[str, str]]) -> dict[str, Activity]:
-    """The activity of each running stage of `run`, from the newest audit entries."""
+    """The activity of each running stage of `run`, from the newest audit entries; a running
+    branch of a fan-out stage's under `<stage>.<branch>` (`fix.b2`)."""
     found = {}
     for name, record in run.stages.items():
-        if record.status != StageStatus.RUNNING or not record.session_id:
-            continue
-        mine = [e for e in tail if e.get("session") == record.session_id]
-        calls = tokens = 0
-        doing = "starting"
-        for entry in mine:
-            kind = entry.get("kind", "")
-            usage = _usage(entry)
-            if usage is not None:
-                calls, tokens = calls + 1, tokens + usage
-            doing = {
-                "tool_call": f"calling {_tool_name(entry)}",
-                "tool_result": "thinking",
-                "user_message": "thinking",
-                "model_reply": "replying",
-            }.get(kind, doing)
-        found[name] = Activity(calls, tokens, doing)
+        if record.status == StageStatus.RUNNING and record.session_id:
+            found[name] = activity_of(record.session_id, tail)
+        for branch, state in (record.fan_in.branches if record.fan_in else {}).items():
+            if state.status == BranchStatus.RUNNING and state.session_id:
+                found[f"{name}.{branch}"] = activity_of(state.session_id, tail)
     return found
+
+
+def activity_of(session_id: str, tail: list[dict[str, str]]) -> Activity:
+    """What the session `session_id` did, from the audit entries `tail` (of any session)."""
+    calls = tokens = 0
+    doing = "starting"
+    for entry in tail:
+        if entry.get("session") != session_id:
+            continue
+        usage = _usage(entry)
+        if usage is not None:
+            calls, tokens = calls + 1, tokens + usage
+        doing = {
+            "tool_call": f"calling {_tool_name(entry)}",
+            "tool_result": "thinking",
+            "user_message": "thinking",
+            "model_reply": "replying",
+        }.get(entry.get("kind", ""), doing)
+    return Activity(calls, tokens, doing)
 
 
 def _usage(entry: dict[str, str]) -> int | None:
@@ -310,10 +321,16 @@ def run_table(
         Column("time", justify="right"),
         Column("note", shrink_to=16),
     ]
-    rows = [
-        _stage_row(run, name, record, (activity or {}).get(name), now)
-        for name, record in run.stages.items()
-    ]
+    rows: list[list[Cell]] = []
+    for name, record in run.stages.items():
+        rows.append(_stage_row(run, name, record, (activity or {}).get(name), now))
+        if record.fan_in is not None:
+            live = {
+                branch: going
+                for branch in record.fan_in.branches
+                if (going := (activity or {}).get(f"{name}.{branch}")) is not None
+            }
+            rows.extend(branch_rows(run, record.fan_in, now=now, live=live))
     title = f"run {run.id} · {run.pipeline} · {run.status.value}"
     caption, line = _caption(run, now), published_line(where)
     if line is not None:
@@ -338,8 +355,16 @@ def _stage_row(
         f"{record.prompt_tokens_max:,}",
         f"{record.output_chars:,}",
         _duration(record, now),
-        _note(run, record, now) or _history(record) or (live.doing if live else ""),
+        _note(run, record, now)
+        or _fan_note(record)
+        or _history(record)
+        or (live.doing if live else ""),
     ]
+
+
+def _fan_note(record: StageRecord) -> str:
+    """A fan-out stage's progress (`2/3 branches ended`, `b2 selected of 3`)."""
+    return progress(record.fan_in) if record.fan_in is not None else ""
 
 
 def _stage_label(name: str, record: StageRecord) -> str:
@@ -462,13 +487,14 @@ def follow(
     console: Console,
     transient: bool = False,
 ) -> RunRecord:
-    """Redraw the run's table — with what each running stage is doing — until the run reaches
-    a terminal state (or the timeout)."""
+    """Redraw the run's table — with what each running stage (and branch) is doing — until
+    the run reaches a terminal state, or parks awaiting a person's approval (or the
+    timeout)."""
     deadline = time.monotonic() + timeout_s if timeout_s else None
     with api.connect(settings) as conductor:
         run, table = run_view(conductor.store, run_id, width=console.width)
         with Live(table, console=console, refresh_per_second=4, transient=transient) as live:
-            while not run.status.is_terminal:
+            while not (run.status.is_terminal or run.status == RunStatus.AWAITING_APPROVAL):
                 if deadline and time.monotonic() > deadline:
                     break
                 time.sleep(interval_s)

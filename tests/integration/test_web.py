@@ -30,7 +30,15 @@ from demo import SENTRY_EVENT
 from orchestrator.control import api
 from orchestrator.core.conductor import Conductor
 from orchestrator.core.execution import StageFigures, StageResult
-from orchestrator.core.models import Issue, IssueSource, RunRecord, RunStatus, StageStatus
+from orchestrator.core.fanin import BranchRecord, BranchStatus, FanIn
+from orchestrator.core.models import (
+    Issue,
+    IssueSource,
+    RunRecord,
+    RunStatus,
+    StageRecord,
+    StageStatus,
+)
 from orchestrator.core.specs import pipeline_from_table
 from orchestrator.core.store import RunStore
 from testkit import services
@@ -344,6 +352,75 @@ def test_an_operator_approves_a_parked_run_from_its_page(
     wait_until(lambda: driver.find_elements(By.ID, "approve-plan") == [], "the button stayed")
     assert severe_console_lines(driver) == []
     api.cancel(run_id, settings=session_stack.settings)  # no worker serves its next stage
+
+
+@pytest.mark.timeout(120)
+def test_an_operator_approves_a_plan_with_an_edit_and_sees_branches_side_by_side(
+    web: WebServer, session_stack: Stack, browser: webdriver.Chrome
+) -> None:
+    # A hand-built fan-in on the parked stage: the time line draws a lane per branch.
+    with api.connect(session_stack.settings) as conductor:
+        run_id = park_a_run(conductor)
+        conductor.store.transact(run_id, lambda run, _: branched(run.stages["plan"]))
+        conductor.store.audit(run_id, [
+            {"ts": repr(time.time()), "branch": f"gated-web.plan.{branch}", "kind": "model_reply",
+             "session": f"{run_id}:plan:{branch}:1", "author": "plan",
+             "data": {"content": {"parts": [{"text": f"the plan of {branch}"}]}}}
+            for branch in ("b1", "b2")
+        ])  # fmt: skip
+        store = conductor.store
+        driver = sized(browser)
+        log_in(driver, web, "operator", f"/runs/{quote(run_id)}")
+        open_run_page(driver)
+        lanes = driver.find_elements(By.CSS_SELECTOR, '.tl-branch[data-stage="plan"]')
+        assert [lane.get_attribute("data-branch") for lane in lanes] == ["b1", "b2"]
+        assert [lane.get_attribute("data-selected") for lane in lanes] == ["false", "true"]
+        assert lanes[1].find_element(By.CLASS_NAME, "tl-name").text == "└ b2 ★"
+        link = wait_for(driver, 'tr[data-branch="b2"] a.flower-task')  # the plan stage's panel
+        tagged = wait_for(driver, '.transcript li[data-branch="b2"]')  # its transcript's entry
+        assert tagged.find_element(By.CLASS_NAME, "lane").text == "b2"
+        assert "the plan of b2" in text_of(tagged)
+        assert link.get_attribute("href") == f"{FLOWER_URL}/task/{quote(run_id)}.plan.b2"
+
+        wait_for(driver, "#edit-plan").click()
+        editor = wait_for(driver, "#gate-edit")
+        wait_until(lambda: '"guard total()"' in str(editor.get_attribute("value")),
+                   "the editor was not prefilled with the plan")  # fmt: skip
+        for bad, said in (("{ not json", "The edit is not JSON"),
+                          ('{"summary": 7}', "Gate plan was not approved: ")):  # fmt: skip
+            editor.clear()
+            editor.send_keys(bad)
+            driver.find_element(By.ID, "gate-edit-approve").click()
+            error = wait_for(driver, "#gate-edit-error")
+            shown = lambda said=said, error=error: said in error.text  # noqa: E731
+            wait_until(shown, f"the editor never said {said!r}")
+        assert "summary" in error.text  # the server's 422 names the field
+        assert store.get(run_id).status is RunStatus.AWAITING_APPROVAL
+
+        editor.clear()
+        editor.send_keys('{"summary": "guard total() and test an empty cart"}')
+        driver.find_element(By.ID, "gate-edit-approve").click()
+        message = wait_for(driver, "#control-message")
+        wait_until(lambda: message.text == "Gate plan approved: act queued.",
+                   f"the page said {message.text!r}")  # fmt: skip
+        assert store.output(run_id, "plan") == {"summary": "guard total() and test an empty cart"}
+        assert not driver.find_element(By.ID, "gate-editor").is_displayed()
+    refused = [line for line in severe_console_lines(driver) if "status of 422" not in line]
+    assert refused == []
+    api.cancel(run_id, settings=session_stack.settings)  # no worker serves its next stage
+
+
+def branched(record: StageRecord) -> None:
+    """Two branches on `record`, both done, b2 selected."""
+    record.fan_in = FanIn(
+        branches={
+            name: BranchRecord(status=BranchStatus.DONE, attempts=1, started_at=start,
+                               finished_at=start + 1.0, session_id=f"r:plan:{name}:1")
+            for name, start in (("b1", record.started_at or 0.0),
+                                ("b2", (record.started_at or 0.0) + 0.2))
+        },
+        ended=2, joined=True, selected="b2",
+    )  # fmt: skip
 
 
 def park_a_run(conductor: Conductor) -> str:

@@ -7,8 +7,10 @@ from rich.console import Console
 
 from orchestrator.control.fleet import Fleet, QueueView, WorkerView, fleet_view
 
-TASKS = ["20261130-225200-4f1c2a.fix.2", "20261130-225207-9b0e11.search"]
-"""What a worker runs, by task id: `<run id>.<stage>`, `.<iteration>` from the second on."""
+TASKS = ["20261130-225200-4f1c2a.fix.2", "20261130-225207-9b0e11.search",
+         "20261130-225209-77aa01.fix.b10"]  # fmt: skip
+"""What a worker runs, by task id: `<run id>.<stage>`, `.<iteration>` from the second on,
+`.<branch>` for a branch of a fan-out stage."""
 
 
 def rendered(fleet: Fleet, width: int) -> str:

@@ -7,6 +7,7 @@ import {
   showUser, startPolling, statusBadge, TERMINAL,
 } from "./common.js";
 import { diffSummary, renderDiff } from "./diff.js";
+import { GateEditor } from "./gate_editor.js";
 import { StagePanel } from "./stage.js";
 import { renderLegend, renderTimeline, stageDuration } from "./timeline.js";
 import { renderTokens } from "./tokens.js";
@@ -25,6 +26,7 @@ const page = {
   changeShown: null,
   panel: null,
   poller: null,
+  editor: null, // a plan gate's edit before approval
 };
 
 const $ = (id) => document.getElementById(id);
@@ -100,7 +102,7 @@ function drawHeader() {
   $("run-gates").textContent = waiting.map(([id, gate]) =>
     `Gate ${id} awaits approval of ${gate.stage}'s ${gate.approve}` +
     (gate.escalated_at ? " (past its timeout: escalated)" : "") +
-    (gate.approve === "plan" ? `: see the ${gate.stage} tab; to edit it, use baton approve --edit` : "")).join(". ");
+    (gate.approve === "plan" ? `: see the ${gate.stage} tab, or approve it with an edit` : "")).join(". ");
   $("run-reason").hidden = !summary.reason;
   $("run-reason").textContent = summary.reason || "";
   $("run-budget").hidden = !page.view.budget_line;
@@ -150,20 +152,25 @@ function drawTabs() {
   }));
 }
 
-// Cancel and resume, for a login with the control scope only.
+// A gate's approve (as it is, or a plan's with an edit) and reject, cancel and resume, for a
+// login with the control scope only.
 function drawControls() {
   const box = $("controls");
   if (page.me.scope !== "control") {
     box.replaceChildren();
+    page.editor.close();
     return;
   }
   const status = page.view.summary.status;
   const from = $("resume-from")?.value ?? "";
   const parts = [];
-  for (const [id] of pendingGates()) {
-    parts.push(
-      el("button", { id: `approve-${id}`, type: "button", data: { gate: id }, onclick: () => decide(id, "approve") }, `Approve ${id}`),
-      el("button", { id: `reject-${id}`, type: "button", class: "danger", data: { gate: id }, onclick: () => decide(id, "reject") }, `Reject ${id}`));
+  page.editor.sync(pendingGates().map(([id]) => id));
+  for (const [id, gate] of pendingGates()) {
+    parts.push(el("button", { id: `approve-${id}`, type: "button", data: { gate: id }, onclick: () => decide(id, "approve") }, `Approve ${id}`));
+    if (gate.approve === "plan") {
+      parts.push(el("button", { id: `edit-${id}`, type: "button", data: { gate: id }, onclick: () => page.editor.open(id, gate) }, "Approve with edit…"));
+    }
+    parts.push(el("button", { id: `reject-${id}`, type: "button", class: "danger", data: { gate: id }, onclick: () => decide(id, "reject") }, `Reject ${id}`));
   }
   if (!TERMINAL.has(status)) {
     parts.push(el("button", { id: "cancel", type: "button", class: "danger", onclick: cancel }, "Cancel run"));
@@ -187,8 +194,8 @@ function say(message, failed = false) {
 
 const pendingGates = () => Object.entries(page.view.gates || {}).filter(([, g]) => g.status === "pending");
 
-// Approve a gate as it is (an edit goes through `baton approve --edit` or the API), or reject
-// it with a reason the person types.
+// Approve a gate as it is (an edit goes through the gate editor), or reject it with a reason
+// the person types.
 async function decide(gate, verb) {
   let body = {};
   if (verb === "reject") {
@@ -200,12 +207,17 @@ async function decide(gate, verb) {
   }
   try {
     const reply = await api(`${path}/gates/${encodeURIComponent(gate)}/${verb}`, { method: "POST", body });
-    say(reply.applied
-      ? `Gate ${gate} ${reply.gate_status}${reply.queued ? `: ${reply.queued} queued` : ""}.`
-      : `Gate ${gate} was ${reply.gate_status} already: nothing changed.`);
+    await decided(gate, reply);
   } catch (error) {
     say(error.message, true);
+    await refresh().catch(showError);
   }
+}
+
+async function decided(gate, reply) {
+  say(reply.applied
+    ? `Gate ${gate} ${reply.gate_status}${reply.queued ? `: ${reply.queued} queued` : ""}.`
+    : `Gate ${gate} was ${reply.gate_status} already: nothing changed.`);
   await refresh().catch(showError);
 }
 
@@ -259,7 +271,8 @@ function drawFlower() {
   $("flower").replaceChildren(
     "Flower: ", el("a", { href: `${base}/tasks`, rel: "noreferrer", id: "flower-tasks" }, "the tasks view"),
     ". Each stage of this run is a task whose id starts with the run id (",
-    el("code", {}, `${runId}.${stages()[0][0]}`), ", …): search for it there.");
+    el("code", {}, `${runId}.${stages()[0][0]}`), ", …; a branch of a fan-out stage adds its own: ",
+    el("code", {}, `${runId}.<stage>.b1`), "): search for it there.");
 }
 
 function follow() {
@@ -283,6 +296,7 @@ async function start() {
   }
   page.selected = firstStage();
   page.following = !ended() && !location.hash;
+  page.editor = new GateEditor({ runId, path, onDecided: decided });
   page.panel = new StagePanel($("stage-panel"), {
     runId, flowerUrl: safeUrl(page.me.flower_url)?.replace(/\/+$/, "") ?? null,
   });

@@ -4,6 +4,7 @@
 import {
   api, apiText, el, fill, formatBytes, formatClock, formatCount, formatDuration, statusBadge,
 } from "./common.js";
+import { branchTable } from "./branches.js";
 import { renderDiff } from "./diff.js";
 import { renderOutput } from "./output.js";
 import { stageDuration } from "./timeline.js";
@@ -28,9 +29,10 @@ export class StagePanel {
   show(stage, view, spans, now) {
     if (stage !== this.stage) this.start(stage);
     const record = view.stages[stage];
-    this.summary.replaceChildren(...summary(stage, record, spans, now, this.flowerTask(stage, record)));
+    this.summary.replaceChildren(...summary(stage, record, spans, now, this.flowerTask(stage, record)),
+      ...(record.fan_in ? branchTable(this.runId, stage, record.fan_in, this.flowerUrl) : []));
 
-    const keys = view.outputs.filter((k) => k === stage || k.startsWith(`${stage}.`));
+    const keys = view.outputs.filter((k) => k === stage || k.startsWith(`${stage}.`)); // not a branch's `fix#b2`
     const outputsSeen = JSON.stringify([keys, record.status, record.finished_at]);
     if (outputsSeen !== this.outputsSeen) {
       this.outputsSeen = outputsSeen;
@@ -71,7 +73,7 @@ export class StagePanel {
   }
 
   flowerTask(stage, record) {
-    if (!this.flowerUrl || !record.started_at) return null;
+    if (!this.flowerUrl || !record.started_at || record.fan_in) return null; // a branch has its own task
     const task = record.iteration > 1 ? `${this.runId}.${stage}.${record.iteration}` : `${this.runId}.${stage}`;
     return el("a", { href: `${this.flowerUrl}/task/${encodeURIComponent(task)}`, class: "flower-task", rel: "noreferrer" },
       `Flower task ${task}`);

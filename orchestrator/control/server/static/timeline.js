@@ -1,5 +1,7 @@
 // The run's time line drawn to scale: a row per stage, a bar per span of /timeline placed by
-// its start and end between the run's first start and its last end.
+// its start and end between the run's first start and its last end. A fan-out stage's
+// branches ran at once: each gets a lane of its own under the stage's row, side by side in
+// time, the one whose output became the stage's marked ★.
 
 import { el, formatClock, formatDuration } from "./common.js";
 
@@ -35,9 +37,10 @@ export function renderTimeline(root, { stages, spans, now, selected, onSelect })
   const first = Math.min(...spans.map((s) => s.start));
   const last = Math.max(...spans.map((s) => s.end ?? now));
   const scale = { first, length: Math.max(last - first, 0.001) };
-  const rows = stages.map(([name, record]) => {
-    const own = spans.filter((s) => s.stage === name);
-    return row(name, record, own, scale, now, name === selected, onSelect);
+  const rows = stages.flatMap(([name, record]) => {
+    const own = spans.filter((s) => s.stage === name && !s.branch);
+    const lanes = branchLanes(name, record, spans.filter((s) => s.stage === name && s.branch), scale, now);
+    return [row(name, record, own, scale, now, name === selected, onSelect), ...lanes];
   });
   root.replaceChildren(axis(scale), ...rows);
 }
@@ -73,13 +76,47 @@ function row(name, record, spans, scale, now, selected, onSelect) {
   );
 }
 
+// A lane per branch of a fan-out stage that started, in branch order (b2 before b10).
+function branchLanes(stage, record, spans, scale, now) {
+  const branches = [...new Set(spans.map((s) => s.branch))]
+    .sort((a, b) => Number(a.slice(1)) - Number(b.slice(1)));
+  const fan = record.fan_in?.branches ?? {};
+  return branches.map((branch) => {
+    const own = spans.filter((s) => s.branch === branch);
+    const selected = own.some((s) => s.selected);
+    const seconds = stageDuration(own, now);
+    const state = fan[branch]?.status ?? own[own.length - 1].state;
+    return el("div", {
+      class: selected ? "tl-row tl-branch chosen" : "tl-row tl-branch",
+      data: { stage, branch, status: state, selected: String(selected) },
+    },
+      el("span", { class: "tl-name", title: selected ? `${stage}.${branch}: its output became ${stage}'s` : `${stage}.${branch}` },
+        `└ ${branch}${selected ? " ★" : ""}`),
+      el("span", { class: "tl-duration" }, formatDuration(seconds)),
+      el("div", { class: "tl-track" }, ...own.map((s) => bar(s, scale, now))),
+      el("span", { class: "tl-note", title: fan[branch]?.session_id ?? "" }, branchNote(fan[branch], selected)),
+    );
+  });
+}
+
+// Beside a branch's lane: selected, its attempts, why it failed.
+function branchNote(branch, selected) {
+  if (!branch) return "";
+  const parts = [];
+  if (selected) parts.push("selected");
+  if (branch.attempts > 1) parts.push(`${branch.attempts} attempts`);
+  if (branch.proof_passed !== null && branch.proof_passed !== undefined) parts.push(branch.proof_passed ? "proof passed" : "proof failed");
+  if (branch.status === "failed" && branch.error) parts.push(branch.error);
+  return parts.join(" · ");
+}
+
 function bar(span, scale, now) {
   const end = span.end ?? now;
   const node = el("div", {
     class: `tl-bar state-${span.state}${span.end === null ? " live" : ""}`,
     data: { state: span.state, label: span.label },
     title: describe(span, end),
-  }, span.label !== span.stage ? el("span", { class: "tl-bar-label" }, span.label) : null);
+  }, span.label !== span.stage && !span.branch ? el("span", { class: "tl-bar-label" }, span.label) : null);
   node.style.left = `${(100 * (span.start - scale.first)) / scale.length}%`;
   node.style.width = `${(100 * (end - span.start)) / scale.length}%`;
   return node;

@@ -1,7 +1,8 @@
 // A stage's session read from the audit stream, in order: the user message, the model's
 // replies, its tool calls with their arguments, the tools' results (cut to a few lines, with a
 // button to see them whole), the summaries that stood in for its older history (compaction)
-// and the stage's transitions.
+// and the stage's transitions. A fan-out stage's branches run at once and their entries
+// interleave: each is tagged with its branch (`b2`), and attempts are counted per branch.
 
 import { api, el, formatClock, formatCount, formatDuration } from "./common.js";
 
@@ -23,7 +24,7 @@ export class Transcript {
     this.stage = stage;
     this.cursor = null;
     this.first = null;
-    this.attempt = null;
+    this.attempts = new Map(); // branch ("" for the stage itself) → the attempt shown last
     this.busy = false;
     this.list = el("ol", { class: "transcript", data: { transcript: stage, complete: "false" } });
     this.empty = el("p", { class: "muted" }, "Nothing recorded yet.");
@@ -52,15 +53,28 @@ export class Transcript {
 
   add(entry) {
     if (this.first === null) this.first = entry.ts;
-    if (entry.attempt !== null && entry.attempt !== this.attempt) {
-      if (this.attempt !== null) {
-        this.list.append(el("li", { class: "attempt" }, `attempt ${entry.attempt}`));
+    const lane = branchOf(entry);
+    const shown = this.attempts.get(lane) ?? null;
+    if (entry.attempt !== null && entry.attempt !== shown) {
+      if (shown !== null) {
+        this.list.append(el("li", { class: "attempt" }, `${lane ? `${lane}: ` : ""}attempt ${entry.attempt}`));
       }
-      this.attempt = entry.attempt;
+      this.attempts.set(lane, entry.attempt);
     }
-    this.list.append(entry.kind in TURNS ? turn(entry, this.first) : transition(entry, this.first));
+    const item = entry.kind in TURNS ? turn(entry, this.first) : transition(entry, this.first);
+    if (lane) {
+      item.dataset.branch = lane;
+      item.querySelector(".when")?.after(el("span", { class: "lane mono", title: entry.branch }, lane));
+    }
+    this.list.append(item);
     this.empty.hidden = true;
   }
+}
+
+// The branch of a fan-out stage an entry is of (`b2`, from its label `<pipeline>.<stage>.b2`);
+// "" for the stage's own.
+function branchOf(entry) {
+  return /\.(b[0-9]+)$/.exec(entry.branch || "")?.[1] ?? "";
 }
 
 function when(entry, first) {
