@@ -11,6 +11,7 @@ from orchestrator.control.inspection import read_entry
 from orchestrator.core.subsessions import (
     DepthError,
     Lineage,
+    child_branch,
     child_label,
     child_session_id,
     stable_session_id,
@@ -37,6 +38,32 @@ def test_a_stably_named_child_has_one_deterministic_id_without_an_invocation() -
 
     assert first == "r1:search:1:sub:indexer"
     assert stable_session_id("r1:search:1", "indexer") == first
+
+
+def test_a_kept_child_s_id_derives_from_the_run_whichever_stage_asks_it() -> None:
+    plan = Lineage(session="r1:plan:2", label="fixer-plus.plan", depth=0, max_depth=2)
+
+    from_search, from_plan = STAGE.kept("sub_cart", "r1"), plan.kept("sub_cart", "r1")
+
+    assert from_search.session == from_plan.session == "r1:sub:sub_cart"
+    assert (from_search.label, from_plan.label) == (
+        "fixer-plus.search.sub_cart", "fixer-plus.plan.sub_cart",
+    )  # fmt: skip
+    assert from_search.child("sub_line", 1).session == "r1:sub:sub_cart:sub:sub_line:1"
+    with pytest.raises(DepthError):
+        from_search.child("sub_line", 1).kept("sub_x", "r1")
+
+
+def test_a_model_s_name_for_a_child_becomes_its_branch() -> None:
+    assert (child_branch("cart"), child_branch("")) == ("sub_cart", "sub")
+
+
+@pytest.mark.parametrize("given", ["a.b", "a:b", "Cart", "a b", "../x", "x" * 29, "é"])
+def test_a_model_s_name_that_could_break_a_label_or_an_id_is_refused(given: str) -> None:
+    with pytest.raises(ValueError, match="lower-case letters, digits and _") as refused:
+        child_branch(given)
+
+    assert repr(given[:40]) in str(refused.value)
 
 
 def test_a_nested_child_composes_its_label_and_id_from_its_parent() -> None:
