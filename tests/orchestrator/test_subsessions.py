@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from orchestrator.control.inspection import read_entry
+from orchestrator.control.cli_inspect import transcript_line
+from orchestrator.control.inspection import Entry, Part, read_entry
 from orchestrator.core.subsessions import (
     DepthError,
     Lineage,
@@ -116,3 +117,22 @@ def test_a_child_s_entry_is_read_as_its_stage_s_attempt_not_its_invocation() -> 
     assert stage_session(child.session) == "r1:search:3"
     assert (entry.stage, entry.attempt) == ("search", 3)
     assert entry.branch == "fixer-plus.search.sub.sub_x"
+
+
+@pytest.mark.parametrize(("stored", "depth"), [("2", 2), (None, 0), ("x", 0), ("-1", 0), ("99", 4)])
+def test_a_child_s_entry_is_read_with_its_depth_bounded(stored: str | None, depth: int) -> None:
+    raw = {"id": "1-0", "ts": "1.0", "branch": "p.s.sub", "session": "r1:s:1:sub:sub:1",
+           "kind": "event", "data": "{}", **({"depth": stored} if stored else {})}  # fmt: skip
+
+    assert read_entry(raw).depth == depth
+
+
+def test_baton_log_indents_a_child_s_line_under_its_stage_s() -> None:
+    def line(depth: int, branch: str) -> str:
+        entry = Entry(id="1-0", ts=0.0, branch=branch, stage="s", attempt=1, kind="model_reply",
+                      parts=[Part(kind="text", text="ok")], depth=depth)  # fmt: skip
+        return transcript_line(entry, 120).plain.split(" ", 1)[1]
+
+    assert line(0, "p.s").startswith("p.s ")
+    assert line(1, "p.s.sub_a").startswith("  p.s.sub_a ")
+    assert line(2, "p.s.sub_a.sub_b").startswith("    p.s.sub_a.sub_b ")
