@@ -146,7 +146,7 @@ def delegate_tool(
                     return await _run_kept(delegation, child, branch, goal, list(paths or []),
                                            max_calls)  # fmt: skip
                 summary, _ = await _run_child(delegation, child, goal, list(paths or []),
-                                              max_calls)  # fmt: skip
+                                              max_calls, Invocations())  # fmt: skip
                 return summary
             except ModelCallLimitError:
                 return {"error": f"the helper {child.label} used its {max_calls} model calls "
@@ -161,8 +161,10 @@ async def _run_kept(
     delegation: Delegation, child: Lineage, branch: str, goal: str, paths: list[str],
     max_calls: int,
 ) -> dict[str, Any]:  # fmt: skip
-    """One turn of the kept child `branch`: its session restored, run, and stored again (only
-    when the turn ends with a summary), while this execution holds it."""
+    """One turn of the kept child `branch`, while this execution holds it: its session restored,
+    run, and stored again when the turn ends with a summary. A turn that ends without one leaves
+    the history as it was, but not the count of the child's own delegations: the ids of the
+    children it started in that turn are in the audit log and are never given again."""
     store, holder = delegation.children, f"{child.session}@{uuid.uuid4().hex}"
     if store is None:
         return {"error": "delegation refused: this execution has no run to keep a helper in; "
@@ -172,8 +174,15 @@ async def _run_kept(
                          "ask it again later, or ask another helper"}  # fmt: skip
     try:
         kept = store.load(branch)
-        summary, after = await _run_child(delegation, child, goal, paths, max_calls, kept=kept)
-        store.save(branch, after)
+        made = Invocations(kept.delegations)
+        try:
+            summary, events = await _run_child(delegation, child, goal, paths, max_calls, made,
+                                               history=kept.events)  # fmt: skip
+        except BaseException:  # a cancelled stage's too: the ids were given
+            if made.count != kept.delegations:
+                store.save(branch, KeptSession(kept.events, made.count))
+            raise
+        store.save(branch, KeptSession(events, made.count))
         return summary
     finally:
         store.release(branch, holder)
@@ -185,15 +194,16 @@ async def _run_child(
     goal: str,
     paths: list[str],
     max_calls: int,
+    made: Invocations,
     *,
-    kept: KeptSession | None = None,
-) -> tuple[dict[str, Any], KeptSession]:
-    """Run one turn of a child (a fresh session, or a kept one's restored from `kept`); its
-    summary, and its session as it is to be kept."""
+    history: list[str] | None = None,
+) -> tuple[dict[str, Any], list[str]]:
+    """Run one turn of a child: a fresh session, or a kept child's restored from its stored
+    `history` (`made` counts the delegations of its session). Returns its summary and, for a
+    kept child, its session's events as they are to be stored."""
     rule = delegation.rule
     labels = {BRANCH: child.label, SESSION: child.session, "stage": delegation.stage,
               "depth": str(child.depth)}  # fmt: skip
-    made = Invocations(kept.delegations if kept else 0)
     async with delegation.open_tools(without_delegate(rule.tools)) as toolbox:
         tools: list[BaseTool] = list(toolbox.tools)
         if DELEGATE_TOOL in rule.tools:
@@ -215,8 +225,8 @@ async def _run_child(
             delegation.model,
             delegation.usage,
         )
-        history = load_events(kept.events) if kept else []
-        service = LabellingSessionService(InMemorySessionService(), child.label, history)
+        restored = load_events(history or [])
+        service = LabellingSessionService(InMemorySessionService(), child.label, restored)
         async with StageSession.open(
             agent, session_id=child.session, state={}, audit=delegation.audit, labels=labels,
             usage=delegation.usage, streaming=delegation.streaming, session_service=service,
@@ -231,11 +241,11 @@ async def _run_child(
                 repair = outputs.repair_message(first)
                 text = await session.turn(repair, max_model_calls=repair_calls)
                 summary = outputs.parse(text, ChildSummary)
-            events = await session.events() if kept is not None else []
+            events = await session.events() if history is not None else []
     logger.info("child %s of stage %s: %d findings", child.session, delegation.stage,
                 len(summary["findings"]))  # fmt: skip
-    after = KeptSession(dump_events(events, rule.budget.max_kept_chars), made.count)
-    return outputs.truncate_to_budget(summary, ChildSummary, rule.budget.max_summary_chars), after
+    summary = outputs.truncate_to_budget(summary, ChildSummary, rule.budget.max_summary_chars)
+    return summary, dump_events(events, rule.budget.max_kept_chars)
 
 
 def _message(goal: str, paths: list[str]) -> str:

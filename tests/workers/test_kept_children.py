@@ -44,6 +44,13 @@ output_schema = "orchestrator.pipelines.schemas:Summary"
 tools = ["delegate"]
 delegate = { tools = [] }
 instruction = "Plan the fix of: {issue}"
+
+[[stages]]
+name = "deep"
+output_schema = "orchestrator.pipelines.schemas:Summary"
+tools = ["delegate"]
+delegate = { tools = ["delegate"], budget = { max_model_calls = 2 } }
+instruction = "Dig into: {issue}"
 """
 OUTPUT = {"summary": "done"}
 
@@ -209,6 +216,33 @@ def test_outside_a_run_no_child_can_be_kept(tmp_path: Path) -> None:
     [refusal] = delegate_results(run.requests_of("plan")[-1])
     assert refusal == {"error": "delegation refused: this execution has no run to keep a helper "
                                 "in; delegate without keep"}  # fmt: skip
+
+
+def test_a_kept_child_s_own_children_never_get_an_id_twice(tmp_path: Path) -> None:
+    """The kept child starts two children a call and never finishes within its 2 model calls:
+    its history is not stored, but the count of its delegations is, so the second call's
+    children are numbered on."""
+    inner = {"call": {"name": "delegate", "args": {"goal": "Look", "name": "inner"}}}
+    script = {
+        "deep": [kept("Dig"), kept("Dig again"), {"json": OUTPUT}],
+        "sub_cart": [inner, inner, {"json": said(1)}],
+        "sub_inner": [{"json": said(9)}],
+    }
+    run = Run(tmp_path, script, MemoryChildren())
+
+    assert run.execute("deep") == OUTPUT
+
+    inner_ids = [e["session"] for e in run.audit
+                 if e["branch"].endswith(".sub_inner") and e["kind"] == "user_message"]  # fmt: skip
+    assert inner_ids == [f"r1:sub:sub_cart:sub:sub_inner:{n}" for n in (1, 2, 3, 4)]
+    assert run.children is not None
+    assert (
+        run.children.sessions["sub_cart"].events,
+        run.children.sessions["sub_cart"].delegations,
+    ) == ([], 4)
+    out_of_calls = {"error": "the helper fixer-plus.deep.sub_cart used its 2 model calls without "
+                             "finishing"}  # fmt: skip
+    assert delegate_results(run.requests_of("deep")[-1]) == [out_of_calls, out_of_calls]
 
 
 def turn(number: int, chars: int) -> list[Event]:
