@@ -62,13 +62,15 @@ class ChildStore:
 
     def __init__(self, redis: Any, run_id: str) -> None:
         self._redis, self._run_id = redis, run_id
+        # EVALSHA (loaded on first use): the worker's Redis user may not EVAL.
+        self._release = redis.register_script(_RELEASE)
 
     def claim(self, name: str, holder: str, ttl_s: int) -> bool:
         key = keys.kept_child_claim(self._run_id, name)
         return bool(self._redis.set(key, holder, nx=True, ex=ttl_s))
 
     def release(self, name: str, holder: str) -> None:
-        self._redis.eval(_RELEASE, 1, keys.kept_child_claim(self._run_id, name), holder)
+        self._release(keys=[keys.kept_child_claim(self._run_id, name)], args=[holder])
 
     def load(self, name: str) -> KeptSession:
         raw = self._redis.get(keys.kept_child(self._run_id, name))
