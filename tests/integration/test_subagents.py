@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +19,7 @@ from click.testing import CliRunner
 
 from orchestrator.control.cli import main
 from orchestrator.core import keys
+from orchestrator.core.children import ChildStore, KeptSession
 from orchestrator.core.models import RunRecord, RunStatus
 from orchestrator.core.pipeline import load_pipeline
 from orchestrator.core.store import RunStore
@@ -255,3 +257,30 @@ def test_baton_log_nests_a_child_s_lines_under_its_stage(delegated: Delegated) -
     assert heads("fixer-plus.search.sub_cart") == {"  "}
     assert heads("fixer-plus.search.sub_cart.sub_line") == {"    "}
     assert heads("fixer-plus.plan.sub_ledger") == {"  "}
+
+
+def test_a_kept_child_is_claimed_by_one_holder_at_a_time_for_a_bounded_time(
+    redis_url: str,
+) -> None:
+    """`ChildStore` on real Redis: a second claim is refused, a release by another holder does
+    nothing, the claim lapses by itself, and a stored session reads back as written."""
+    client = RunStore.from_url(redis_url).redis
+    run = f"claims-{os.getpid()}-{time.monotonic_ns()}"
+    store = ChildStore(client, run)
+    try:
+        assert store.claim("sub_x", "a", ttl_s=30)
+        assert not store.claim("sub_x", "b", ttl_s=30)
+        store.release("sub_x", "b")
+        assert client.get(keys.kept_child_claim(run, "sub_x")) == "a"
+        assert 0 < client.ttl(keys.kept_child_claim(run, "sub_x")) <= 30
+        store.release("sub_x", "a")
+        assert store.claim("sub_x", "b", ttl_s=1)
+        time.sleep(1.2)
+        assert store.claim("sub_x", "c", ttl_s=30)  # b's claim lapsed
+
+        assert store.load("sub_x") == KeptSession()
+        store.save("sub_x", KeptSession(['{"author": "user"}'], 3))
+        assert ChildStore(client, run).load("sub_x") == KeptSession(['{"author": "user"}'], 3)
+    finally:
+        client.delete(keys.kept_child_claim(run, "sub_x"), keys.kept_child(run, "sub_x"))
+        client.close()
