@@ -169,24 +169,40 @@ def latest(source: Source) -> str:
     setup = f"{source['repeats']} executions a variant, in-process fake Gemini"
     text = (
         f"{latest_run(source, setup)}:\n\n{table(HEADER, rows)}\n\n"
-        f"A child costs {source['child_overhead_ms']:.1f} ms at p50 over making the same model "
-        "calls in the stage itself."
+        f"Delegating made the stage {_change(source, 'child_overhead_ms')} at p50 than making "
+        "the same model calls in the stage itself"
     )
+    if source["child_overhead_ms"] < 0:
+        text += (" (starting the child cost less than the flat stage's longer requests, or less "
+                 "than the run's noise)")  # fmt: skip
+    text += "."
     if source.get("kept_overhead_ms") is not None:
-        text += (f" Asking a kept child again costs {source['kept_overhead_ms']:.1f} ms at p50 "
-                 "over a fresh child.")  # fmt: skip
+        text += (f" Asking a kept child again made it {_change(source, 'kept_overhead_ms')} "
+                 "than asking a fresh child.")  # fmt: skip
     return text
+
+
+def _change(source: Source, key: str) -> str:
+    """A difference of medians in words: `3.3 ms slower`, `0.7 ms faster`."""
+    value = source[key]
+    source.derive(abs(value))  # shown without its sign, which the words carry
+    return f"{abs(value):.1f} ms {'slower' if value >= 0 else 'faster'}"
+
+
+def _signed(source: Source, key: str) -> str:
+    source.derive(abs(source[key]))  # a figure is read without its sign
+    return f"{source[key]:+.1f}"
 
 
 def row(source: Source) -> list[str]:
     v = source["variants"]
     kept = (
-        [f"{v['kept']['p50_ms']:.1f}", f"{source['kept_overhead_ms']:.1f}"]
+        [f"{v['kept']['p50_ms']:.1f}", _signed(source, "kept_overhead_ms")]
         if "kept" in v
         else ["-", "-"]
     )
     return [f"{v['flat']['p50_ms']:.1f}", f"{v['delegated']['p50_ms']:.1f}",
-            f"{source['child_overhead_ms']:.1f}", *kept]  # fmt: skip
+            _signed(source, "child_overhead_ms"), *kept]  # fmt: skip
 
 
 SECTIONS = {"latest": latest}
