@@ -1,10 +1,11 @@
-"""In-memory sinks for what a stage produces (artifacts, audit entries), for tests and the
-benchmarks that run a stage without a run store."""
+"""In-memory sinks for what a stage produces (artifacts, audit entries, kept children), for tests
+and the benchmarks that run a stage without a run store."""
 
 from __future__ import annotations
 
 import hashlib
 
+from orchestrator.core.children import KeptSession
 from orchestrator.core.models import ArtifactRef
 
 
@@ -28,3 +29,26 @@ class MemoryArtifacts:
         self.data[name] = bytes(data)
         self.refs[name] = ref
         return ref.uri
+
+
+class MemoryChildren:
+    """Kept children in memory (`orchestrator.core.children.Children`): they live as long as
+    this object. Claims never lapse; one holder at a time, as in Redis."""
+
+    def __init__(self) -> None:
+        self.sessions: dict[str, KeptSession] = {}
+        self._holders: dict[str, str] = {}
+
+    def claim(self, name: str, holder: str, ttl_s: int) -> bool:
+        return self._holders.setdefault(name, holder) == holder
+
+    def release(self, name: str, holder: str) -> None:
+        if self._holders.get(name) == holder:
+            del self._holders[name]
+
+    def load(self, name: str) -> KeptSession:
+        kept = self.sessions.get(name)
+        return KeptSession(list(kept.events), kept.delegations) if kept else KeptSession()
+
+    def save(self, name: str, session: KeptSession) -> None:
+        self.sessions[name] = KeptSession(list(session.events), session.delegations)

@@ -301,6 +301,13 @@ class StageSession:
                 self._audit(pending)
         return final
 
+    async def events(self) -> list[Event]:
+        """The events the session holds now, oldest first (a kept child's, to be stored)."""
+        session = await self._runner.session_service.get_session(
+            app_name=APP_NAME, user_id=self._session_id, session_id=self._session_id
+        )
+        return list(session.events) if session else []
+
     def _audit_entry(self, event: Event) -> dict[str, Any]:
         content = (
             event.content.model_dump(mode="json", exclude_none=True) if event.content else None

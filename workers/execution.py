@@ -20,6 +20,7 @@ from typing import Any
 from celery.exceptions import SoftTimeLimitExceeded
 
 import sandbox
+from orchestrator.core.children import ChildStore
 from orchestrator.core.conductor import Conductor
 from orchestrator.core.errors import RepoError
 from orchestrator.core.execution import Hold, StageFigures
@@ -170,6 +171,7 @@ class Execution:
             audit=self.audit,
             usage=self.usage,
             requests=[] if self.services.keep_model_requests else None,
+            children=ChildStore(self.services.store.redis, self.run.id),
         )
         try:
             inputs = resolve(self.run, self.pipeline, self.spec, self.attempt, self.services.store)

@@ -27,6 +27,7 @@ from google.adk.models.base_llm import BaseLlm
 from google.adk.tools.base_tool import BaseTool
 from pydantic import BaseModel, ValidationError
 
+from orchestrator.core.children import Children
 from orchestrator.core.facts import Fact, Proof, Reproduced, TestRun, measured_fields
 from orchestrator.core.pipeline import StageSpec
 from orchestrator.core.subsessions import Lineage
@@ -79,6 +80,9 @@ class StageSinks:
     requests: list[dict[str, Any]] | None = None
     """Every model request as sent, when the caller keeps them (`BATON_KEEP_MODEL_REQUESTS`);
     None: not kept."""
+    children: Children | None = None
+    """Where the sessions of the run's kept children are kept (`workers.delegate`); None: no
+    child can be kept (an execution outside a run)."""
 
 
 @dataclass(frozen=True)
@@ -418,6 +422,7 @@ def _delegation(
         usage=sinks.usage, audit=sinks.audit,
         open_tools=lambda names: open_toolbox(names, inputs.tools, bench),
         checkpoint=checkpoint, record_request=_recorder(sinks), streaming=streaming,
+        run_id=inputs.run_id, children=sinks.children,
     )  # fmt: skip
     stage = Lineage(inputs.labels[SESSION], inputs.labels[BRANCH], 0, rule.max_depth)
     return [delegate_tool(delegation, stage)]

@@ -289,11 +289,15 @@ _KIND_STYLE = {
 }
 
 
+_INDENT = "  "
+"""A child's entries are indented this much per level under its stage's (`Entry.depth`)."""
+
+
 def transcript_line(entry: Entry, width: int) -> Text:
     """One entry as a line a person reads: `13:09:47.531 fixer.search  call search_code(…)`,
     every part cut to fit `width`."""
     clock = datetime.fromtimestamp(entry.ts).strftime("%H:%M:%S.%f")[:-3]
-    head = f"{clock} {entry.branch or '-':<16} "
+    head = f"{clock} {_INDENT * entry.depth}{entry.branch or '-':<16} "
     room = max(20, width - len(head) - 1)
     line = Text(head, style="dim")
     body = plain.safe(_describe(entry))
@@ -309,7 +313,7 @@ def transcript_entry(entry: Entry) -> Table:
     grid.add_column(no_wrap=True, style="dim")
     grid.add_column(overflow="fold")
     body = Text(_describe_whole(entry), style=_KIND_STYLE.get(entry.kind, ""))
-    grid.add_row(f"{clock} {entry.branch or '-':<16}", body)
+    grid.add_row(f"{clock} {_INDENT * entry.depth}{entry.branch or '-':<16}", body)
     return grid
 
 

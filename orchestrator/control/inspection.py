@@ -18,6 +18,7 @@ from pydantic import BaseModel, Field
 from orchestrator.control.timeline import Span as Span  # re-exported: the API's and tests' name
 from orchestrator.control.timeline import timeline as timeline
 from orchestrator.core import keys
+from orchestrator.core.delegation import MAX_DEPTH
 from orchestrator.core.errors import ArtifactNotFoundError
 from orchestrator.core.models import ArtifactRef, RunRecord, RunStatus, StageRecord
 from orchestrator.core.store import RunStore
@@ -317,6 +318,9 @@ class Entry(BaseModel):
     error: str | None = None
     data: dict[str, Any] = Field(default_factory=dict)
     """A transition's own fields (`delay_s`, `reason`, `error`, …)."""
+    depth: int = 0
+    """Where the entry's session sits in its stage's delegation tree: 0 the stage's own, 1 a
+    child's (`workers.delegate`), 2 a child's child."""
 
 
 class EntryPage(BaseModel):
@@ -350,6 +354,7 @@ def read_entry(raw: dict[str, str]) -> Entry:
         "usage": None,
         "error": None,
         "data": {},
+        "depth": _depth(raw.get("depth", "")),
     }
     error = data.get("error")
     if kind == "user_message":
@@ -362,6 +367,12 @@ def read_entry(raw: dict[str, str]) -> Entry:
         fields["data"] = data
         fields["error"] = error if isinstance(error, str) else None
     return Entry.model_construct(**fields)
+
+
+def _depth(stored: str) -> int:
+    """A child's entry's depth as stored; 0 for a stage's own (no depth) or a value that is not
+    one, and never more than delegation allows."""
+    return min(int(stored), MAX_DEPTH) if stored.isdigit() else 0
 
 
 def _session(session: str) -> tuple[str, str | None, int | None]:

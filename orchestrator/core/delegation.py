@@ -36,6 +36,9 @@ class ChildBudget(BaseModel):
     """A tool result of the child longer than this is cut, with a marker."""
     max_summary_chars: int = Field(2_000, gt=0)
     """The child's summary (as JSON) is cut to this before the stage's model reads it."""
+    max_kept_chars: int = Field(100_000, gt=0)
+    """A kept child's stored history (`keep=true`): its oldest turns are dropped past this
+    many characters of events; its latest turn is always kept."""
 
     def stage_budget(self, stage: StageBudget) -> StageBudget:
         """The child's limits in the shape an agent is built from (time limits: the stage's)."""

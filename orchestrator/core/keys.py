@@ -115,3 +115,16 @@ def spend(run_id: str) -> str:
     `tokens`, `cost_usd`, `uncosted:<model>` (calls of a model without a price) and, once a
     limit stopped it, `exceeded` (the reason)."""
     return f"{PREFIX}run:{run_id}:spend"
+
+
+def kept_child(run_id: str, name: str) -> str:
+    """String: the stored session of the run's kept child `name` (`orchestrator.core.children`),
+    JSON. Under the run's prefix, so it expires and revives with the run."""
+    return f"{PREFIX}run:{run_id}:child:{name}"
+
+
+def kept_child_claim(run_id: str, name: str) -> str:
+    """String with an expiry: the execution talking to the kept child `name` of the run now.
+    Outside the run's prefix, so that a run's revival (which persists its keys) never makes a
+    claim of a lost worker permanent: it lapses by itself."""
+    return f"{PREFIX}child-claim:{run_id}:{name}"

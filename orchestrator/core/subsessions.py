@@ -5,7 +5,9 @@ parent's: `<parent>:sub:<branch>:<invocation>`, where `<branch>` is the child's 
 `<invocation>` counts the delegations of the parent session, from 1. Each invocation is a
 separate session (a separate row of the audit log), so two requests to the same child never
 see each other's history. A background child addressed by a stable name gets the same id every
-time instead, with no invocation suffix: `<parent>:sub:<name>`.
+time instead, with no invocation suffix: `<parent>:sub:<name>`, where its parent is the run
+(`Lineage.kept`): it outlives the stage that first addressed it, and every stage of the run
+reaches it under the same id (`orchestrator.core.children`).
 
 Every event a child's session stores carries a hierarchical branch label, the parent's label
 and the child's name joined by ADK's "." separator (`fixer-plus.search.sub_cart`), stamped by
@@ -28,6 +30,9 @@ SUB = "sub"
 """The marker between a parent's session id and its child's part."""
 MAX_NAME_CHARS = 32
 _NAME = re.compile(rf"^[a-z_][a-z0-9_]{{0,{MAX_NAME_CHARS - 1}}}$")
+MAX_GIVEN_CHARS = MAX_NAME_CHARS - len(SUB) - 1
+"""The longest name a model may give a child: its branch is `sub_<name>`."""
+_GIVEN = re.compile(rf"^[a-z0-9_]{{1,{MAX_GIVEN_CHARS}}}$")
 
 
 class DepthError(ValueError):
@@ -47,6 +52,24 @@ def check_name(name: str) -> str:
             f"(at most {MAX_NAME_CHARS} characters); {name[:40]!r} is not"
         )
     return name
+
+
+def child_branch(given: str) -> str:
+    """The branch name of a child the delegating model named `given`: `sub_<given>`, or `sub`
+    for a child it did not name.
+
+    Raises:
+        ValueError: `given` cannot be part of a label or an id; the message quotes it and says
+            what a name may hold (the model reads it as the tool's error).
+    """
+    if not given:
+        return SUB
+    if not _GIVEN.match(given):
+        raise ValueError(
+            f"a helper's name is lower-case letters, digits and _ (no '.', ':' or spaces), at "
+            f"most {MAX_GIVEN_CHARS} characters; {given[:40]!r} is not"
+        )
+    return f"{SUB}_{given}"
 
 
 def child_session_id(parent: str, branch: str, invocation: int) -> str:
@@ -96,17 +119,37 @@ class Lineage:
             DepthError: the child would be deeper than `max_depth`.
             ValueError: `name` cannot be a child's name.
         """
-        if self.depth + 1 > self.max_depth:
-            raise DepthError(
-                f"delegation is limited to depth {self.max_depth} and this agent is at depth "
-                f"{self.depth}: do the work yourself instead of delegating"
-            )
+        self._check_depth()
         return Lineage(
             session=child_session_id(self.session, name, invocation),
             label=child_label(self.label, name),
             depth=self.depth + 1,
             max_depth=self.max_depth,
         )
+
+    def kept(self, name: str, run_id: str) -> Lineage:
+        """The lineage of the kept child `name` as this agent addresses it: its session id is
+        the run's (`<run>:sub:<name>`, the same from every stage), its label and depth are
+        below this agent's, as any child's.
+
+        Raises:
+            DepthError: the child would be deeper than `max_depth`.
+            ValueError: `name` cannot be a child's name.
+        """
+        self._check_depth()
+        return Lineage(
+            session=stable_session_id(run_id, name),
+            label=child_label(self.label, name),
+            depth=self.depth + 1,
+            max_depth=self.max_depth,
+        )
+
+    def _check_depth(self) -> None:
+        if self.depth + 1 > self.max_depth:
+            raise DepthError(
+                f"delegation is limited to depth {self.max_depth} and this agent is at depth "
+                f"{self.depth}: do the work yourself instead of delegating"
+            )
 
 
 def stage_session(session: str) -> str:

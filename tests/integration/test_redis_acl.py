@@ -165,11 +165,13 @@ def baton_keys() -> dict[str, list[str]]:
     run = "20261201-000000-abcdef"
     return {
         "runs": [keys.run(run), keys.outputs(run), keys.artifact(run, "fix/workspace.diff"),
-                 keys.audit(run), keys.idempotency("sentry:1|repo|fixer"), keys.ACTIVE],
+                 keys.audit(run), keys.idempotency("sentry:1|repo|fixer"), keys.ACTIVE,
+                 keys.kept_child(run, "sub_x")],
         "run list": [keys.RUNS],
         "workers": [keys.RECONCILER_LOCK, keys.quota("gemini"), keys.cooldown("gemini"),
                     keys.quota_scale("gemini"), f"{environments.RECORD_PREFIX}0f",
-                    f"{environments.LOCK_PREFIX}0f", f"{environments.KEY_OF_PREFIX}0f:c0:-"],
+                    f"{environments.LOCK_PREFIX}0f", f"{environments.KEY_OF_PREFIX}0f:c0:-",
+                    keys.kept_child_claim(run, "sub_x")],
         "serve": [f"{keys.PREFIX}serve:session:0f", f"{keys.PREFIX}serve:failures:user:0f"],
         "consumers": [keys.consumers("baton.fixer.fix")],
     }  # fmt: skip
@@ -203,6 +205,26 @@ def test_each_role_reaches_the_keys_of_its_work_and_no_others(acl_redis: RedisSe
         for user in ("flower", "keda"):
             everything = [key for kind in ("runs", "run list", "workers") for key in found[kind]]
             assert not any(may(user, "LLEN", key) for key in everything), user
+    finally:
+        admin.close()
+
+
+def test_a_worker_may_keep_a_child_and_claim_it_and_nobody_else_may_claim(
+    acl_redis: RedisServer,
+) -> None:
+    """The commands of `orchestrator.core.children.ChildStore`, asked by ACL DRYRUN (the
+    release script's GET and DEL are checked as the commands themselves)."""
+    admin = acl_redis.client(decode_responses=True)
+    run = "20261201-000000-abcdef"
+    claim, kept = keys.kept_child_claim(run, "sub_x"), keys.kept_child(run, "sub_x")
+    commands = [
+        ("SET", claim, "holder", "NX", "EX", "600"), ("GET", claim), ("DEL", claim),
+        ("EVALSHA", "0" * 40, "1", claim, "holder"), ("GET", kept), ("SET", kept, "{}"),
+    ]  # fmt: skip
+    try:
+        assert [c for c in commands if admin.acl_dryrun("worker", *c) != "OK"] == []
+        for user in ("serve", "cli", "flower", "keda"):
+            assert admin.acl_dryrun(user, *commands[0]) != "OK", user
     finally:
         admin.close()
 
