@@ -43,7 +43,7 @@ def budget_line(run: RunRecord, spend: Spend | None, now: float | None = None) -
         return None
     parts = []
     for name, fmt in (("calls", "{:,}"), ("tokens", "{:,}"), ("cost_usd", "${:.4f}"),
-                      ("wall_s", "{:.0f}s")):  # fmt: skip
+                      ("wall_s", "{:.0f}s"), ("handoffs", "{:,}")):  # fmt: skip
         figure = shown[name]
         if figure["limit"] is not None:
             parts.append(f"{name} {fmt.format(figure['spent'])}/{fmt.format(figure['limit'])}")

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
-from orchestrator.core import keys, transitions
+from orchestrator.core import handoffs, keys, transitions
 from orchestrator.core.branches import (
     branch_label,
     branch_output_key,
@@ -204,7 +204,9 @@ def complete_branch(
                "branch_failed", pipe, chars=len(payload or ""), error=error)  # fmt: skip
         if recorded == Recorded.COUNTED:
             return Completion.RECORDED, None, run
-        return Completion.RECORDED, _join(conductor, run, pipe, spec, fan, payload, branch), run
+        joined = _join(conductor, run, pipe, spec, fan, payload, branch)
+        decision = handoffs.counted(conductor.store.redis, run, pipe, joined, stage)
+        return Completion.RECORDED, decision, run
 
     done, decision, run = conductor.store.transact(run_id, mutate)
     if decision is not None:
