@@ -64,6 +64,9 @@ class Delegation:
     checkpoint: Callable[[], None] | None = None
     record_request: Callable[[dict[str, Any]], None] | None = None
     streaming: bool = False
+    handoff: Callable[[], None] | None = None
+    """Called right before a child starts: the run's budget counts it as a hand-off
+    (`orchestrator.core.handoffs`); raises to refuse it, which ends the stage."""
 
     def remaining_model_calls(self) -> int:
         """The stage's model calls not yet made, by itself or any child."""
@@ -101,6 +104,8 @@ def delegate_tool(delegation: Delegation, lineage: Lineage) -> BaseTool:
             max_calls = min(budget.max_model_calls, delegation.remaining_model_calls())
             if max_calls <= 0:
                 return {"error": "delegation refused: the stage has spent its model calls"}
+            if delegation.handoff is not None:
+                delegation.handoff()
             try:
                 return await _run_child(delegation, child, goal, list(paths or []), max_calls)
             except ModelCallLimitError:
