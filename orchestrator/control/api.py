@@ -133,7 +133,8 @@ def checked_pipeline(pipeline: str, settings: Settings) -> Pipeline:
     Raises:
         PipelineError: listing every problem, one a line, each naming the file, stage and field.
     """
-    return check_pipeline(pipeline, queue=settings.queue, retry=settings.retry).valid()
+    return check_pipeline(pipeline, queue=settings.queue, retry=settings.retry,
+                          model=settings.model, prices=settings.prices).valid()  # fmt: skip
 
 
 def read_environment(spec: Mapping[str, Any] | str | Path) -> dict[str, Any]:

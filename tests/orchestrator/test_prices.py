@@ -11,12 +11,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 from pydantic import ValidationError
 
+from orchestrator.control.cli import main
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.pipeline import Pipeline, load_pipeline
 from orchestrator.core.prices import PRICES, ModelPrice, price_of
 from orchestrator.core.runbudget import RunBudget, check_priced
+from tests.orchestrator.test_pipeline_check import GOOD
 
 
 def litellm_prices() -> dict[str, Any]:
@@ -128,3 +131,26 @@ def test_a_cost_limit_is_kept_when_every_model_has_a_price() -> None:
     check_priced(RunBudget(cost_usd=2), fixer("openai/gpt-9"), "gemini-2.5-flash", mine)
     check_priced(RunBudget(calls=3), fixer("openai/gpt-9"), "gemini-x")  # no cost limit
     check_priced(None, fixer(), "gemini-x")
+
+
+def test_pipeline_check_refuses_a_run_budget_cost_limit_it_could_not_keep(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "labeller.toml"
+    path.write_text(
+        GOOD.replace(
+            'instruction = "Label {triage}"',
+            'instruction = "Label {triage}"\nmodel = "openai/gpt-9"',
+        )
+        + "\n[run_budget]\ncost_usd = 1\n"
+    )
+    monkeypatch.setenv("BATON_MODEL", "gemini-2.5-flash")
+    result = CliRunner().invoke(main, ["pipeline", "check", str(path)])
+    assert result.exit_code == 2, result.output
+    assert result.output.startswith(
+        f"error: {path}, field 'run_budget.cost_usd': cost_usd=1: the cost of model "
+        "'openai/gpt-9' (stage label) cannot be estimated"
+    )
+    monkeypatch.setenv("BATON_PRICES", '{"openai/gpt-9": {"input_usd_per_mtok": 1, '
+                       '"output_usd_per_mtok": 2}}')  # fmt: skip
+    assert CliRunner().invoke(main, ["pipeline", "check", str(path)]).exit_code == 0
