@@ -66,7 +66,7 @@ def delegated(store: RunStore, run_id: str) -> None:
     """
 
     def mutate(run: RunRecord, pipe: Any) -> str | None:
-        if run.budget is None:
+        if run.budget is None or run.status.is_terminal:  # an ended run's stage is stopping
             return None
         return _count(store.redis, run, pipe, 1, None)
 

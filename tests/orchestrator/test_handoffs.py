@@ -23,6 +23,7 @@ from orchestrator.core.settings import QueueConfig
 from orchestrator.core.spend import BudgetExceeded, SpendLedger
 from orchestrator.core.store import RunStore
 from tests.orchestrator.test_fanout_conductor import PIPELINE as WIDE
+from tests.orchestrator.test_gates_conductor import PROPOSED, acts, gated
 
 ISSUE = Issue(source=IssueSource.TEXT, title="Totals are off by one")
 SCHEMAS = "orchestrator.pipelines.fixer.schemas"
@@ -145,3 +146,19 @@ def test_a_run_its_budget_stopped_resumes_only_with_a_raised_budget_and_its_spen
     call()  # the second call of the run: within the raised limit
     with pytest.raises(BudgetExceeded, match=r"^model calls: 2 made, limit 2$"):
         call()
+
+
+def test_a_gates_approval_hands_off_and_past_the_limit_fails_the_run_instead(
+    conductor: Conductor, redis_client: redis.Redis
+) -> None:
+    run_id, _ = conductor.submit(ISSUE, repo="/r", commit="c", pipeline=gated(),
+                                 budget=RunBudget(handoffs=1))  # fmt: skip
+    handoffs.delegated(conductor.store, run_id)  # the plan's subagent: the one hand-off
+    ran(conductor, run_id, "plan", PROPOSED)  # parks: no hand-off yet
+
+    approval = conductor.approve(run_id, by="ana")
+
+    assert (approval.applied, approval.queued) == (True, None)
+    run = conductor.store.get(run_id)
+    assert run.reason == "plan: run budget exceeded: handoffs: 1 made, limit 1"
+    assert run.stages["act"].status == StageStatus.PENDING and acts(redis_client) == []
