@@ -70,4 +70,6 @@ def budget_cell(run: RunRecord, spend: Spend | None) -> str:
         cells.append(f"{spent.tokens:,}/{run.budget.tokens:,} tok")
     if run.budget.cost_usd is not None:
         cells.append(f"${spent.cost_usd:.2f}/${run.budget.cost_usd:.2f}")
+    if run.budget.handoffs is not None:
+        cells.append(f"{spent.handoffs}/{run.budget.handoffs} hand-offs")
     return ("! " if spent.exceeded else "") + (" ".join(cells) or run.budget.describe())

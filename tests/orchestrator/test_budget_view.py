@@ -51,6 +51,7 @@ def test_the_line_shows_the_handoffs_made_beside_their_limit() -> None:
     line = budget_line(run(RunBudget(handoffs=4)), spend, now=1100.0)
     assert line == "budget: handoffs 4/4 · stopped: handoffs: 4 made, limit 4"
     assert budget_json(run(RunBudget(handoffs=4)), spend)["handoffs"] == {"spent": 4, "limit": 4}
+    assert budget_cell(run(RunBudget(calls=9, handoffs=4)), spend) == "! 0/9 calls 4/4 hand-offs"
 
 
 def test_a_cost_limit_says_which_models_it_could_not_price() -> None:
