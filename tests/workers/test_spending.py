@@ -21,7 +21,8 @@ from orchestrator.core.settings import ModelConfig, RetryConfig
 from orchestrator.core.spend import SpendLedger
 from orchestrator.core.store import RunStore
 from testkit.gemini import FakeGemini
-from workers.errors import RunBudgetExceededError
+from tests.test_architecture import ERROR_CLASSES
+from workers.errors import ExecutionError, RunBudgetExceededError
 from workers.gemini import build_model, close_model
 from workers.spending import RunSpending, count_handoff, limit_of
 
@@ -125,3 +126,11 @@ def test_a_subagent_past_the_runs_handoffs_fails_the_stage_with_the_reason(
     assert str(refused.value) == "run budget exceeded: handoffs: 1 made, limit 1"
     assert limit_of("handoffs: 1 made, limit 1") == "handoffs"
     assert SpendLedger(store.redis).spend("r2").handoffs == 1
+
+
+def test_only_a_budget_refusal_ends_the_whole_run_from_a_branch() -> None:
+    """Of every execution error (found, not listed), the run's budget refusal alone is the
+    run's: a branch failing with any other ends only itself."""
+    execution_errors = [cls for cls in ERROR_CLASSES if issubclass(cls, ExecutionError)]
+    assert len(execution_errors) > 10
+    assert [cls for cls in execution_errors if cls.ends_run] == [RunBudgetExceededError]
