@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from orchestrator.core import handoffs
 from orchestrator.core.prices import ModelPrice, price_of
 from orchestrator.core.runbudget import RunBudget
-from orchestrator.core.spend import BudgetExceeded, Reservation, SpendLedger
+from orchestrator.core.spend import STOPPED, BudgetExceeded, Reservation, SpendLedger
 from orchestrator.core.store import RunStore
 from workers import metrics
 from workers.errors import RunBudgetExceededError
@@ -89,7 +89,7 @@ def refused(run_id: str, exc: BudgetExceeded) -> RunBudgetExceededError:
     """A refusal of the run's budget as the error that fails the stage, logged and counted."""
     logger.warning("run %s stopped by its budget: %s", run_id, exc)
     metrics.budget_stop(limit_of(str(exc)))
-    return RunBudgetExceededError(f"{handoffs.PREFIX}{exc}")
+    return RunBudgetExceededError(f"{STOPPED}{exc}")
 
 
 LIMIT_WORDS = {"model calls": "calls", "tokens": "tokens", "cost": "cost", "wall time": "wall",

@@ -28,12 +28,9 @@ from typing import Any
 
 from orchestrator.core import keys
 from orchestrator.core.models import RunRecord, RunStatus, StageStatus
-from orchestrator.core.spend import EXCEEDED, HANDOFFS, BudgetExceeded
+from orchestrator.core.spend import EXCEEDED, HANDOFFS, STOPPED, BudgetExceeded
 from orchestrator.core.store import RunStore
 from orchestrator.core.transitions import Next
-
-PREFIX = "run budget exceeded: "
-"""How a stage's error and a run's reason begin when the run's budget stopped it."""
 
 
 def counted(redis: Any, run: RunRecord, pipe: Any, decision: Next, completed: str) -> Next:
@@ -48,7 +45,7 @@ def counted(redis: Any, run: RunRecord, pipe: Any, decision: Next, completed: st
     refused = _count(redis, run, pipe, max(1, branches), decision.send if branches else None)
     if refused is None:
         return decision
-    error = PREFIX + refused
+    error = STOPPED + refused
     if decision.send == completed:  # a loop's next iteration: the stage ends failed
         queued.status, queued.error = StageStatus.FAILED, error
     else:

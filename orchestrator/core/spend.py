@@ -24,6 +24,8 @@ EXCEEDED = "exceeded"
 UNCOSTED = "uncosted:"
 HANDOFFS = "handoffs"
 """The spend's count of the run's hand-offs (`orchestrator.core.handoffs`)."""
+STOPPED = "run budget exceeded: "
+"""How a stage's error and a run's reason begin when a limit of the run's budget stopped it."""
 
 _RESERVE = """
 -- KEYS[1]: the spend hash. ARGV: 1 calls limit, 2 tokens limit, 3 cost limit, 4 wall limit (s),
