@@ -84,6 +84,9 @@ class Delegation:
     children: Children | None = None
     """Where kept children's sessions are kept between calls (the run store's, in a worker);
     None: an execution without a run (a replay), where no child can be kept."""
+    handoff: Callable[[], None] | None = None
+    """Called right before a child starts: the run's budget counts it as a hand-off
+    (`orchestrator.core.handoffs`); raises to refuse it, which ends the stage."""
 
     def remaining_model_calls(self) -> int:
         """The stage's model calls not yet made, by itself or any child."""
@@ -141,6 +144,8 @@ def delegate_tool(
             max_calls = min(budget.max_model_calls, delegation.remaining_model_calls())
             if max_calls <= 0:
                 return {"error": "delegation refused: the stage has spent its model calls"}
+            if delegation.handoff is not None:
+                delegation.handoff()
             try:
                 if keep:
                     return await _run_kept(delegation, child, branch, goal, list(paths or []),

@@ -66,6 +66,10 @@ class ExecutionError(BatonError, RuntimeError):
 
     retry: ClassVar[Retry] = Retry.NONE
     reason: ClassVar[Reason] = "stage_error"
+    ends_run: ClassVar[bool] = False
+    """The failure is the run's, not the execution's: an execution of one branch of a fan-out
+    that fails with it ends the whole run (`orchestrator.core.fanstop.fail_from_branch`), where
+    any other failure ends only its branch."""
 
 
 class RateLimitedError(ExecutionError):
@@ -138,6 +142,7 @@ class RunBudgetExceededError(StageError):
     it is sent: the message names the limit and the figures, and the run fails with it."""
 
     reason = "budget_exceeded"
+    ends_run = True
 
 
 class StageOutputError(StageError, ValueError):

@@ -51,7 +51,7 @@ from workers.inputs import StageInputs, resolve
 from workers.mirrors import RepoCache
 from workers.publish import Publisher
 from workers.sandboxes import Sandboxes
-from workers.spending import RunSpending
+from workers.spending import RunSpending, count_handoff
 from workers.stage import StageOutput, StageSinks, execute_stage
 
 logger = logging.getLogger(__name__)
@@ -192,6 +192,7 @@ class Execution:
                 streaming=self.services.streaming,
                 environ=self.services.environ,
                 summarizer=self._summarizer,
+                handoff=self._count_handoff if self.run.budget is not None else None,
             )
         finally:
             for model in (self._model, self._summarizer):
@@ -317,6 +318,10 @@ class Execution:
             )  # fmt: skip
         model.spending = self._spending()
         return model
+
+    def _count_handoff(self) -> None:
+        """A subagent of the stage is about to start: one of the run's hand-offs."""
+        count_handoff(self.services.store, self.run.id)
 
     def _spending(self) -> RunSpending | None:
         """The run's budget as this execution spends from it; None: the run has none."""

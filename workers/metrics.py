@@ -25,8 +25,9 @@ is first used.
     baton_sandbox_lifetime_seconds{stage}      histogram  from creating a sandbox to its removal
     baton_run_budget_cost_usd_total{model}     counter   estimated cost of the calls of runs
                                           with a budget (priced models only)
-    baton_run_budget_stops_total{limit}        counter   model calls a run's budget refused;
-                                          limit: calls, tokens, cost, wall, iterations
+    baton_run_budget_stops_total{limit}        counter   model calls and subagents a run's
+                                          budget refused; limit: calls, tokens, cost,
+                                          wall, iterations, handoffs
 
 Labels never hold a run id: each one takes a handful of values.
 """

@@ -13,9 +13,11 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from orchestrator.core import handoffs
 from orchestrator.core.prices import ModelPrice, price_of
 from orchestrator.core.runbudget import RunBudget
-from orchestrator.core.spend import BudgetExceeded, Reservation, SpendLedger
+from orchestrator.core.spend import STOPPED, BudgetExceeded, Reservation, SpendLedger
+from orchestrator.core.store import RunStore
 from workers import metrics
 from workers.errors import RunBudgetExceededError
 
@@ -49,9 +51,7 @@ class RunSpending:
                 started_at=self.started_at, iteration=self.iteration,
             )  # fmt: skip
         except BudgetExceeded as exc:
-            logger.warning("run %s stopped by its budget: %s", self.run_id, exc)
-            metrics.budget_stop(limit_of(str(exc)))
-            raise RunBudgetExceededError(f"run budget exceeded: {exc}") from exc
+            raise refused(self.run_id, exc) from exc
 
     def reconcile(
         self,
@@ -73,8 +73,27 @@ class RunSpending:
         )  # fmt: skip
 
 
+def count_handoff(store: RunStore, run_id: str) -> None:
+    """Count a subagent about to start as one of the run's hand-offs (a run with a budget).
+
+    Raises:
+        RunBudgetExceededError: the run's budget refuses it (the message says which limit).
+    """
+    try:
+        handoffs.delegated(store, run_id)
+    except BudgetExceeded as exc:
+        raise refused(run_id, exc) from exc
+
+
+def refused(run_id: str, exc: BudgetExceeded) -> RunBudgetExceededError:
+    """A refusal of the run's budget as the error that fails the stage, logged and counted."""
+    logger.warning("run %s stopped by its budget: %s", run_id, exc)
+    metrics.budget_stop(limit_of(str(exc)))
+    return RunBudgetExceededError(f"{STOPPED}{exc}")
+
+
 LIMIT_WORDS = {"model calls": "calls", "tokens": "tokens", "cost": "cost", "wall time": "wall",
-               "iterations": "iterations"}  # fmt: skip
+               "iterations": "iterations", "handoffs": "handoffs"}  # fmt: skip
 """The first words of a refusal (`orchestrator.core.spend`) → the `limit` label of the metric."""
 
 

@@ -106,6 +106,7 @@ async def execute_stage(
     streaming: bool = False,
     environ: Mapping[str, str] | None = None,
     summarizer: BaseLlm | None = None,
+    handoff: Callable[[], None] | None = None,
 ) -> StageOutput:
     """Run the stage's agent once, validate (one repair turn), verify and size its output.
 
@@ -114,6 +115,7 @@ async def execute_stage(
     `checkpoint` (by default `fence`) at every model and tool call. `environ` is where its
     declared tools' secrets are read (the worker's environment). `summarizer` writes the
     summaries of a stage with `compaction` when it names another model than the stage's.
+    `handoff` is called before each subagent starts (the run's budget counts hand-offs).
 
     Raises:
         ExecutionError: a subclass saying why the stage has no output (see `workers.errors`).
@@ -137,7 +139,7 @@ async def execute_stage(
         )
         async with open_toolbox(without_delegate(spec.tools), inputs.tools, bench) as toolbox:
             tools = toolbox.tools + _delegation(
-                inputs, bench, model, sinks, checkpoint or fence, streaming
+                inputs, bench, model, sinks, checkpoint or fence, streaming, handoff
             )
             agent = build_agent(
                 AgentSpec(
@@ -412,6 +414,7 @@ def _delegation(
     sinks: StageSinks,
     checkpoint: Fence,
     streaming: bool,
+    handoff: Callable[[], None] | None = None,
 ) -> list[BaseTool]:
     """The stage's `delegate` tool, if it names one (`workers.delegate`)."""
     rule = inputs.spec.delegate
@@ -422,7 +425,7 @@ def _delegation(
         usage=sinks.usage, audit=sinks.audit,
         open_tools=lambda names: open_toolbox(names, inputs.tools, bench),
         checkpoint=checkpoint, record_request=_recorder(sinks), streaming=streaming,
-        run_id=inputs.run_id, children=sinks.children,
+        run_id=inputs.run_id, children=sinks.children, handoff=handoff,
     )  # fmt: skip
     stage = Lineage(inputs.labels[SESSION], inputs.labels[BRANCH], 0, rule.max_depth)
     return [delegate_tool(delegation, stage)]

@@ -24,7 +24,7 @@ from orchestrator.core.gates import Approval
 from orchestrator.core.models import Issue, IssueSource, RunRecord, RunStatus
 from orchestrator.core.pipeline import Pipeline
 from orchestrator.core.queue import Dispatcher
-from orchestrator.core.runbudget import RunBudget, parse_budget
+from orchestrator.core.runbudget import RunBudget, check_priced, parse_budget, run_budget
 from orchestrator.core.settings import Settings
 from orchestrator.core.store import RunStore
 
@@ -69,6 +69,7 @@ def submit(
             "payload, or {number, base, head, repository}) or give --base",
             "base",
         )
+    check_priced(run_budget(checked, limits), checked, settings.model, settings.prices)
     spec = read_environment(environment) if environment is not None else None
     commit = git.resolve_commit(repo, head)  # refuses a path that is not a repository's root
     pinned_base = git.resolve_commit(repo, base) if base is not None else None
@@ -132,7 +133,8 @@ def checked_pipeline(pipeline: str, settings: Settings) -> Pipeline:
     Raises:
         PipelineError: listing every problem, one a line, each naming the file, stage and field.
     """
-    return check_pipeline(pipeline, queue=settings.queue, retry=settings.retry).valid()
+    return check_pipeline(pipeline, queue=settings.queue, retry=settings.retry,
+                          model=settings.model, prices=settings.prices).valid()  # fmt: skip
 
 
 def read_environment(spec: Mapping[str, Any] | str | Path) -> dict[str, Any]:
@@ -250,22 +252,34 @@ def resume(
     from_stage: str | None = None,
     pipeline: str | None = None,
     settings: Settings | None = None,
+    budget: RunBudget | str | None = None,
 ) -> str:
     """Run a failed or cancelled run again from the stage that did not finish (or
     `from_stage`), keeping every output recorded before it, with the pipeline version the run
     pinned, or with the one `pipeline` (a name or file of the same pipeline) gives now, pinned
-    from then on. Returns that stage's name.
+    from then on. `budget` (as `enqueue`'s) replaces the limits it names of the run's budget:
+    a run its budget stopped goes on with a raised one, its spend so far carried over. Returns
+    that stage's name.
 
     Raises:
         RunNotFoundError: no such run.
-        RunStateError: the run has not ended, or it has nothing left to run.
+        RunStateError: the run has not ended, or it has nothing left to run, or its budget
+            stopped it and no `budget` is given.
         PipelineError: the pipeline has no stage `from_stage`, `pipeline` is not valid or is
             another pipeline.
+        ConfigError: `budget` is not a valid budget, or sets a cost limit on a model with no
+            price.
     """
     settings = settings or Settings()
+    limits = parse_budget(budget) if isinstance(budget, str) else budget
     latest = checked_pipeline(pipeline, settings) if pipeline is not None else None
     with connect(settings) as conductor:
-        return conductor.resume(run_id, from_stage, pipeline=latest)
+        if limits is not None:
+            run = conductor.store.get(run_id)
+            spec = latest or conductor.pipeline_of(run)
+            merged = (run.budget or RunBudget()).over(limits)
+            check_priced(merged, spec, settings.model, settings.prices)
+        return conductor.resume(run_id, from_stage, pipeline=latest, budget=limits)
 
 
 def approve(

@@ -43,7 +43,7 @@ def budget_line(run: RunRecord, spend: Spend | None, now: float | None = None) -
         return None
     parts = []
     for name, fmt in (("calls", "{:,}"), ("tokens", "{:,}"), ("cost_usd", "${:.4f}"),
-                      ("wall_s", "{:.0f}s")):  # fmt: skip
+                      ("wall_s", "{:.0f}s"), ("handoffs", "{:,}")):  # fmt: skip
         figure = shown[name]
         if figure["limit"] is not None:
             parts.append(f"{name} {fmt.format(figure['spent'])}/{fmt.format(figure['limit'])}")
@@ -70,4 +70,6 @@ def budget_cell(run: RunRecord, spend: Spend | None) -> str:
         cells.append(f"{spent.tokens:,}/{run.budget.tokens:,} tok")
     if run.budget.cost_usd is not None:
         cells.append(f"${spent.cost_usd:.2f}/${run.budget.cost_usd:.2f}")
+    if run.budget.handoffs is not None:
+        cells.append(f"{spent.handoffs}/{run.budget.handoffs} hand-offs")
     return ("! " if spent.exceeded else "") + (" ".join(cells) or run.budget.describe())

@@ -30,7 +30,9 @@ from orchestrator.core.pipeline import (
     import_schema,
     placeholders,
 )
+from orchestrator.core.prices import ModelPrice
 from orchestrator.core.queue import check_time_limits
+from orchestrator.core.runbudget import check_priced
 from orchestrator.core.settings import QueueConfig, RetryConfig
 from orchestrator.core.specs import pipeline_from_table, pipeline_source
 from orchestrator.core.toolcheck import ToolProblem, check_tools
@@ -79,15 +81,21 @@ class Checked:
 
 
 def check_pipeline(
-    name_or_path: str, *, queue: QueueConfig | None = None, retry: RetryConfig | None = None
+    name_or_path: str,
+    *,
+    queue: QueueConfig | None = None,
+    retry: RetryConfig | None = None,
+    model: str | None = None,
+    prices: Mapping[str, ModelPrice] | None = None,
 ) -> Checked:
     """Check a pipeline named by file or by entry point; with `queue` and `retry`, also that
-    each stage fits the visibility timeout."""
+    each stage fits the visibility timeout; with `model` (`BATON_MODEL`) and `prices`
+    (`BATON_PRICES`), also that a `[run_budget]` cost limit can be kept (every model priced)."""
     try:
         text, origin = pipeline_source(name_or_path)
     except PipelineError as exc:
         return Checked(None, [Problem(name_or_path, None, None, str(exc))])
-    return check_text(text, origin=origin, queue=queue, retry=retry)
+    return check_text(text, origin=origin, queue=queue, retry=retry, model=model, prices=prices)
 
 
 def check_text(
@@ -96,6 +104,8 @@ def check_text(
     origin: str,
     queue: QueueConfig | None = None,
     retry: RetryConfig | None = None,
+    model: str | None = None,
+    prices: Mapping[str, ModelPrice] | None = None,
 ) -> Checked:
     """Check a spec's TOML text read from `origin`."""
     try:
@@ -120,6 +130,11 @@ def check_text(
             check_time_limits(pipeline, queue, retry)
         except ConfigError as exc:
             problems.append(Problem(origin, _stage_in(str(exc)), "budget.time_limit_s", str(exc)))
+    if model is not None:
+        try:
+            check_priced(pipeline.run_budget, pipeline, model, prices)
+        except ConfigError as exc:
+            problems.append(Problem(origin, None, "run_budget.cost_usd", str(exc)))
     return Checked(pipeline if not problems else None, problems)
 
 

@@ -147,7 +147,7 @@ def main(verbose: bool) -> None:
 @click.option(
     "--budget",
     help="Limits for this run in place of the pipeline's [run_budget] ones: "
-    "tokens=N,calls=N,wall_s=S,iterations=N,cost_usd=USD (any of them).",
+    "tokens=N,calls=N,wall_s=S,iterations=N,handoffs=N,cost_usd=USD (any of them).",
 )
 def enqueue(
     payload: str | None,
@@ -274,15 +274,18 @@ def cancel(run_id: str) -> None:
 )
 @click.option("--pipeline", "pipeline", help="With --pipeline-version latest: the pipeline's "
               "file (or installed name) to read the latest version from.")  # fmt: skip
+@click.option("--budget", help="Limits in place of the run's budget's, as enqueue's "
+              "(a run its budget stopped needs a raised one).")  # fmt: skip
 def resume(
-    run_id: str, from_stage: str | None, pipeline_version: str, pipeline: str | None
-) -> None:
+    run_id: str, from_stage: str | None, pipeline_version: str, pipeline: str | None,
+    budget: str | None,
+) -> None:  # fmt: skip
     """Run a failed or cancelled run again, keeping every output recorded before that stage."""
     if pipeline is not None and pipeline_version != "latest":
         raise click.UsageError("--pipeline is only for --pipeline-version latest")
     if pipeline_version == "latest" and pipeline is None:
         pipeline = api.get_run(run_id).pipeline
-    stage = api.resume(run_id, from_stage=from_stage, pipeline=pipeline)
+    stage = api.resume(run_id, from_stage=from_stage, pipeline=pipeline, budget=budget)
     click.echo(f"run {run_id} resumed from {stage}")
 
 

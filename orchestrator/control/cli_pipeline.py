@@ -102,7 +102,8 @@ def new(name: str, parent: Path) -> None:
 
 def _checked(spec: str) -> Checked:
     settings = Settings()
-    return check_pipeline(spec, queue=settings.queue, retry=settings.retry)
+    return check_pipeline(spec, queue=settings.queue, retry=settings.retry,
+                          model=settings.model, prices=settings.prices)  # fmt: skip
 
 
 def _model(stage: StageSpec) -> str:

@@ -13,7 +13,7 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.core import fanout, gates, keys, transitions
+from orchestrator.core import fanout, gates, handoffs, keys, transitions
 from orchestrator.core.branches import branch_output_key
 from orchestrator.core.models import RunRecord
 
@@ -60,7 +60,8 @@ def approve(
         if gates.pending(run):  # another gate still holds the run: it goes on after that one
             return transitions.Next(), run
         chosen_output = output if edited is None else edited
-        return transitions.decide(run, pipeline, spec.name, chosen_output), run
+        decision = transitions.decide(run, pipeline, spec.name, chosen_output)
+        return handoffs.counted(conductor.store.redis, run, pipe, decision, spec.name), run
 
     decision, run = conductor.store.transact(run_id, mutate)
     if decision is None:

@@ -23,9 +23,12 @@ from orchestrator.core import (
     autonomy,
     fanin,
     fanout,
+    fanstop,
     gates,
+    handoffs,
     judging,
     keys,
+    spend,
     transitions,
 )
 from orchestrator.core.errors import PipelineError, RunStateError
@@ -226,7 +229,9 @@ class Conductor:
                 return Completion.CANCELLED, None, run
             if run.status.is_terminal:
                 return Completion.LOST, None, run
-            return Completion.RECORDED, self._record(run, pipe, stage, result, payload), run
+            decision = self._record(run, pipe, stage, result, payload)
+            decision = handoffs.counted(self.store.redis, run, pipe, decision, stage)
+            return Completion.RECORDED, decision, run
 
         done, decision, run = self.store.transact(run_id, mutate)
         attempt = run.stages[stage].attempts
@@ -327,9 +332,12 @@ class Conductor:
         run = self.store.get(run_id)
         pipeline = self.pipeline_of(run)
         output = self.store.output(run_id, pipeline.stage(completed).output_key) or {}
-        decision, run = self.store.transact(
-            run_id, lambda run, _pipe: (transitions.decide(run, pipeline, completed, output), run)
-        )
+
+        def mutate(run: RunRecord, pipe: Any) -> tuple[Next, RunRecord]:
+            decision = transitions.decide(run, pipeline, completed, output)
+            return handoffs.counted(self.store.redis, run, pipe, decision, completed), run
+
+        decision, run = self.store.transact(run_id, mutate)
         return self.carry_out(run, decision, pipeline)
 
     def postpone(
@@ -414,6 +422,8 @@ class Conductor:
                 transitions.record_figures(record, figures)
             record.status, record.finished_at, record.error = StageStatus.FAILED, time.time(), error
             record.lease_until = None
+            if record.fan_in is not None:  # none of its branches starts or is joined now
+                fanstop.stop_branches(record.fan_in, error, time.time())
             run.status, run.reason, run.current_stage = RunStatus.FAILED, f"{stage}: {error}", None
             return run
 
@@ -461,15 +471,22 @@ class Conductor:
         self.audit(run, stage, run.stages[stage].attempts, "stage_stopped", owner=owner)
 
     def resume(
-        self, run_id: str, from_stage: str | None = None, *, pipeline: Pipeline | None = None
+        self,
+        run_id: str,
+        from_stage: str | None = None,
+        *,
+        pipeline: Pipeline | None = None,
+        budget: RunBudget | None = None,
     ) -> str:
         """Run an ended run again from its failed or cancelled stage (or `from_stage`), keeping
         every output recorded before it, with the pipeline version it pinned or, given
-        `pipeline` (another version of the same pipeline), with that one, pinned from now on.
-        Returns the stage enqueued.
+        `pipeline` (another version of the same pipeline), with that one, pinned from now on;
+        with `budget`'s limits in place of its budget's (`spend.resume_budget`). Returns the
+        stage enqueued.
 
         Raises:
-            RunStateError: the run has not ended, or there is nothing to resume.
+            RunStateError: the run has not ended, or there is nothing to resume, or its budget
+                stopped it and `budget` is not given.
             PipelineError: `pipeline` has another name, or no stage `from_stage`.
         """
         recorded = self.store.get(run_id)
@@ -488,6 +505,7 @@ class Conductor:
                 raise RunStateError(f"run {run_id} is still {run.status.value}; cancel it first")
             if repin:
                 transitions.repin(run, pipe, pipeline)
+            spend.resume_budget(self.store.redis, run, pipe, budget)
             now = time.time()
             for name, record in run.stages.items():
                 left_s = (record.lease_until or 0) - now

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
-from orchestrator.core import gates, judging, keys, transitions
+from orchestrator.core import gates, handoffs, judging, keys, transitions
 from orchestrator.core.branches import (
     branch_label,
     branch_output_key,
@@ -213,7 +213,9 @@ def complete_branch(
         if recorded != Recorded.JOINED:
             _park_if_idle(run, fan)
             return Completion.RECORDED, None, run
-        return Completion.RECORDED, _join(conductor, run, pipe, spec, fan, payload, branch), run
+        joined = _join(conductor, run, pipe, spec, fan, payload, branch)
+        decision = handoffs.counted(conductor.store.redis, run, pipe, joined, stage)
+        return Completion.RECORDED, decision, run
 
     done, decision, run = conductor.store.transact(run_id, mutate)
     if decision is not None:
@@ -253,7 +255,8 @@ def settle_gate(
     if recorded != Recorded.JOINED:
         _park_if_idle(run, fan)
         return transitions.Next()
-    return _join(conductor, run, pipe, spec, fan, output, branch)
+    joined = _join(conductor, run, pipe, spec, fan, output, branch)
+    return handoffs.counted(conductor.store.redis, run, pipe, joined, spec.name)
 
 
 def _join(

@@ -42,7 +42,7 @@ from orchestrator.core.pipeline import StageSpec
 from orchestrator.core.queue import stage_task_id
 from orchestrator.core.runbudget import wall_time_exceeded
 from orchestrator.core.settings import QueueConfig
-from orchestrator.core.spend import SpendLedger
+from orchestrator.core.spend import STOPPED, SpendLedger
 
 logger = logging.getLogger(__name__)
 
@@ -154,7 +154,7 @@ class Reconciler:
         """End a run past its wall time: no more model calls, the run failed with the reason."""
         try:
             SpendLedger(self.conductor.store.redis).stop(run.id, reason)
-            self.conductor.fail(run.id, run.current_stage or "-", f"run budget exceeded: {reason}")
+            self.conductor.fail(run.id, run.current_stage or "-", f"{STOPPED}{reason}")
         except Exception as exc:
             sweep.errors[run.id] = f"{type(exc).__name__}: {exc}"
             logger.exception("run %s: stopping it failed; going on with the others", run.id)

@@ -7,11 +7,13 @@ unset one is not enforced. The spend itself is counted in Redis (`orchestrator.c
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from orchestrator.core.errors import ConfigError
+from orchestrator.core.prices import ModelPrice, price_of
 
 
 class RunBudget(BaseModel):
@@ -27,6 +29,9 @@ class RunBudget(BaseModel):
     """Seconds from the run's creation to its end."""
     iterations: int | None = Field(None, gt=0)
     """Iterations of a looped stage."""
+    handoffs: int | None = Field(None, gt=0)
+    """Hand-offs: a stage handing the run to the next one, a loop's next iteration, each
+    branch of a fan-out, each subagent started (`orchestrator.core.handoffs`)."""
     cost_usd: float | None = Field(None, gt=0)
     """Estimated cost in US dollars (`orchestrator.core.prices`)."""
 
@@ -92,6 +97,43 @@ def run_budget(pipeline: Any, override: RunBudget | None) -> RunBudget | None:
     in place of its own; None when neither sets a limit."""
     merged = (pipeline.run_budget or RunBudget()).over(override)
     return None if merged.is_empty else merged
+
+
+def check_priced(
+    budget: RunBudget | None,
+    pipeline: Any,
+    default_model: str,
+    prices: Mapping[str, ModelPrice] | None = None,
+) -> None:
+    """Refuse a cost limit the run could not keep: one of its stages (or a stage's compaction)
+    runs on a model that has no price, neither in the table nor in `prices` (`BATON_PRICES`),
+    so its calls would not count against the limit. `default_model`: `BATON_MODEL`, the model
+    of a stage that names none.
+
+    Raises:
+        ConfigError: naming each such model and the stages that run on it.
+    """
+    if budget is None or budget.cost_usd is None:
+        return
+    unpriced: dict[str, list[str]] = {}
+    for stage in pipeline.stages:
+        models = {pipeline.model_of(stage, default_model)}
+        if stage.compaction is not None and stage.compaction.model:
+            models.add(stage.compaction.model)
+        for model in sorted(models):
+            if price_of(model, prices) is None:
+                unpriced.setdefault(model, []).append(stage.name)
+    if unpriced:
+        which = "; ".join(
+            f"model {model!r} (stage{'s' if len(stages) > 1 else ''} {', '.join(stages)})"
+            for model, stages in unpriced.items()
+        )
+        raise ConfigError(
+            f"cost_usd={_figure(budget.cost_usd)}: the cost of {which} cannot be estimated: it "
+            "has no price in orchestrator/core/prices.py; give it one in BATON_PRICES "
+            '(\'{"<model>": {"input_usd_per_mtok": …, "output_usd_per_mtok": …}}\'), or leave '
+            "cost_usd out of the budget"
+        )
 
 
 def wall_time_exceeded(run: Any, now: float) -> str | None:

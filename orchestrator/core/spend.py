@@ -17,10 +17,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.core import keys
+from orchestrator.core.errors import RunStateError
 from orchestrator.core.runbudget import RunBudget
 
 EXCEEDED = "exceeded"
 UNCOSTED = "uncosted:"
+HANDOFFS = "handoffs"
+"""The spend's count of the run's hand-offs (`orchestrator.core.handoffs`)."""
+STOPPED = "run budget exceeded: "
+"""How a stage's error and a run's reason begin when a limit of the run's budget stopped it."""
 
 _RESERVE = """
 -- KEYS[1]: the spend hash. ARGV: 1 calls limit, 2 tokens limit, 3 cost limit, 4 wall limit (s),
@@ -79,6 +84,7 @@ class Spend:
     calls: int = 0
     tokens: int = 0
     cost_usd: float = 0.0
+    handoffs: int = 0
     uncosted: dict[str, int] = field(default_factory=dict)
     """Calls whose model has no price, by model: their cost is not in `cost_usd`."""
     exceeded: str | None = None
@@ -90,6 +96,7 @@ class Spend:
             calls=int(fields.get("calls", 0)),
             tokens=int(fields.get("tokens", 0)),
             cost_usd=round(float(fields.get("cost_usd", 0.0)), 6),
+            handoffs=int(fields.get(HANDOFFS, 0)),
             uncosted={
                 name.removeprefix(UNCOSTED): int(count)
                 for name, count in fields.items()
@@ -110,6 +117,7 @@ class Spend:
         if self.uncosted:
             shown["cost_usd"]["not_estimated_for"] = dict(self.uncosted)
         shown["iterations"] = {"limit": budget.iterations}
+        shown["handoffs"] = {"spent": self.handoffs, "limit": budget.handoffs}
         shown["exceeded"] = self.exceeded
         return shown
 
@@ -183,6 +191,28 @@ class SpendLedger:
 
     def spend(self, run_id: str) -> Spend:
         return Spend.of(self.redis.hgetall(keys.spend(run_id)))
+
+
+def resume_budget(redis: Any, run: Any, pipe: Any, override: RunBudget | None) -> None:
+    """Within `Conductor.resume`'s transaction: the run (a `RunRecord`) goes on with its budget,
+    `override`'s limits in place of its own, and its spend's stop mark taken away; what it
+    spent stays (it is the run's), so every limit is checked again against it at the next call
+    or hand-off.
+
+    Raises:
+        RunStateError: a limit of its budget stopped the run and no `override` is given (it
+            would be stopped again at once).
+    """
+    stopped = _text(redis.hget(keys.spend(run.id), EXCEEDED) or "")
+    if stopped and override is None:
+        raise RunStateError(
+            f"run {run.id} was stopped by its budget ({stopped}); resume it with a raised "
+            "budget: --budget LIMIT=N (`budget=` from Python)"
+        )
+    if override is not None:
+        run.budget = (run.budget or RunBudget()).over(override)
+    if stopped:
+        pipe.hdel(keys.spend(run.id), EXCEEDED)
 
 
 def _limit(value: float | None) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import subprocess
 import time
 from collections.abc import Callable
+from datetime import date
 
 import pytest
 
@@ -63,8 +64,37 @@ def test_a_run_that_crosses_its_call_budget_mid_stage_fails_with_the_reason(
     spend = SpendLedger(run_store.redis).spend(run_id)
     assert spend.calls == limit
     assert spend.exceeded == f"model calls: {limit} made, limit {limit}"
-    assert spend.tokens > 0 and spend.uncosted == {"gemini-3.8-flash": limit}
+    assert spend.tokens > 0 and spend.uncosted == {}
+    # gemini-3.8-flash's list price (orchestrator/core/prices.py cites it), per million tokens,
+    # times what the fake server counted for the calls that were answered:
+    rate_in, rate_out = (0.75, 3.75) if date.today() < date(2027, 1, 1) else (1.50, 7.50)
+    answered = stack.requests()
+    expected_usd = (
+        sum(
+            e["prompt_tokens"] * rate_in
+            + (e["candidates_tokens"] + e["thoughts_tokens"]) * rate_out
+            for e in answered
+        )
+        / 1_000_000
+    )
+    assert spend.cost_usd == pytest.approx(expected_usd, abs=1e-6)
     assert run.budget is not None and run.budget.calls == limit
+
+
+def test_a_run_past_its_handoffs_stops_at_the_transition_and_no_later_stage_runs(
+    stack: Stack, run_store: RunStore
+) -> None:
+    run_id = stack.enqueue(SENTRY_EVENT.read_bytes(), stack.sample_repo(), budget="handoffs=2")
+    run = stack.wait(run_id)
+
+    # triage → search and search → plan are the two hand-offs; plan → reproduce is refused.
+    assert run.status == RunStatus.FAILED
+    assert run.reason == "plan: run budget exceeded: handoffs: 2 made, limit 2"
+    assert run.stages["plan"].status == StageStatus.DONE
+    assert run.stages["reproduce"].status == StageStatus.PENDING
+    assert {r["agent"] for r in stack.requests()} == {"triage", "search", "plan"}
+    spend = SpendLedger(run_store.redis).spend(run_id)
+    assert (spend.handoffs, spend.exceeded) == (2, "handoffs: 2 made, limit 2")
 
 
 def test_a_run_without_a_budget_spends_without_limits(stack: Stack, run_store: RunStore) -> None:

@@ -46,6 +46,14 @@ def test_an_ended_run_counts_its_wall_time_to_its_end() -> None:
     assert shown["wall_s"] == {"spent": 30.0, "limit": 600}
 
 
+def test_the_line_shows_the_handoffs_made_beside_their_limit() -> None:
+    spend = Spend(handoffs=4, exceeded="handoffs: 4 made, limit 4")
+    line = budget_line(run(RunBudget(handoffs=4)), spend, now=1100.0)
+    assert line == "budget: handoffs 4/4 · stopped: handoffs: 4 made, limit 4"
+    assert budget_json(run(RunBudget(handoffs=4)), spend)["handoffs"] == {"spent": 4, "limit": 4}
+    assert budget_cell(run(RunBudget(calls=9, handoffs=4)), spend) == "! 0/9 calls 4/4 hand-offs"
+
+
 def test_a_cost_limit_says_which_models_it_could_not_price() -> None:
     spend = Spend(calls=3, cost_usd=0.0123, uncosted={"gemini-3.8-flash": 2})
     line = budget_line(run(RunBudget(cost_usd=1)), spend)
@@ -70,7 +78,7 @@ def test_enqueue_refuses_a_bad_budget_naming_the_limit() -> None:
     assert (result.exit_code, result.output) == (
         2,
         "error: --budget: unknown limit 'money' (limits: tokens, calls, wall_s, iterations, "
-        "cost_usd)\n",
+        "handoffs, cost_usd)\n",
     )
 
 

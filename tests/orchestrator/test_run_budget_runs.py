@@ -3,11 +3,13 @@ run's own limits, kept in the store, and its wall time enforced by the reconcile
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 
 import pytest
 
+from orchestrator.core import keys
 from orchestrator.core.conductor import Conductor, Hold
 from orchestrator.core.models import Issue, IssueSource, RunStatus
 from orchestrator.core.pipeline import load_pipeline
@@ -16,7 +18,7 @@ from orchestrator.core.reconciler import Reconciler
 from orchestrator.core.runbudget import RunBudget
 from orchestrator.core.settings import QueueConfig
 from orchestrator.core.spend import BudgetExceeded, SpendLedger
-from orchestrator.core.store import RunStore
+from orchestrator.core.store import RunStore, run_fields
 
 ISSUE = Issue(source=IssueSource.TEXT, title="Checkout crashes on an empty cart")
 QUEUE = QueueConfig(stuck_after_s=60, reconcile_every_s=30)
@@ -71,3 +73,28 @@ def test_the_reconciler_stops_a_run_past_its_wall_time(conductor: Conductor) -> 
             run_id, RunBudget(), tokens=1, cost_usd=None, model="m", started_at=time.time()
         )
     assert conductor.store.get(within).status == RunStatus.RUNNING
+
+
+def test_a_record_written_before_budgets_and_fan_outs_is_read_without_them(
+    conductor: Conductor, store: RunStore
+) -> None:
+    """A run the previous version wrote (its `meta` has no `budget`, its stages no `fan_in`,
+    its spend, if any, no `handoffs`) is read by this one as a run without a budget."""
+    run = store.get(submitted(conductor, None))
+    fields = run_fields(run)
+    meta = json.loads(fields["meta"])
+    del meta["budget"]
+    old = {**fields, "meta": json.dumps(meta)}
+    for name, value in fields.items():
+        if name.startswith("stage:"):
+            stage = json.loads(value)
+            del stage["fan_in"]
+            old[name] = json.dumps(stage)
+    store.redis.delete(keys.run(run.id))
+    store.redis.hset(keys.run(run.id), mapping=old)
+    store.redis.hset(keys.spend(run.id), mapping={"calls": "2", "tokens": "40"})
+
+    read = store.get(run.id)
+    assert read.budget is None and all(stage.fan_in is None for stage in read.stages.values())
+    assert read.stages == run.stages
+    assert SpendLedger(store.redis).spend(run.id).handoffs == 0

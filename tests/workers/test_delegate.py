@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ import pytest
 from orchestrator.core.pipeline import ISSUE_KEY, Pipeline, load_pipeline
 from testkit.inprocess import InProcessGemini
 from testkit.sinks import MemoryArtifacts
+from workers.errors import RunBudgetExceededError
 from workers.inputs import StageInputs
 from workers.stage import StageSinks, execute_stage
 
@@ -104,7 +106,11 @@ class Delegated:
     """What one execution of the delegating stage left: output, audit, requests, usage."""
 
     def __init__(
-        self, tmp_path: Path, pipeline_text: str = PIPELINE, script: dict[str, Any] = SCRIPT
+        self,
+        tmp_path: Path,
+        pipeline_text: str = PIPELINE,
+        script: dict[str, Any] = SCRIPT,
+        handoff: Callable[[], None] | None = None,
     ) -> None:
         spec = tmp_path / "pipeline.toml"
         spec.write_text(pipeline_text)
@@ -119,7 +125,16 @@ class Delegated:
         self.audit: list[dict[str, Any]] = []
         self.sinks = StageSinks(MemoryArtifacts(run_id="r1"), self.audit.extend, requests=[])
         model = self.fake.model(transient_attempts=1)
-        self.output = asyncio.run(execute_stage(inputs, model=model, sinks=self.sinks)).output
+        self.handoffs = 0
+
+        def counted() -> None:
+            self.handoffs += 1
+            if handoff is not None:
+                handoff()
+
+        self.output = asyncio.run(
+            execute_stage(inputs, model=model, sinks=self.sinks, handoff=counted)
+        ).output
 
     def requests_of(self, agent: str) -> list[dict[str, Any]]:
         return [entry["request"] for entry in self.fake.requests() if entry["agent"] == agent]
@@ -275,3 +290,15 @@ instruction = "Find it."
         {"error": "the helper fixer-plus.search.sub_cart used its 2 model calls without finishing"},
         {"error": "delegation refused: the stage has spent its model calls"},
     ]
+
+
+def test_each_child_started_is_one_handoff_and_a_refused_one_ends_the_stage(
+    ran: Delegated, tmp_path: Path
+) -> None:
+    assert ran.handoffs == 2  # the child and the grandchild; the refused depth-3 one is none
+
+    def refuse() -> None:
+        raise RunBudgetExceededError("run budget exceeded: handoffs: 4 made, limit 4")
+
+    with pytest.raises(RunBudgetExceededError, match="handoffs: 4 made, limit 4"):
+        Delegated(tmp_path, handoff=refuse)

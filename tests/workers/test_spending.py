@@ -15,13 +15,16 @@ from google.adk.models.llm_request import LlmRequest
 from google.genai import types
 from pydantic import SecretStr
 
+from orchestrator.core.models import Issue, IssueSource, RunRecord
 from orchestrator.core.runbudget import RunBudget
 from orchestrator.core.settings import ModelConfig, RetryConfig
 from orchestrator.core.spend import SpendLedger
+from orchestrator.core.store import RunStore
 from testkit.gemini import FakeGemini
-from workers.errors import RunBudgetExceededError
+from tests.test_architecture import ERROR_CLASSES
+from workers.errors import ExecutionError, RunBudgetExceededError
 from workers.gemini import build_model, close_model
-from workers.spending import RunSpending
+from workers.spending import RunSpending, count_handoff, limit_of
 
 MODEL = "gemini-2.5-flash"
 INPUT_USD_PER_MTOK, OUTPUT_USD_PER_MTOK = 0.30, 2.50  # its list price, as the table says
@@ -108,3 +111,26 @@ def test_concurrent_executions_overshoot_a_token_limit_by_replies_in_flight_at_m
     assert limit - max(p for p, _ in usage) - biggest_reply < spend.tokens
     assert spend.tokens <= limit + EXECUTIONS * biggest_reply
     assert len(fake.requests()) == spend.calls == len(usage)
+
+
+def test_a_subagent_past_the_runs_handoffs_fails_the_stage_with_the_reason(
+    store: RunStore,
+) -> None:
+    run = RunRecord(id="r2", pipeline="p", repo="/r", commit="c", idempotency_key="r2",
+                    issue=Issue(source=IssueSource.TEXT, title="t"),
+                    budget=RunBudget(handoffs=1))  # fmt: skip
+    store.create(run, force=True)
+    count_handoff(store, "r2")
+    with pytest.raises(RunBudgetExceededError) as refused:
+        count_handoff(store, "r2")
+    assert str(refused.value) == "run budget exceeded: handoffs: 1 made, limit 1"
+    assert limit_of("handoffs: 1 made, limit 1") == "handoffs"
+    assert SpendLedger(store.redis).spend("r2").handoffs == 1
+
+
+def test_only_a_budget_refusal_ends_the_whole_run_from_a_branch() -> None:
+    """Of every execution error (found, not listed), the run's budget refusal alone is the
+    run's: a branch failing with any other ends only itself."""
+    execution_errors = [cls for cls in ERROR_CLASSES if issubclass(cls, ExecutionError)]
+    assert len(execution_errors) > 10
+    assert [cls for cls in execution_errors if cls.ends_run] == [RunBudgetExceededError]
