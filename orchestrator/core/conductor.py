@@ -28,10 +28,9 @@ from orchestrator.core import (
     handoffs,
     judging,
     keys,
-    spend,
+    resumption,
     transitions,
 )
-from orchestrator.core.errors import PipelineError, RunStateError
 from orchestrator.core.execution import (
     Completion,
     Hold,
@@ -132,7 +131,7 @@ class Conductor:
         )
         stored, created = self.store.create(run, force=force, pipeline_content=spec.content)
         if created:
-            self._send(stored.id, spec.name, spec.first)
+            self.send(stored.id, spec.name, spec.first)
             logger.info("run %s created for %s (%s)", stored.id, issue.source.value, spec.name)
         else:
             logger.info("issue already has run %s; not enqueued again", stored.id)
@@ -478,68 +477,8 @@ class Conductor:
         pipeline: Pipeline | None = None,
         budget: RunBudget | None = None,
     ) -> str:
-        """Run an ended run again from its failed or cancelled stage (or `from_stage`), keeping
-        every output recorded before it, with the pipeline version it pinned or, given
-        `pipeline` (another version of the same pipeline), with that one, pinned from now on;
-        with `budget`'s limits in place of its budget's (`spend.resume_budget`). Returns the
-        stage enqueued.
-
-        Raises:
-            RunStateError: the run has not ended, or there is nothing to resume, or its budget
-                stopped it and `budget` is not given.
-            PipelineError: `pipeline` has another name, or no stage `from_stage`.
-        """
-        recorded = self.store.get(run_id)
-        if pipeline is not None and pipeline.name != recorded.pipeline:
-            raise PipelineError(
-                f"run {run_id} runs pipeline {recorded.pipeline!r}, not {pipeline.name!r}"
-            )
-        repin = pipeline is not None and pipeline.digest != recorded.pipeline_hash
-        pipeline = pipeline or self.pipeline_of(recorded)
-        names = [stage.name for stage in pipeline.stages]
-        if from_stage is not None:
-            pipeline.stage(from_stage)
-
-        def mutate(run: RunRecord, pipe: Any) -> RunRecord:
-            if not run.status.is_terminal:
-                raise RunStateError(f"run {run_id} is still {run.status.value}; cancel it first")
-            if repin:
-                transitions.repin(run, pipe, pipeline)
-            spend.resume_budget(self.store.redis, run, pipe, budget)
-            now = time.time()
-            for name, record in run.stages.items():
-                left_s = (record.lease_until or 0) - now
-                if record.status == StageStatus.RUNNING and left_s > 0:
-                    # Cancelled, but its execution has not stopped yet: it would run beside
-                    # the resumed one.
-                    raise RunStateError(
-                        f"stage {name} of run {run_id} is still stopping; resume the run once "
-                        f"it has (within {left_s:.0f}s)"
-                    )
-            target = from_stage or gates.resume_point(run) or transitions.resume_point(run, names)
-            previous = run.stages.get(target)
-            for name in names[names.index(target) :]:
-                run.stages[name] = transitions.fresh(run.stages.get(name))
-            for dropped in gates.forget(run, names[names.index(target) :]):
-                pipe.hdel(keys.run(run.id), keys.gate_field(dropped))
-            run.stages[target].status, run.stages[target].queued_at = (
-                StageStatus.QUEUED,
-                time.time(),
-            )
-            fanin.open_fan(run.stages[target], pipeline.stage(target),
-                            previous.fan_in if previous else None)  # fmt: skip
-            run.status, run.reason, run.current_stage = RunStatus.QUEUED, None, target
-            return run
-
-        run: RunRecord = self.store.transact(run_id, mutate)
-        target = run.current_stage
-        assert target is not None
-        redo = [pipeline.stage(name).output_key for name in names[names.index(target) :]]
-        self.store.revive(run, drop_outputs=redo)
-        self.audit(run, target, 0, "run_resumed", from_stage=target,
-                    pipeline_hash=run.pipeline_hash)  # fmt: skip
-        self._send(run_id, pipeline.name, pipeline.stage(target), run.stages[target].iteration)
-        return target
+        """Run an ended run again (`orchestrator.core.resumption.resume`); the stage enqueued."""
+        return resumption.resume(self, run_id, from_stage, pipeline=pipeline, budget=budget)
 
     def approve(
         self, run_id: str, gate: str | None = None, *, by: str,
@@ -566,10 +505,10 @@ class Conductor:
             return None
         pipeline = pipeline or self.pipeline_of(run)
         spec = pipeline.stage(decision.send)
-        self._send(run.id, pipeline.name, spec, run.stages[decision.send].iteration)
+        self.send(run.id, pipeline.name, spec, run.stages[decision.send].iteration)
         return decision.send
 
-    def _send(self, run_id: str, pipeline: str, spec: StageSpec, iteration: int = 1) -> None:
+    def send(self, run_id: str, pipeline: str, spec: StageSpec, iteration: int = 1) -> None:
         """Send a queued stage: its task, or one per branch of a fan-out stage."""
         if spec.fans_out:
             fanout.send_branches(self, run_id, pipeline, spec)
