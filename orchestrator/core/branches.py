@@ -25,6 +25,9 @@ MAX_BRANCHES = 10
 stage fans out over (a longer one fails the stage, saying so)."""
 ITEM_KEY = "item"
 """State key a `map` stage's branch reads its item by (`{item}`)."""
+BRANCH_KEY = "branch"
+"""State key a fan-out stage's branch reads its own id by (`{branch}`: `b1` … `bN`), to vary
+what each branch tries."""
 BY_PROOF = "proof"
 """`select = "proof"`: by the measured facts (proof passed, then the smallest diff)."""
 

@@ -206,7 +206,7 @@ class Conductor:
         payload = json.dumps(result.output, ensure_ascii=False, separators=(",", ":"))
 
         def mutate(run: RunRecord, pipe: Any) -> tuple[Completion, Next | None, RunRecord]:
-            self._record_execution(run, pipe, result.figures)
+            self.record_execution(run, pipe, result.figures)
             record = run.stages[stage]
             if record.status == StageStatus.DONE:
                 return Completion.RECORDED, None, run  # recorded before: a redelivery
@@ -334,7 +334,7 @@ class Conductor:
         be retried."""
 
         def mutate(run: RunRecord, pipe: Any) -> RunRecord | None:
-            self._record_execution(run, pipe, figures)
+            self.record_execution(run, pipe, figures)
             record = run.stages[stage]
             if run.status.is_terminal or (owner is not None and record.owner != owner):
                 return None
@@ -390,7 +390,7 @@ class Conductor:
         execution still holds the stage (a lost execution that wakes up late changes nothing)."""
 
         def mutate(run: RunRecord, pipe: Any) -> RunRecord | None:
-            self._record_execution(run, pipe, figures)
+            self.record_execution(run, pipe, figures)
             record = run.stages.setdefault(stage, StageRecord())
             if run.status.is_terminal or (owner is not None and record.owner != owner):
                 return None
@@ -435,7 +435,7 @@ class Conductor:
         left behind is kept."""
 
         def mutate(run: RunRecord, pipe: Any) -> RunRecord:
-            self._record_execution(run, pipe, figures)
+            self.record_execution(run, pipe, figures)
             record = run.stages[stage]
             if record.owner == owner and record.status == StageStatus.RUNNING:
                 transitions.stop(record, figures)
@@ -542,7 +542,7 @@ class Conductor:
         else:
             self.dispatcher.send_stage(run_id, pipeline, spec, iteration)
 
-    def _record_execution(self, run: RunRecord, pipe: Any, figures: StageFigures | None) -> None:
+    def record_execution(self, run: RunRecord, pipe: Any, figures: StageFigures | None) -> None:
         """What an ending execution leaves on its run whatever the transaction decides (they
         are what happened): its audit entries not yet written, and the environment it ran in."""
         if figures is None:

@@ -30,8 +30,12 @@ class BranchStatus(StrEnum):
 
     QUEUED = "queued"
     RUNNING = "running"
+    WAITING = "waiting"
+    """Back on its queue until `waiting_until` (a 429, or a failure outside the branch)."""
     DONE = "done"
     FAILED = "failed"
+    CANCELLED = "cancelled"
+    """Stopped because its run was cancelled: not ended, so no join follows."""
 
     @property
     def ended(self) -> bool:
@@ -56,6 +60,10 @@ class BranchRecord(BaseModel):
     started_at: float | None = None
     finished_at: float | None = None
     error: str | None = None
+    waiting_until: float | None = None
+    rate_limit_retries: int = 0
+    rate_limit_wait_s: float = 0.0
+    infrastructure_retries: int = 0
     proof_passed: bool | None = None
     """Whether Baton's proof of the branch's change passed (a stage with a `proof` rule)."""
     diff_bytes: int | None = None
@@ -135,6 +143,7 @@ def claim(
     record.attempts += 1
     record.status, record.owner, record.lease_until = BranchStatus.RUNNING, owner, now + lease_s
     record.started_at, record.finished_at, record.error = now, None, None
+    record.waiting_until = None
     record.session_id = branch_session_id(run_id, stage, branch, record.attempts)
     return Claim.RUN
 
@@ -198,6 +207,39 @@ def record_end(fan: FanIn, end: BranchEnd, *, now: float, by_facts: bool = True)
     return Recorded.JOINED
 
 
+def postpone(
+    fan: FanIn, branch: str, *, owner: str, now: float, delay_s: float, reason: str,
+    rate_limited: bool,
+) -> bool:  # fmt: skip
+    """Put a running branch back to wait `delay_s` before its next attempt (as
+    `Conductor.postpone` does a stage): a 429 (`rate_limited`) or a failure outside the branch,
+    each counted against its own retry budget. False, and nothing changed, when `owner` no
+    longer holds it."""
+    record = _branch(fan, branch)
+    if record.status != BranchStatus.RUNNING or record.owner != owner:
+        return False
+    record.status, record.owner, record.lease_until = BranchStatus.WAITING, None, None
+    record.waiting_until, record.error = now + delay_s, reason
+    if rate_limited:
+        record.rate_limit_retries += 1
+        record.rate_limit_wait_s = round(record.rate_limit_wait_s + delay_s, 3)
+    else:
+        record.infrastructure_retries += 1
+    return True
+
+
+def stop(fan: FanIn, branch: str, *, owner: str | None, now: float) -> bool:
+    """Mark a branch of a cancelled run stopped (not ended: no join follows). False when
+    `owner` no longer holds it or it had ended."""
+    record = _branch(fan, branch)
+    if record.status.ended or (owner is not None and record.owner != owner):
+        return False
+    record.status, record.finished_at = BranchStatus.CANCELLED, now
+    record.owner, record.lease_until = None, None
+    record.error = "stopped: the run was cancelled"
+    return True
+
+
 def select_by_facts(fan: FanIn) -> str | None:
     """The branch whose output becomes the stage's: among those done, one whose proof passed
     before one whose did not, then the smaller diff (a diff of unknown size last), then the
@@ -241,14 +283,18 @@ def why_none(fan: FanIn) -> str:
     )
 
 
-def lapsed(fan: FanIn, *, now: float) -> list[str]:
-    """Branches the reconciler re-sends: running with a lapsed lease (their worker is gone)."""
-    return [
-        name
-        for name in sorted(fan.branches, key=branch_number)
-        if fan.branches[name].status == BranchStatus.RUNNING
-        and (fan.branches[name].lease_until or 0) <= now
-    ]
+def lapsed(fan: FanIn, *, now: float, late_s: float = 0.0) -> list[str]:
+    """Branches the reconciler re-sends: running with a lapsed lease (their worker is gone), or
+    waiting `late_s` past their retry time (the retry's message was lost)."""
+
+    def lost(record: BranchRecord) -> bool:
+        if record.status == BranchStatus.RUNNING:
+            return (record.lease_until or 0) <= now
+        if record.status == BranchStatus.WAITING:
+            return (record.waiting_until or 0) + late_s < now
+        return False
+
+    return [name for name in sorted(fan.branches, key=branch_number) if lost(fan.branches[name])]
 
 
 def _branch(fan: FanIn, branch: str) -> BranchRecord:

@@ -335,7 +335,12 @@ def _check_inputs(stage: StageSpec, known: set[str]) -> None:
             raise ValueError(
                 f"stage {stage.name!r} references {{{key}}}, which only a stage with a `map` has"
             )
-        if key == branches.ITEM_KEY:
+        if key == branches.BRANCH_KEY and not stage.fans_out:
+            raise ValueError(
+                f"stage {stage.name!r} references {{{key}}}, which only a stage that fans out "
+                "(`parallel` or `map`) has"
+            )
+        if key in (branches.ITEM_KEY, branches.BRANCH_KEY):
             continue
         if key == PREVIOUS_ATTEMPT_KEY:
             if stage.loop is None:
