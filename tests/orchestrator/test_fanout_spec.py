@@ -64,6 +64,11 @@ def test_a_judge_right_after_passes_its_checks_and_is_refused_as_not_run_yet() -
         Pipeline.model_validate(spec)
 
 
+def test_a_branch_may_read_its_own_id_to_vary_what_it_tries() -> None:
+    spec = _fixer_like(parallel=3, select="proof", instruction="candidate {branch}: {issue}")
+    assert Pipeline.model_validate(spec).stage("fix").inputs == ["branch", "issue"]
+
+
 def test_a_stage_without_fan_out_fields_does_not_fan_out() -> None:
     assert not any(stage.fans_out for stage in load_pipeline("fixer").stages)
 
@@ -95,6 +100,8 @@ def test_a_stage_without_fan_out_fields_does_not_fan_out() -> None:
         ({"map": "search"}, "stages.2.map"),
         ({"instruction": "{item}"}, "stage 'fix' references {item}, which only a stage with a "
          "`map` has"),
+        ({"instruction": "try {branch}"}, "stage 'fix' references {branch}, which only a stage "
+         "that fans out (`parallel` or `map`) has"),
         ({"parallel": 2, "select": {"judge": "search", "field": "branch"}},
          "stage 'fix': select.judge names 'search', which must be the stage right after it; "
          "the stage after it is 'after'"),
