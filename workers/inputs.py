@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from orchestrator.core.branches import BRANCH_KEY
+from orchestrator.core.branches import BRANCH_KEY, ITEM_KEY, map_source
 from orchestrator.core.execution import Held
 from orchestrator.core.facts import Fact, Proof, Reproduction, recorded
 from orchestrator.core.git import redact
@@ -137,13 +137,15 @@ def resolve(
     wanted = [
         key
         for key in spec.inputs
-        if key not in (ISSUE_KEY, CHANGE_KEY, PREVIOUS_ATTEMPT_KEY, BRANCH_KEY)
+        if key not in (ISSUE_KEY, CHANGE_KEY, PREVIOUS_ATTEMPT_KEY, BRANCH_KEY, ITEM_KEY)
     ]
     state: dict[str, Any] = store.outputs(run.id, wanted)
     if ISSUE_KEY in spec.inputs:
         state[ISSUE_KEY] = run.issue.digest()
     if BRANCH_KEY in spec.inputs:
         state[BRANCH_KEY] = branch
+    if ITEM_KEY in spec.inputs:
+        state[ITEM_KEY] = _item(run, spec, branch, store)
     iteration = run.stages[spec.name].iteration if spec.name in run.stages else 1
     if PREVIOUS_ATTEMPT_KEY in spec.inputs:
         previous = store.output(run.id, spec.output_key) if iteration > 1 else None
@@ -170,6 +172,23 @@ def resolve(
         tools={name: pipeline.tools[name] for name in spec.tools if name in pipeline.tools},
         branch=branch,
     )
+
+
+def _item(run: RunRecord, spec: StageSpec, branch: str | None, store: RunStore) -> Any:
+    """The item of its upstream list a `map` stage's branch works on (`{item}`).
+
+    Raises:
+        StageError: the execution is no branch of a `map`, or the list no longer holds it.
+    """
+    record = run.stages.get(spec.name)
+    fan = record.fan_in if record is not None else None
+    index = fan.branches[branch].item if fan is not None and branch in fan.branches else None
+    key, field = map_source(spec)
+    items = (store.output(run.id, key) or {}).get(field)
+    if index is None or not isinstance(items, list) or index >= len(items):
+        raise StageError(f"stage {spec.name!r} reads {{{ITEM_KEY}}}, but {spec.map} holds no "
+                         f"item for branch {branch}")  # fmt: skip
+    return items[index]
 
 
 def works_in_sandbox(spec: StageSpec, declarations: Mapping[str, ToolDeclaration]) -> bool:

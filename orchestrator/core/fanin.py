@@ -89,6 +89,9 @@ class FanIn(BaseModel):
     joined: bool = False
     selected: str | None = None
     """The branch whose output became the stage's (after the join; None if none could be)."""
+    carried: dict[str, int] = Field(default_factory=dict)
+    """A `map` stage queued before its list is read (`open_map`): the attempts its branches
+    had in a run resumed, carried on to the branches once made, so session ids stay unique."""
 
     @property
     def complete(self) -> bool:
@@ -304,13 +307,29 @@ def _branch(fan: FanIn, branch: str) -> BranchRecord:
 
 
 def open_fan(record: StageRecord, spec: StageSpec, previous: FanIn | None = None) -> None:
-    """Within the transaction that queues a stage: if it fans out, its branches, all queued.
-    Given the `previous` fan-in of the stage (a resumed run), each branch's attempt count
-    carries on, so its session ids stay unique."""
+    """Within the transaction that queues a stage: if it fans out, its branches, all queued (a
+    `map` stage's once its list is read, `map_fan`). Given the `previous` fan-in of the stage
+    (a resumed run), each branch's attempt count carries on, so its session ids stay unique."""
     if not spec.fans_out:
         return
-    assert spec.parallel is not None, "a map stage is refused when its pipeline loads"
+    before = {name: branch.attempts for name, branch in (previous.branches.items()
+                                                         if previous else ())}  # fmt: skip
+    if spec.map is not None:
+        record.fan_in = FanIn(carried=before)
+        return
+    assert spec.parallel is not None
     record.fan_in = fan_out(spec.parallel)
-    for name, branch in record.fan_in.branches.items():
-        if previous is not None and name in previous.branches:
-            branch.attempts = previous.branches[name].attempts
+    _carry(record.fan_in, before)
+
+
+def map_fan(fan: FanIn, items: list[Any]) -> FanIn:
+    """A `map` stage's fan-in once its list is read: one queued branch per item, each with its
+    index, the attempts `fan` carried applied."""
+    made = fan_out(len(items), items=True)
+    _carry(made, fan.carried)
+    return made
+
+
+def _carry(fan: FanIn, attempts: Mapping[str, int]) -> None:
+    for name, branch in fan.branches.items():
+        branch.attempts = attempts.get(name, branch.attempts)

@@ -48,6 +48,7 @@ from orchestrator.core.fanin import (
     stop,
     why_none,
 )
+from orchestrator.core.mapping import gather, gathers, open_map
 from orchestrator.core.models import ArtifactRef, RunRecord, RunStatus, StageRecord, StageStatus
 from orchestrator.core.queue import STAGE_TASK
 
@@ -76,7 +77,9 @@ def send_branches(
 ) -> list[str]:
     """Send one task per branch of a queued fan-out stage (ids `<run>.<stage>.<branch>`), or
     of the branches `only` names; returns the task ids. Safe to repeat: the ids are
-    deterministic."""
+    deterministic. A `map` stage's branches are made first, from its list (`open_map`)."""
+    if spec.map is not None and not open_map(conductor, run_id, spec):
+        return []
     fan = conductor.store.get(run_id).stages[spec.name].fan_in
     assert fan is not None
     sent = []
@@ -276,23 +279,31 @@ def _join(
     the stage's and the run moves on; none selected, the stage and the run fail."""
     record = run.stages[spec.name]
     record.finished_at, record.lease_until = time.time(), None
-    if fan.selected is None:
-        error = f"no branch finished: {why_none(fan)}"
+
+    def stored(branch: str) -> str:
+        if branch == last and payload is not None:
+            return payload
+        return _stored(conductor, run.id, spec, branch)
+
+    if gathers(spec):
+        chosen, error = gather(fan, stored)
+    elif fan.selected is None:
+        chosen, error = None, f"no branch finished: {why_none(fan)}"
+    else:
+        chosen, error = stored(fan.selected), None
+    if chosen is None:
         record.status, record.error = StageStatus.FAILED, error
         run.status, run.reason, run.current_stage = RunStatus.FAILED, f"{spec.name}: {error}", None
         _audit(conductor, run, spec.name, "-", 0, "fan_in_failed", pipe, error=error)
         return transitions.Next(ended=True)
-    chosen = (
-        payload
-        if fan.selected == last and payload is not None
-        else _stored(conductor, run.id, spec, fan.selected)
-    )
     pipe.hset(keys.outputs(run.id), spec.output_key, chosen)
-    artifacts = fan.branches[fan.selected].artifacts
-    record.artifacts = {name: ArtifactRef.model_validate(ref) for name, ref in artifacts.items()}
+    if fan.selected is not None:  # a gathering stage's artifacts stay its branches'
+        artifacts = fan.branches[fan.selected].artifacts
+        record.artifacts = {name: ArtifactRef.model_validate(r) for name, r in artifacts.items()}
     record.status, record.output_chars = StageStatus.DONE, len(chosen)
-    _audit(conductor, run, spec.name, fan.selected, fan.branches[fan.selected].attempts,
-           "fan_in_joined", pipe, selected=fan.selected, ended=fan.ended)  # fmt: skip
+    attempt = fan.branches[fan.selected].attempts if fan.selected else 0
+    _audit(conductor, run, spec.name, fan.selected or "-", attempt, "fan_in_joined", pipe,
+           selected=fan.selected, ended=fan.ended)  # fmt: skip
     return transitions.decide(run, conductor.pipeline_of(run), spec.name, json.loads(chosen))
 
 

@@ -51,10 +51,12 @@ def test_best_of_three_selected_by_proof_loads() -> None:
     assert stage.select is not None and stage.select.by_facts
 
 
-def test_a_map_over_an_upstream_list_passes_its_checks_and_is_refused_as_not_run_yet() -> None:
+def test_a_map_over_an_upstream_list_loads_gathering_or_selecting() -> None:
     spec = _fixer_like(map="search.locations", instruction="look at {item} {issue}")
-    with pytest.raises(ValueError, match="stage 'fix': `map` is checked but not run yet"):
-        Pipeline.model_validate(spec)
+    gathering = Pipeline.model_validate(spec).stage("fix")
+    assert gathering.fans_out and gathering.select is None and gathering.inputs == ["item", "issue"]
+    spec = _fixer_like(map="search.locations", select="proof", instruction="{item}")
+    assert Pipeline.model_validate(spec).stage("fix").select is not None
 
 
 def test_a_judge_right_after_passes_its_checks_and_is_refused_as_not_run_yet() -> None:
