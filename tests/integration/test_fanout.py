@@ -205,6 +205,7 @@ def overlap(entries: list[dict[str, Any]]) -> tuple[float, float]:
 def test_best_of_3_runs_three_isolated_sessions_at_once_and_publishes_the_proven_smallest(
     bench: Bench, git: Git
 ) -> None:
+    bench.fake.set_scenario(scenario())
     bench.fake.reset()
     bench.fake.set_faults([{"agent": "fix", "latency_ms": 400}])
     repo = make_sample_repo(bench.work / "shop-a.git")
@@ -276,6 +277,7 @@ def test_a_worker_killed_while_it_runs_two_branches_joins_once_and_publishes_onc
     replaced by a survivor, whose model calls are not held: it runs the third at once and, once
     the reconciler sees the two leases lapse, the other two again (`<run>.fix.b1`: the same
     task ids)."""
+    bench.fake.set_scenario(scenario())
     bench.fake.reset()
     bench.fake.set_faults([{"agent": "fix", "latency_ms": 15_000}])
     repo = make_sample_repo(bench.work / "shop-b.git")
@@ -314,3 +316,75 @@ def test_a_worker_killed_while_it_runs_two_branches_joins_once_and_publishes_onc
     assert len([e for e in bench.ran(run_id, "stage_begin") if e["branch"] == "best3.pr"]) == 1
     assert bench.conversations("pr") == 1
     assert git("branch", "--list", "baton/*", cwd=repo).split() == [f"baton/{run_id}"]
+
+
+SPREAD = f"""
+name = "spread"
+
+[[stages]]
+name = "search"
+output_schema = "{SCHEMAS}:Search"
+instruction = "Find where this report's fault lives: {{issue}}"
+
+[[stages]]
+name = "inspect"
+output_schema = "orchestrator.pipelines.schemas:Summary"
+map = "search.locations"
+instruction = "Say whether this location is at fault: {{item}}"
+
+[[stages]]
+name = "report"
+output_schema = "orchestrator.pipelines.schemas:Summary"
+instruction = "Sum up these inspections: {{inspect}}"
+"""
+SPREAD_QUEUES = ["baton.spread.search", "baton.spread.inspect", "baton.spread.report"]
+PATHS = ("shopcart/cart.py", "shopcart/checkout.py")
+
+
+def spread_scenario() -> dict[str, Any]:
+    """Search finds two locations; each inspection says which one it looked at."""
+    found = [{"path": path, "line_start": 20, "line_end": 28, "why": f"{path} divides"}
+             for path in PATHS]  # fmt: skip
+    inspect = {
+        "steps": [{"json": {"summary": "no location"}}],
+        "variants": [{"when": f'"path": "{path}"',
+                      "steps": [{"json": {"summary": f"{path}: looked"}}]} for path in PATHS],
+    }  # fmt: skip
+    return {"agents": {
+        "search": [{"json": {"root_cause": "division by zero", "locations": found}}],
+        "inspect": inspect,
+        "report": [{"json": {"summary": "both looked at"}}],
+    }}  # fmt: skip
+
+
+@pytest.mark.timeout(90)
+def test_a_map_stage_runs_one_isolated_branch_per_item_and_gathers_them_in_order(
+    bench: Bench,
+) -> None:
+    bench.fake.set_scenario(spread_scenario())
+    bench.fake.reset()
+    bench.fake.set_faults([])
+    spec = bench.work / "spread.toml"
+    spec.write_text(SPREAD)
+    with services.worker(bench.env(), SPREAD_QUEUES, logfile=bench.work / "spread.log",
+                         concurrency=2):  # fmt: skip
+        repo = make_sample_repo(bench.work / "shop-c.git")
+        run_id = api.enqueue("Checkout crashes on an empty cart", repo=str(repo),
+                             pipeline=str(spec), settings=bench.settings, force=True)  # fmt: skip
+        run = bench.wait(run_id, timeout_s=60)
+
+    assert run.status == RunStatus.DONE, run.reason
+    fan = run.stages["inspect"].fan_in
+    assert fan is not None and [(b.item, b.status) for b in fan.branches.values()] == [
+        (0, BranchStatus.DONE), (1, BranchStatus.DONE)
+    ]  # fmt: skip
+    assert bench.store.output(run_id, "inspect") == {
+        "items": [{"summary": f"{path}: looked"} for path in PATHS]
+    }
+    inspections = [
+        json.dumps(e["request"]) for e in bench.fake.requests() if e["agent"] == "inspect"
+    ]
+    assert len(inspections) == 2  # one session per item, each holding its item and no other
+    assert sorted(sum(path in request for path in PATHS) for request in inspections) == [1, 1]
+    (report,) = [json.dumps(e["request"]) for e in bench.fake.requests() if e["agent"] == "report"]
+    assert all(f"{path}: looked" in report for path in PATHS)
