@@ -11,11 +11,12 @@ the containers of one Kubernetes pod share the pod's (a worker and its environme
 each with pids of its own. So <host> is the host name and the process's pid namespace
 (`<hostname>/<namespace inode>`): a reaper judges only the owners whose pids it can see.
 
-An execution's sandbox also says whose it is: its labels `baton.run`, `baton.stage` and
-`baton.attempt` when it was started for it, and always its name,
-`baton-sbx-<run>.<stage>.<attempt>-<random>`. Labels are fixed when a container is created, so
-one a warm pool started before anyone asked for it gets its name when it is taken (a rename);
-`docker ps --filter name=<run>` finds a run's sandboxes either way, as `name_pattern` does.
+An execution's sandbox also says whose it is: its labels `baton.run`, `baton.stage`, for a
+branch of a fan-out stage `baton.branch`, and `baton.attempt` when it was started for it, and
+always its name, `baton-sbx-<run>.<stage>[.<branch>].<attempt>-<random>`. Labels are fixed
+when a container is created, so one a warm pool started before anyone asked for it gets its
+name when it is taken (a rename); `docker ps --filter name=<run>` finds a run's sandboxes
+either way, as `name_pattern` does.
 """
 
 from __future__ import annotations
@@ -35,8 +36,11 @@ SANDBOX_FILTER = f"{SANDBOX}=1"
 """Docker label filter that selects every sandbox container."""
 
 NAME_PREFIX = "baton-sbx-"
-NAMED_BY = ("baton.run", "baton.stage", "baton.attempt")
+NAMED_BY = ("baton.run", "baton.stage", "baton.branch", "baton.attempt")
 """The labels a sandbox's name spells, in this order."""
+SKIPPABLE = frozenset({"baton.branch"})
+"""Of `NAMED_BY`, those a name leaves out when a sandbox does not have them (a stage that does
+not fan out has no branch); the others end the name where the first one is missing."""
 
 
 def container_name(labels: Mapping[str, str]) -> str:
@@ -52,13 +56,15 @@ def name_pattern(labels: Mapping[str, str]) -> str | None:
     named = _named(labels)
     if not named or len(named) != len(labels):
         return None
-    whole = len(named) == len(NAMED_BY)
+    whole = NAMED_BY[-1] in labels
     return f"^/{re.escape(NAME_PREFIX + '.'.join(named))}{'-' if whole else '[.]'}"
 
 
 def _named(labels: Mapping[str, str]) -> list[str]:
     named = []
     for key in NAMED_BY:
+        if key not in labels and key in SKIPPABLE:
+            continue
         if key not in labels:
             break
         named.append(re.sub(r"[^A-Za-z0-9_-]", "_", labels[key]))

@@ -241,8 +241,10 @@ ENGINE = ("workers", "orchestrator/core")
 """What runs any pipeline: it names none of the fixer's stages or fields."""
 COINCIDENCES: dict[str, tuple[frozenset[str], str]] = {
     "branch": (frozenset({"workers/inputs.py", "orchestrator/core/conductor.py",
-                          "orchestrator/core/fanout.py", "workers/subsessions.py"}),
-               "an audit entry's branch label, `<pipeline>.<stage>` (`.<branch>` for a branch)"),
+                          "orchestrator/core/fanout.py", "workers/subsessions.py",
+                          "orchestrator/core/branches.py"}),
+               "an audit entry's branch label, `<pipeline>.<stage>` (`.<branch>` for a branch), "
+               "and the `{branch}` a fan-out stage's branch reads its id by"),
     "proof": (frozenset({"orchestrator/core/branches.py"}),
               'a fan-out stage\'s `select = "proof"`: selection by the measured proof'),
     "commit": (frozenset({"orchestrator/core/store.py", "workers/envcli.py", "workers/publish.py",

@@ -47,6 +47,7 @@ from workers.errors import (
 from workers.gemini import BatonGemini, ModelClients, build_model, close_model, model_error
 from workers.governed import GovernedLlm
 from workers.governor import Governor
+from workers.holding import Holding
 from workers.inputs import StageInputs, resolve
 from workers.mirrors import RepoCache
 from workers.publish import Publisher
@@ -101,15 +102,16 @@ class WorkerServices:
 
 
 class StoreArtifacts:
-    """The artifact sink of one execution: artifacts land in the run store under `<stage>/`,
-    and `saved` keeps what was stored."""
+    """The artifact sink of one execution: artifacts land in the run store under `folder`
+    (`<stage>/`, or a branch's `<stage>/<branch>/`: `Held.folder`), and `saved` keeps what was
+    stored, by name."""
 
-    def __init__(self, store: RunStore, run_id: str, stage: str) -> None:
-        self._store, self._run_id, self._stage = store, run_id, stage
+    def __init__(self, store: RunStore, run_id: str, folder: str) -> None:
+        self._store, self._run_id, self._folder = store, run_id, folder
         self.saved: dict[str, ArtifactRef] = {}
 
     def save(self, name: str, data: bytes, media_type: str = "text/plain") -> str:
-        ref = self._store.put_artifact(self._run_id, f"{self._stage}/{name}", data, media_type)
+        ref = self._store.put_artifact(self._run_id, f"{self._folder}/{name}", data, media_type)
         self.saved[name] = ref
         return ref.uri
 
@@ -135,7 +137,8 @@ class AuditBuffer:
 
 
 class Execution:
-    """One execution of `spec` for `run`, held by `owner`."""
+    """One execution of `spec` for `run`: of the stage, or of one of its branches, as
+    `holding` says (whose `owner` this execution is)."""
 
     def __init__(
         self,
@@ -145,12 +148,12 @@ class Execution:
         spec: StageSpec,
         *,
         attempt: int,
-        owner: str,
+        holding: Holding,
     ) -> None:
         self.services = services
         self.run, self.pipeline, self.spec = run, pipeline, spec
-        self.attempt, self.owner = attempt, owner
-        self.artifacts = StoreArtifacts(services.store, run.id, spec.name)
+        self.attempt, self.holding = attempt, holding
+        self.artifacts = StoreArtifacts(services.store, run.id, holding.held.folder)
         self.audit = AuditBuffer(services.store, run.id)
         self.usage = Usage()
         self.stopped_as: Hold = Hold.HELD
@@ -163,6 +166,10 @@ class Execution:
         self._held_at = time.monotonic()
         """When the store last said this execution holds its stage (`begin` just did)."""
 
+    @property
+    def owner(self) -> str:
+        return self.holding.owner
+
     async def execute(self) -> StageOutput:
         """Resolve the inputs and run the stage; raises an `ExecutionError` if it has no
         output."""
@@ -174,7 +181,8 @@ class Execution:
             children=ChildStore(self.services.store.redis, self.run.id),
         )
         try:
-            inputs = resolve(self.run, self.pipeline, self.spec, self.attempt, self.services.store)
+            inputs = resolve(self.run, self.pipeline, self.spec, self.attempt,
+                             self.services.store, branch=self.holding.held.branch)  # fmt: skip
             if CHANGE_KEY in self.spec.inputs:
                 inputs = await self._with_change(inputs)
             if inputs.needs_workspace:
@@ -246,12 +254,14 @@ class Execution:
         before a side effect (a push)."""
         hold = self.stopped_as
         if hold == Hold.HELD:
-            hold = self.services.conductor.hold(self.run.id, self.spec.name, owner=self.owner)
+            hold = self.holding.hold()
             self._held_at = time.monotonic()
         if hold == Hold.CANCELLED:
             raise StageCancelledError()
         if hold == Hold.LOST:
-            raise LeaseLostError(f"another execution holds {self.spec.name} of {self.run.id} now")
+            raise LeaseLostError(
+                f"another execution holds {self.holding.held} of {self.run.id} now"
+            )
 
     def checkpoint(self) -> None:
         """A safe point (before a model or tool call): the audit entries made since the last
@@ -281,7 +291,8 @@ class Execution:
         """Why the execution ended, as an `ExecutionError`."""
         error = as_execution_error(exc, self.spec, stopped_as=self.stopped_as)
         if isinstance(error, InternalError):
-            logger.error("stage %s of run %s crashed", self.spec.name, self.run.id, exc_info=exc)
+            logger.error("stage %s of run %s crashed", self.holding.held, self.run.id,
+                         exc_info=exc)  # fmt: skip
         return error
 
     def _build_summarizer(self) -> GovernedLlm | None:

@@ -37,6 +37,7 @@ from google.adk.models.llm_response import LlmResponse
 from pydantic import Field, PrivateAttr, SkipValidation
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
 
+from orchestrator.core.fanin import BranchRecord
 from orchestrator.core.models import StageRecord
 from orchestrator.core.settings import RetryConfig
 from workers import metrics
@@ -249,11 +250,12 @@ def reply_tokens(response: LlmResponse) -> int:
 
 
 def rate_limit_countdown(
-    exc: RateLimitedError, record: StageRecord, cfg: RetryConfig
+    exc: RateLimitedError, record: StageRecord | BranchRecord, cfg: RetryConfig
 ) -> float | None:
     """Seconds until the next attempt: the server's delay (or backoff) plus positive jitter.
 
-    None when the stage has used up its retries or its total wait.
+    None when the stage (or the branch: `record` is its own) has used up its retries or its
+    total wait.
     """
     if record.rate_limit_retries >= cfg.rate_limit_max_retries:
         return None

@@ -18,8 +18,8 @@ from collections.abc import Callable, Coroutine
 from types import TracebackType
 from typing import Any, TypeVar
 
-from orchestrator.core.conductor import Conductor
 from orchestrator.core.execution import Hold
+from workers.holding import Holding
 
 logger = logging.getLogger(__name__)
 
@@ -27,26 +27,17 @@ T = TypeVar("T")
 
 
 class Heartbeat:
-    """Renews the owner's lease every third of `lease_s`, for a `with` block, from the process's
-    one heartbeat thread (`_Beater`): a stage does not start and join a thread of its own.
+    """Renews the lease of what an execution holds (a stage or a branch, `holding`) every third
+    of `lease_s`, for a `with` block, from the process's one heartbeat thread (`_Beater`): a
+    stage does not start and join a thread of its own.
 
     When the execution no longer holds its stage (`hold` is `CANCELLED` or `LOST`), `stopped`
     is set and `on_stop` runs once (it stops whatever the stage is blocked in, such as its
     sandbox).
     """
 
-    def __init__(
-        self,
-        conductor: Conductor,
-        run_id: str,
-        stage: str,
-        *,
-        owner: str,
-        lease_s: float,
-        on_stop: Callable[[], None],
-    ) -> None:
-        self._conductor = conductor
-        self._run_id, self._stage, self._owner = run_id, stage, owner
+    def __init__(self, holding: Holding, *, lease_s: float, on_stop: Callable[[], None]) -> None:
+        self._holding = holding
         self._lease_s = lease_s
         self._on_stop = on_stop
         self._beating = threading.Lock()
@@ -81,15 +72,15 @@ class Heartbeat:
         with self._beating:
             if not self._active:  # its block has been left meanwhile
                 return False
+            held = self._holding.held
             try:
-                hold = self._conductor.renew(
-                    self._run_id, self._stage, owner=self._owner, lease_s=self._lease_s
-                )
+                hold = self._holding.renew(self._lease_s)
             except Exception:
-                logger.warning("could not renew the lease of %s", self._owner, exc_info=True)
+                logger.warning("could not renew the lease of %s", self._holding.owner,
+                               exc_info=True)  # fmt: skip
                 return True
             if hold != Hold.HELD and not self.stopped.is_set():
-                logger.info("stage %s of run %s: %s; stopping", self._stage, self._run_id, hold)
+                logger.info("stage %s of run %s: %s; stopping", held, held.run_id, hold)
                 self.hold = hold
                 self.stopped.set()
                 self._on_stop()

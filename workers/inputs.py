@@ -14,7 +14,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from orchestrator.core.execution import branch_label, session_id
+from orchestrator.core.branches import BRANCH_KEY, ITEM_KEY, map_source
+from orchestrator.core.execution import Held
 from orchestrator.core.facts import Fact, Proof, Reproduction, recorded
 from orchestrator.core.git import redact
 from orchestrator.core.models import RunRecord
@@ -76,6 +77,13 @@ class StageInputs:
     worker takes it from the run's environment."""
     tools: Mapping[str, ToolDeclaration] = field(default_factory=dict)
     """The declarations of the pipeline's tools this stage names (built-in ones have none)."""
+    branch: str | None = None
+    """The branch of a fan-out stage this execution runs (`b1` … `bN`); None: the stage."""
+
+    @property
+    def held(self) -> Held:
+        """What this execution holds: the stage, or one of its branches."""
+        return Held(self.run_id, self.spec.name, self.branch)
 
     @property
     def needs_workspace(self) -> bool:
@@ -105,26 +113,39 @@ class StageInputs:
     def labels(self) -> dict[str, str]:
         """The tags of this execution's audit entries."""
         return {
-            "branch": branch_label(self.pipeline, self.spec.name),
-            "session": session_id(self.run_id, self.spec.name, self.attempt),
+            "branch": self.held.label(self.pipeline),
+            "session": self.held.session_id(self.attempt),
             "stage": self.spec.name,
         }
 
 
 def resolve(
-    run: RunRecord, pipeline: Pipeline, spec: StageSpec, attempt: int, store: RunStore
+    run: RunRecord,
+    pipeline: Pipeline,
+    spec: StageSpec,
+    attempt: int,
+    store: RunStore,
+    *,
+    branch: str | None = None,
 ) -> StageInputs:
-    """Read what the stage needs from the run and its store.
+    """Read what the stage (or its `branch`) needs from the run and its store. A branch reads
+    the same as its stage, and its own id as `{branch}`.
 
     Raises:
         StageError: the stage verifies with a command an earlier stage did not give.
     """
     wanted = [
-        key for key in spec.inputs if key not in (ISSUE_KEY, CHANGE_KEY, PREVIOUS_ATTEMPT_KEY)
+        key
+        for key in spec.inputs
+        if key not in (ISSUE_KEY, CHANGE_KEY, PREVIOUS_ATTEMPT_KEY, BRANCH_KEY, ITEM_KEY)
     ]
     state: dict[str, Any] = store.outputs(run.id, wanted)
     if ISSUE_KEY in spec.inputs:
         state[ISSUE_KEY] = run.issue.digest()
+    if BRANCH_KEY in spec.inputs:
+        state[BRANCH_KEY] = branch
+    if ITEM_KEY in spec.inputs:
+        state[ITEM_KEY] = _item(run, spec, branch, store)
     iteration = run.stages[spec.name].iteration if spec.name in run.stages else 1
     if PREVIOUS_ATTEMPT_KEY in spec.inputs:
         previous = store.output(run.id, spec.output_key) if iteration > 1 else None
@@ -149,7 +170,25 @@ def resolve(
         iteration=iteration,
         reproduction=_reproduction(run, pipeline, spec, store),
         tools={name: pipeline.tools[name] for name in spec.tools if name in pipeline.tools},
+        branch=branch,
     )
+
+
+def _item(run: RunRecord, spec: StageSpec, branch: str | None, store: RunStore) -> Any:
+    """The item of its upstream list a `map` stage's branch works on (`{item}`).
+
+    Raises:
+        StageError: the execution is no branch of a `map`, or the list no longer holds it.
+    """
+    record = run.stages.get(spec.name)
+    fan = record.fan_in if record is not None else None
+    index = fan.branches[branch].item if fan is not None and branch in fan.branches else None
+    key, field = map_source(spec)
+    items = (store.output(run.id, key) or {}).get(field)
+    if index is None or not isinstance(items, list) or index >= len(items):
+        raise StageError(f"stage {spec.name!r} reads {{{ITEM_KEY}}}, but {spec.map} holds no "
+                         f"item for branch {branch}")  # fmt: skip
+    return items[index]
 
 
 def works_in_sandbox(spec: StageSpec, declarations: Mapping[str, ToolDeclaration]) -> bool:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import sandbox
+from orchestrator.core.execution import Held
 from sandbox.build import agent_config
 from sandbox.pool import WarmPool
 from workers import metrics
@@ -35,7 +36,7 @@ class WorkspaceRequest:
     stage: str
     """The stage it is for (metrics, logs)."""
     labels: Mapping[str, str] = field(default_factory=dict)
-    """Labels that find the workspace again (`baton.run`, `baton.stage`, `baton.attempt`)."""
+    """Labels that find the workspace again (`execution_labels`)."""
     network: str | None = None
     """A named network the workspace may reach; None: no network at all."""
     environment: Environment | None = None
@@ -95,6 +96,17 @@ class DockerSandboxes:
                 "sandbox %s ready for %s (%d bytes of tree)", box.id[:12], request.stage, len(tree)
             )
             yield workspace
+
+
+def execution_labels(held: Held, attempt: int) -> dict[str, str]:
+    """The labels of the sandboxes one execution starts (`WorkspaceRequest.labels`), which
+    find them again: `baton.run`, `baton.stage`, a branch's `baton.branch`, `baton.attempt`.
+    Removing by all of them removes that execution's sandboxes and no one else's: not a sibling
+    branch's, nor those of a later execution that took the stage or branch over."""
+    labels = {"baton.run": held.run_id, "baton.stage": held.stage}
+    if held.branch is not None:
+        labels["baton.branch"] = held.branch
+    return {**labels, "baton.attempt": str(attempt)}
 
 
 def remove_sandboxes(labels: Mapping[str, str]) -> None:

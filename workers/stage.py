@@ -41,7 +41,7 @@ from workers.delegate import Delegation, delegate_tool, without_delegate
 from workers.errors import ProofFailedError, StageError, StageOutputError, TestsFailedError
 from workers.inputs import StageInputs
 from workers.publish import Publisher
-from workers.sandboxes import Sandboxes, WorkspaceRequest
+from workers.sandboxes import Sandboxes, WorkspaceRequest, execution_labels
 from workers.subsessions import BRANCH, SESSION
 from workers.tools.artifacts import ArtifactSink
 from workers.tools.code import DIFF_ARTIFACT, build_tools
@@ -194,11 +194,7 @@ def _request(inputs: StageInputs) -> WorkspaceRequest:
         repo=inputs.repo,
         commit=inputs.commit,
         stage=inputs.spec.name,
-        labels={
-            "baton.run": inputs.run_id,
-            "baton.stage": inputs.spec.name,
-            "baton.attempt": str(inputs.attempt),
-        },
+        labels=execution_labels(inputs.held, inputs.attempt),
         network=inputs.spec.sandbox_network,
         environment=inputs.environment,
     )

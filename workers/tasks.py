@@ -18,9 +18,9 @@ from typing import Any
 from celery import Task
 from celery.signals import worker_process_shutdown, worker_shutdown
 
-from orchestrator.core import fanout
 from orchestrator.core.conductor import Completion, Conductor, StageResult, StageStart, StartAction
 from orchestrator.core.errors import PipelineError
+from orchestrator.core.execution import Held
 from orchestrator.core.providers import LITELLM_PROVIDERS
 from orchestrator.core.queue import STAGE_TASK, Dispatcher
 from orchestrator.core.store import RunStore
@@ -46,9 +46,10 @@ from workers.gemini import ModelClients
 from workers.governed import rate_limit_countdown
 from workers.governor import Governor
 from workers.heartbeat import Heartbeat, Interruptible
+from workers.holding import Holding, holding
 from workers.mirrors import RepoCache
 from workers.publish import Publisher
-from workers.sandboxes import DockerSandboxes, remove_sandboxes
+from workers.sandboxes import DockerSandboxes, execution_labels, remove_sandboxes
 
 logger = logging.getLogger(__name__)
 
@@ -123,29 +124,27 @@ def warm_pool() -> WarmPool | None:
 
 @app.task(name=STAGE_TASK, bind=True, max_retries=None, acks_late=True, reject_on_worker_lost=True)
 def run_stage(self: Task, run_id: str, stage: str, branch: str | None = None) -> None:
+    """Run `stage` of `run_id`, or one `branch` of it when the stage fans out: claimed,
+    executed under a heartbeat, recorded, as `Holding` says for either."""
     svc, queue = services(), settings.queue
     owner = f"{socket.gethostname()}:{os.getpid()}:{self.request.id}"
-    if branch is not None:
-        _branch_not_run(svc.conductor, run_id, stage, branch, owner=owner)
-        return
-    start = svc.conductor.begin(
-        run_id, stage, owner=owner, lease_s=queue.lease_s, max_interrupted=queue.max_interrupted
-    )
+    held = holding(svc.conductor, Held(run_id, stage, branch), owner)
+    start = held.begin(lease_s=queue.lease_s, max_interrupted=queue.max_interrupted)
     if start.action != StartAction.RUN or start.run is None:
-        _not_run(svc.conductor, start, run_id, stage)
+        _not_run(held, start)
         return
     try:
         pipeline = svc.conductor.pipeline_of(start.run)
         spec = pipeline.stage(stage)
     except PipelineError as exc:
         error = UnrunnableStageError(f"this worker cannot run it: {exc}")
-        svc.conductor.fail(run_id, stage, error.message, owner=owner)
+        held.fail(error.message, figures=None)
         metrics.stage_failed(stage, error.reason)
-        logger.error("stage %s of run %s: %s", stage, run_id, error)
+        logger.error("stage %s of run %s: %s", held.held, run_id, error)
         return
-    execution = Execution(svc, start.run, pipeline, spec, attempt=start.attempt, owner=owner)
+    execution = Execution(svc, start.run, pipeline, spec, attempt=start.attempt, holding=held)
     interruptible = Interruptible(svc.loop)
-    heartbeat = Heartbeat(svc.conductor, run_id, stage, owner=owner, lease_s=queue.lease_s,
+    heartbeat = Heartbeat(held, lease_s=queue.lease_s,
                           on_stop=lambda: _stop(execution, heartbeat, interruptible))  # fmt: skip
     with metrics.stage_timer(stage, pipeline.name) as timer:
         try:
@@ -155,12 +154,11 @@ def run_stage(self: Task, run_id: str, stage: str, branch: str | None = None) ->
             failure = execution.failure(exc)
             timer.settled(_settle(self, execution, failure), failure)
             return
-        result = StageResult(out.output, execution.figures(), out.compacted)
-        completion = svc.conductor.complete(run_id, stage, result, owner=owner)
+        completion = held.complete(StageResult(out.output, execution.figures(), out.compacted))
         if completion == Completion.CANCELLED:
             timer.settled("cancelled", StageCancelledError())
         elif completion == Completion.LOST:
-            timer.settled("lost", LeaseLostError(f"another execution holds {stage} now"))
+            timer.settled("lost", LeaseLostError(f"another execution holds {held.held} now"))
 
 
 @app.task(name=BUILD_TASK, acks_late=True, reject_on_worker_lost=True)
@@ -181,22 +179,23 @@ def build_environment(repo: str, commit: str, spec: str | None, key: str) -> Non
 
 
 def _stop(execution: Execution, heartbeat: Heartbeat, interruptible: Interruptible) -> None:
-    """The heartbeat found the stage must stop: mark it, remove its sandboxes, interrupt it."""
+    """The heartbeat found the execution must stop: mark it, remove its sandboxes (its own
+    only, not a sibling branch's nor a later execution's), interrupt it."""
     execution.stopped_as = heartbeat.hold
-    remove_sandboxes({"baton.run": execution.run.id, "baton.stage": execution.spec.name})
+    remove_sandboxes(execution_labels(execution.holding.held, execution.attempt))
     interruptible.cancel()
 
 
 def _settle(task: Task, execution: Execution, error: ExecutionError) -> metrics.Outcome:
     """Record why an execution did not finish, with what it cost: cancelled, retried (raises
     Celery's `Retry`), lost, or failed with the error's message. Returns which."""
-    conductor, figures = execution.services.conductor, execution.figures()
-    run_id, stage, owner = execution.run.id, execution.spec.name, execution.owner
+    held, figures = execution.holding, execution.figures()
     if isinstance(error, StageCancelledError):
-        conductor.stopped(run_id, stage, owner=owner, figures=figures)
+        held.stopped(figures)
         return "cancelled"
     if error.retry == Retry.LOST:
-        logger.info("stage %s of run %s: %s; recording nothing but its audit", stage, run_id, error)
+        logger.info("stage %s of run %s: %s; recording nothing but its audit", held.held,
+                    execution.run.id, error)  # fmt: skip
         execution.audit.flush()
         return "lost"
     if error.retry == Retry.RATE_LIMITED:
@@ -205,86 +204,55 @@ def _settle(task: Task, execution: Execution, error: ExecutionError) -> metrics.
     elif error.retry == Retry.INFRASTRUCTURE:
         _retry_infrastructure(task, execution, error)
     else:
-        conductor.fail(run_id, stage, error.message, owner=owner, figures=figures)
+        held.fail(error.message, figures=figures)
     return "failed"
 
 
-BRANCHES_NOT_RUN = (
-    "this worker does not run a fan-out stage's branches yet (docs/architecture.md, "
-    "Fan-out and fan-in)"
-)
-
-
-def _branch_not_run(
-    conductor: Conductor, run_id: str, stage: str, branch: str, *, owner: str
-) -> None:
-    """A branch of a fan-out stage: ended as failed, saying why, so that the run fails with
-    that reason once every branch has, rather than waiting on branches nobody runs."""
-    queue = settings.queue
-    start = fanout.begin_branch(
-        conductor, run_id, stage, branch, owner=owner, lease_s=queue.lease_s,
-        max_interrupted=queue.max_interrupted,
-    )  # fmt: skip
-    if start.action == StartAction.RUN:
-        fanout.complete_branch(conductor, run_id, stage, branch, None, owner=owner,
-                               error=BRANCHES_NOT_RUN)  # fmt: skip
-
-
-def _not_run(conductor: Conductor, start: StageStart, run_id: str, stage: str) -> None:
+def _not_run(held: Holding, start: StageStart) -> None:
+    where = f"{held.held} of run {held.held.run_id}"
     if start.action == StartAction.ADVANCE:
-        logger.info("stage %s of run %s already recorded; only advancing", stage, run_id)
-        conductor.advance(run_id, stage)
+        held.redelivered()
     elif start.action == StartAction.BUSY:
-        logger.info(
-            "stage %s of run %s is held by a live execution; dropping this delivery", stage, run_id
-        )
+        logger.info("%s is held by a live execution; dropping this delivery", where)
     elif start.action == StartAction.EXHAUSTED:
         lost = settings.queue.max_interrupted
         error = InterruptedTooOftenError(
             f"the stage was interrupted {lost} times (its worker was lost); giving up"
         )
-        conductor.fail(run_id, stage, error.message)
-        metrics.stage_failed(stage, error.reason)
+        held.fail(error.message, figures=None, fenced=False)
+        metrics.stage_failed(held.held.stage, error.reason)
     else:
-        logger.info("run %s has ended; dropping stage %s", run_id, stage)
+        logger.info("the run has ended; dropping %s", where)
 
 
 def _retry_rate_limited(task: Task, execution: Execution, exc: RateLimitedError) -> None:
     """Back on the queue after the server's delay, or fail when the retry budget is spent."""
-    conductor, run_id, stage = execution.services.conductor, execution.run.id, execution.spec.name
-    record = execution.run.stages[stage]
+    held, figures = execution.holding, execution.figures()
+    record = held.retries(execution.run)
     countdown = rate_limit_countdown(exc, record, execution.services.retry)
     if countdown is None:
-        conductor.fail(
-            run_id,
-            stage,
+        held.fail(
             f"{exc} — gave up after {record.rate_limit_retries} retries and "
             f"{record.rate_limit_wait_s:.0f}s of waiting",
-            owner=execution.owner,
-            figures=execution.figures(),
+            figures=figures,
         )
         return
-    if not conductor.postpone(
-        run_id, stage, delay_s=countdown, reason=str(exc), owner=execution.owner,
-        figures=execution.figures(),
-    ):  # fmt: skip
+    if not held.postpone(delay_s=countdown, reason=str(exc), rate_limited=True, figures=figures):
         return
-    logger.info("stage %s of run %s rate limited; retrying in %.1fs", stage, run_id, countdown)
+    logger.info("stage %s of run %s rate limited; retrying in %.1fs", held.held,
+                execution.run.id, countdown)  # fmt: skip
     raise task.retry(countdown=countdown, exc=exc) from None
 
 
 def _retry_infrastructure(task: Task, execution: Execution, exc: ExecutionError) -> None:
-    conductor, run_id, stage = execution.services.conductor, execution.run.id, execution.spec.name
-    failed = execution.run.stages[stage].infrastructure_retries + 1  # this one included
+    held, figures = execution.holding, execution.figures()
+    failed = held.retries(execution.run).infrastructure_retries + 1  # this one included
     if failed >= INFRASTRUCTURE_ATTEMPTS:
-        reason = f"{exc} (after {failed} attempts)"
-        conductor.fail(run_id, stage, reason, owner=execution.owner, figures=execution.figures())
+        held.fail(f"{exc} (after {failed} attempts)", figures=figures)
         return
     countdown = INFRASTRUCTURE_BACKOFF_S * failed
-    if not conductor.postpone(
-        run_id, stage, delay_s=countdown, reason=str(exc), rate_limited=False,
-        owner=execution.owner, figures=execution.figures(),
-    ):  # fmt: skip
+    if not held.postpone(delay_s=countdown, reason=str(exc), rate_limited=False, figures=figures):
         return
-    logger.warning("stage %s of run %s: %s; retrying in %.0fs", stage, run_id, exc, countdown)
+    logger.warning("stage %s of run %s: %s; retrying in %.0fs", held.held, execution.run.id,
+                   exc, countdown)  # fmt: skip
     raise task.retry(countdown=countdown, exc=exc) from None

@@ -21,6 +21,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from orchestrator.core.branches import BRANCH_KEY, ITEM_KEY
 from orchestrator.core.errors import ConfigError, PipelineError
 from orchestrator.core.pipeline import (
     CHANGE_KEY,
@@ -168,10 +169,17 @@ def _structure(table: Mapping[str, Any], origin: str) -> Iterable[Problem]:
         instruction = stage.get("instruction")
         keys = placeholders(instruction) if isinstance(instruction, str) else []
         for key in dict.fromkeys(keys):
-            if key not in earlier:
+            if key not in earlier | _branch_keys(stage):
                 yield Problem(origin, label, "instruction", _unknown_key(key, produced))
         if isinstance(key := stage.get("output_key") or stage.get("name"), str):
             earlier.add(key)
+
+
+def _branch_keys(stage: Mapping[str, Any]) -> set[str]:
+    """What a fan-out stage's branches read besides the outputs: `{branch}`, and a `map`
+    stage's `{item}` (`orchestrator.core.branches`); the model's check says the rest."""
+    keys = {BRANCH_KEY} if "parallel" in stage or "map" in stage else set()
+    return keys | ({ITEM_KEY} if "map" in stage else set())
 
 
 def _schema(stage: Mapping[str, Any], label: str, origin: str) -> Iterable[Problem]:

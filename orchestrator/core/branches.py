@@ -9,6 +9,7 @@ bookkeeping is `orchestrator.core.fanin`.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -25,6 +26,9 @@ MAX_BRANCHES = 10
 stage fans out over (a longer one fails the stage, saying so)."""
 ITEM_KEY = "item"
 """State key a `map` stage's branch reads its item by (`{item}`)."""
+BRANCH_KEY = "branch"
+"""State key a fan-out stage's branch reads its own id by (`{branch}`: `b1` … `bN`), to vary
+what each branch tries."""
 BY_PROOF = "proof"
 """`select = "proof"`: by the measured facts (proof passed, then the smallest diff)."""
 
@@ -93,18 +97,28 @@ def check_spec(stage: StageSpec) -> None:
         )
 
 
-def check_runnable(stage: StageSpec) -> None:
-    """What of a fan-out, checked already, this version of Baton can run: `parallel`, selected
-    by facts or by a judge. A `map` stage is designed (docs/architecture.md) and checked, but
-    refused here until the conductor runs it, so that no run starts that would stop at it.
+def mapped_items(stage: StageSpec, upstream: Mapping[str, Any] | None) -> list[Any]:
+    """The items a `map` stage fans out over, read from its upstream output: one branch each.
 
     Raises:
-        ValueError: names the stage and what is not run yet.
+        ValueError: saying why the stage cannot fan out: the upstream output or its list is
+            missing, the list is empty (nothing to map over: the stage fails rather than give
+            the next stage an output that says nothing), or it is longer than `MAX_BRANCHES`.
     """
-    if stage.map is not None:
-        raise ValueError(
-            f"stage {stage.name!r}: `map` is checked but not run yet; use `parallel` for now"
-        )
+    assert stage.map is not None
+    items = (upstream or {}).get(map_source(stage)[1])
+    if not isinstance(items, list):
+        return _refuse(f"{stage.map} is not a list the run has")
+    if not items:
+        return _refuse(f"{stage.map} is empty: there is nothing to map over")
+    if len(items) > MAX_BRANCHES:
+        return _refuse(f"{stage.map} has {len(items)} items; a stage runs at most {MAX_BRANCHES} "
+                       "branches")  # fmt: skip
+    return items
+
+
+def _refuse(reason: str) -> list[Any]:
+    raise ValueError(reason)
 
 
 def map_source(stage: StageSpec) -> tuple[str, str]:

@@ -217,7 +217,7 @@ class Conductor:
         payload = json.dumps(result.output, ensure_ascii=False, separators=(",", ":"))
 
         def mutate(run: RunRecord, pipe: Any) -> tuple[Completion, Next | None, RunRecord]:
-            self._record_execution(run, pipe, result.figures)
+            self.record_execution(run, pipe, result.figures)
             record = run.stages[stage]
             if record.status == StageStatus.DONE:
                 return Completion.RECORDED, None, run  # recorded before: a redelivery
@@ -357,7 +357,7 @@ class Conductor:
         be retried."""
 
         def mutate(run: RunRecord, pipe: Any) -> RunRecord | None:
-            self._record_execution(run, pipe, figures)
+            self.record_execution(run, pipe, figures)
             record = run.stages[stage]
             if run.status.is_terminal or (owner is not None and record.owner != owner):
                 return None
@@ -413,7 +413,7 @@ class Conductor:
         execution still holds the stage (a lost execution that wakes up late changes nothing)."""
 
         def mutate(run: RunRecord, pipe: Any) -> RunRecord | None:
-            self._record_execution(run, pipe, figures)
+            self.record_execution(run, pipe, figures)
             record = run.stages.setdefault(stage, StageRecord())
             if run.status.is_terminal or (owner is not None and record.owner != owner):
                 return None
@@ -460,7 +460,7 @@ class Conductor:
         left behind is kept."""
 
         def mutate(run: RunRecord, pipe: Any) -> RunRecord:
-            self._record_execution(run, pipe, figures)
+            self.record_execution(run, pipe, figures)
             record = run.stages[stage]
             if record.owner == owner and record.status == StageStatus.RUNNING:
                 transitions.stop(record, figures)
@@ -515,7 +515,7 @@ class Conductor:
         else:
             self.dispatcher.send_stage(run_id, pipeline, spec, iteration)
 
-    def _record_execution(self, run: RunRecord, pipe: Any, figures: StageFigures | None) -> None:
+    def record_execution(self, run: RunRecord, pipe: Any, figures: StageFigures | None) -> None:
         """What an ending execution leaves on its run whatever the transaction decides (they
         are what happened): its audit entries not yet written, and the environment it ran in."""
         if figures is None:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from orchestrator.core import branches
 from orchestrator.core.models import ArtifactRef, RunRecord
 
 
@@ -17,6 +18,40 @@ def session_id(run_id: str, stage: str, attempt: int) -> str:
 
 def branch_label(pipeline: str, stage: str) -> str:
     return f"{pipeline}.{stage}"
+
+
+@dataclass(frozen=True)
+class Held:
+    """What one execution holds: a stage of a run, or one branch of a fan-out stage. The names
+    it goes by follow from it, here and only here (docs/architecture.md, "Fan-out and
+    fan-in")."""
+
+    run_id: str
+    stage: str
+    branch: str | None = None
+    """`b1` … `bN` for a branch; None for a stage that does not fan out."""
+
+    def session_id(self, attempt: int) -> str:
+        """`<run>:<stage>:<attempt>`, or `<run>:<stage>:<branch>:<attempt>`."""
+        if self.branch is None:
+            return session_id(self.run_id, self.stage, attempt)
+        return branches.branch_session_id(self.run_id, self.stage, self.branch, attempt)
+
+    def label(self, pipeline: str) -> str:
+        """The branch label of its audit entries: `<pipeline>.<stage>[.<branch>]`."""
+        if self.branch is None:
+            return branch_label(pipeline, self.stage)
+        return branches.branch_label(pipeline, self.stage, self.branch)
+
+    @property
+    def folder(self) -> str:
+        """Where its artifacts are stored in the run: `<stage>/`, or `<stage>/<branch>/`, so
+        that branches never overwrite each other's."""
+        return self.stage if self.branch is None else f"{self.stage}/{self.branch}"
+
+    def __str__(self) -> str:
+        """How a log line or a message names it: `fix`, or `fix.b2`."""
+        return self.stage if self.branch is None else f"{self.stage}.{self.branch}"
 
 
 class StartAction(StrEnum):

@@ -30,8 +30,12 @@ class BranchStatus(StrEnum):
 
     QUEUED = "queued"
     RUNNING = "running"
+    WAITING = "waiting"
+    """Back on its queue until `waiting_until` (a 429, or a failure outside the branch)."""
     DONE = "done"
     FAILED = "failed"
+    CANCELLED = "cancelled"
+    """Stopped because its run was cancelled: not ended, so no join follows."""
     AWAITING_APPROVAL = "awaiting_approval"
     """It finished and its gate waits for a person (`settle` ends it either way)."""
 
@@ -58,6 +62,10 @@ class BranchRecord(BaseModel):
     started_at: float | None = None
     finished_at: float | None = None
     error: str | None = None
+    waiting_until: float | None = None
+    rate_limit_retries: int = 0
+    rate_limit_wait_s: float = 0.0
+    infrastructure_retries: int = 0
     proof_passed: bool | None = None
     """Whether Baton's proof of the branch's change passed (a stage with a `proof` rule)."""
     diff_bytes: int | None = None
@@ -83,6 +91,9 @@ class FanIn(BaseModel):
     joined: bool = False
     selected: str | None = None
     """The branch whose output became the stage's (after the join; None if none could be)."""
+    carried: dict[str, int] = Field(default_factory=dict)
+    """A `map` stage queued before its list is read (`open_map`): the attempts its branches
+    had in a run resumed, carried on to the branches once made, so session ids stay unique."""
 
     @property
     def complete(self) -> bool:
@@ -137,6 +148,7 @@ def claim(
     record.attempts += 1
     record.status, record.owner, record.lease_until = BranchStatus.RUNNING, owner, now + lease_s
     record.started_at, record.finished_at, record.error = now, None, None
+    record.waiting_until = None
     record.session_id = branch_session_id(run_id, stage, branch, record.attempts)
     return Claim.RUN
 
@@ -217,11 +229,10 @@ def settle(
 
 
 def active(fan: FanIn) -> bool:
-    """Whether a branch may still run (queued or running): a run whose branches all ended or
-    wait for a person holds no worker, and awaits approval."""
-    return any(
-        b.status in (BranchStatus.QUEUED, BranchStatus.RUNNING) for b in fan.branches.values()
-    )
+    """Whether a branch may still run (queued, running or waiting to retry): a run whose
+    branches all ended or wait for a person holds no worker, and awaits approval."""
+    running = (BranchStatus.QUEUED, BranchStatus.RUNNING, BranchStatus.WAITING)
+    return any(b.status in running for b in fan.branches.values())
 
 
 def _refused(fan: FanIn, end: BranchEnd) -> Recorded | None:
@@ -252,6 +263,39 @@ def _count(fan: FanIn, *, by_facts: bool) -> Recorded:
     fan.joined = True
     fan.selected = select_by_facts(fan) if by_facts else None
     return Recorded.JOINED
+
+
+def postpone(
+    fan: FanIn, branch: str, *, owner: str, now: float, delay_s: float, reason: str,
+    rate_limited: bool,
+) -> bool:  # fmt: skip
+    """Put a running branch back to wait `delay_s` before its next attempt (as
+    `Conductor.postpone` does a stage): a 429 (`rate_limited`) or a failure outside the branch,
+    each counted against its own retry budget. False, and nothing changed, when `owner` no
+    longer holds it."""
+    record = _branch(fan, branch)
+    if record.status != BranchStatus.RUNNING or record.owner != owner:
+        return False
+    record.status, record.owner, record.lease_until = BranchStatus.WAITING, None, None
+    record.waiting_until, record.error = now + delay_s, reason
+    if rate_limited:
+        record.rate_limit_retries += 1
+        record.rate_limit_wait_s = round(record.rate_limit_wait_s + delay_s, 3)
+    else:
+        record.infrastructure_retries += 1
+    return True
+
+
+def stop(fan: FanIn, branch: str, *, owner: str | None, now: float) -> bool:
+    """Mark a branch of a cancelled run stopped (not ended: no join follows). False when
+    `owner` no longer holds it or it had ended."""
+    record = _branch(fan, branch)
+    if record.status.ended or (owner is not None and record.owner != owner):
+        return False
+    record.status, record.finished_at = BranchStatus.CANCELLED, now
+    record.owner, record.lease_until = None, None
+    record.error = "stopped: the run was cancelled"
+    return True
 
 
 def select_by_facts(fan: FanIn) -> str | None:
@@ -297,14 +341,18 @@ def why_none(fan: FanIn) -> str:
     )
 
 
-def lapsed(fan: FanIn, *, now: float) -> list[str]:
-    """Branches the reconciler re-sends: running with a lapsed lease (their worker is gone)."""
-    return [
-        name
-        for name in sorted(fan.branches, key=branch_number)
-        if fan.branches[name].status == BranchStatus.RUNNING
-        and (fan.branches[name].lease_until or 0) <= now
-    ]
+def lapsed(fan: FanIn, *, now: float, late_s: float = 0.0) -> list[str]:
+    """Branches the reconciler re-sends: running with a lapsed lease (their worker is gone), or
+    waiting `late_s` past their retry time (the retry's message was lost)."""
+
+    def lost(record: BranchRecord) -> bool:
+        if record.status == BranchStatus.RUNNING:
+            return (record.lease_until or 0) <= now
+        if record.status == BranchStatus.WAITING:
+            return (record.waiting_until or 0) + late_s < now
+        return False
+
+    return [name for name in sorted(fan.branches, key=branch_number) if lost(fan.branches[name])]
 
 
 def _branch(fan: FanIn, branch: str) -> BranchRecord:
@@ -314,13 +362,29 @@ def _branch(fan: FanIn, branch: str) -> BranchRecord:
 
 
 def open_fan(record: StageRecord, spec: StageSpec, previous: FanIn | None = None) -> None:
-    """Within the transaction that queues a stage: if it fans out, its branches, all queued.
-    Given the `previous` fan-in of the stage (a resumed run), each branch's attempt count
-    carries on, so its session ids stay unique."""
+    """Within the transaction that queues a stage: if it fans out, its branches, all queued (a
+    `map` stage's once its list is read, `map_fan`). Given the `previous` fan-in of the stage
+    (a resumed run), each branch's attempt count carries on, so its session ids stay unique."""
     if not spec.fans_out:
         return
-    assert spec.parallel is not None, "a map stage is refused when its pipeline loads"
+    before = {name: branch.attempts for name, branch in (previous.branches.items()
+                                                         if previous else ())}  # fmt: skip
+    if spec.map is not None:
+        record.fan_in = FanIn(carried=before)
+        return
+    assert spec.parallel is not None
     record.fan_in = fan_out(spec.parallel)
-    for name, branch in record.fan_in.branches.items():
-        if previous is not None and name in previous.branches:
-            branch.attempts = previous.branches[name].attempts
+    _carry(record.fan_in, before)
+
+
+def map_fan(fan: FanIn, items: list[Any]) -> FanIn:
+    """A `map` stage's fan-in once its list is read: one queued branch per item, each with its
+    index, the attempts `fan` carried applied."""
+    made = fan_out(len(items), items=True)
+    _carry(made, fan.carried)
+    return made
+
+
+def _carry(fan: FanIn, attempts: Mapping[str, int]) -> None:
+    for name, branch in fan.branches.items():
+        branch.attempts = attempts.get(name, branch.attempts)

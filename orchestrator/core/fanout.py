@@ -13,6 +13,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
@@ -25,7 +26,14 @@ from orchestrator.core.branches import (
     branch_task_id,
     branch_task_name,
 )
-from orchestrator.core.execution import Completion, Hold, StageResult, StageStart, StartAction
+from orchestrator.core.execution import (
+    Completion,
+    Hold,
+    StageFigures,
+    StageResult,
+    StageStart,
+    StartAction,
+)
 from orchestrator.core.facts import Fact, Proof, recorded
 from orchestrator.core.fanin import (
     BranchEnd,
@@ -37,10 +45,13 @@ from orchestrator.core.fanin import (
     claim,
     hold_end,
     lapsed,
+    postpone,
     record_end,
     settle,
+    stop,
     why_none,
 )
+from orchestrator.core.mapping import gather, gathers, open_map
 from orchestrator.core.models import ArtifactRef, RunRecord, RunStatus, StageRecord, StageStatus
 from orchestrator.core.queue import STAGE_TASK
 
@@ -69,7 +80,9 @@ def send_branches(
 ) -> list[str]:
     """Send one task per branch of a queued fan-out stage (ids `<run>.<stage>.<branch>`), or
     of the branches `only` names; returns the task ids. Safe to repeat: the ids are
-    deterministic."""
+    deterministic. A `map` stage's branches are made first, from its list (`open_map`)."""
+    if spec.map is not None and not open_map(conductor, run_id, spec):
+        return []
     fan = conductor.store.get(run_id).stages[spec.name].fan_in
     assert fan is not None
     sent = []
@@ -92,12 +105,13 @@ def lost_branches(
     run: RunRecord, stage: str, *, now: float, late_s: float, held: Callable[[], dict[str, str]]
 ) -> list[str]:
     """The branches of a running fan-out the reconciler sends again: running with a lapsed
-    lease (their worker is gone), or queued for longer than `late_s` while the broker holds no
-    message of theirs (`held`: the broker's task ids, read only if needed). Sending one again
-    changes nothing in the run: the execution that claims it counts the lost one (`claim`)."""
+    lease (their worker is gone), waiting `late_s` past their retry time, or queued for longer
+    than `late_s` while the broker holds no message of theirs (`held`: the broker's task ids,
+    read only if needed). Sending one again changes nothing in the run: the execution that
+    claims it counts the lost one (`claim`)."""
     record = run.stages[stage]
     fan = _fan(record)
-    lost = lapsed(fan, now=now)
+    lost = lapsed(fan, now=now, late_s=late_s)
     if record.queued_at is not None and record.queued_at + late_s < now:
         lost += [
             name
@@ -172,6 +186,39 @@ def _branch_hold(run: RunRecord, stage: str, branch: str, owner: str) -> Hold:
     return Hold.HELD if held and not run.status.is_terminal else Hold.LOST
 
 
+def postpone_branch(
+    conductor: Conductor,
+    run_id: str,
+    stage: str,
+    branch: str,
+    *,
+    delay_s: float,
+    reason: str,
+    owner: str,
+    rate_limited: bool = True,
+    figures: StageFigures | None = None,
+) -> bool:
+    """Put a branch back to wait `delay_s` before its next attempt (`Conductor.postpone` for
+    a branch): its siblings run on and the run stays running. False, and nothing changed but
+    what the ended attempt left (`figures`), if the run has ended or `owner` no longer holds
+    the branch: it must then not be retried."""
+
+    def mutate(run: RunRecord, pipe: Any) -> bool:
+        conductor.record_execution(run, pipe, figures)
+        fan = _fan(run.stages[stage])
+        if run.status.is_terminal:
+            return False
+        waiting = postpone(fan, branch, owner=owner, now=time.time(), delay_s=delay_s,
+                           reason=reason, rate_limited=rate_limited)  # fmt: skip
+        if waiting:
+            _audit(conductor, run, stage, branch, fan.branches[branch].attempts,
+                   "branch_waiting", pipe, delay_s=delay_s, reason=reason)  # fmt: skip
+        return waiting
+
+    waiting: bool = conductor.store.transact(run_id, mutate)
+    return waiting
+
+
 def complete_branch(
     conductor: Conductor,
     run_id: str,
@@ -181,21 +228,28 @@ def complete_branch(
     *,
     owner: str | None = None,
     error: str | None = None,
+    figures: StageFigures | None = None,
 ) -> Completion:
-    """Record that a branch ended — with `result`, or failed with `error` — in one transaction;
-    the one that ends the last branch joins: the selected branch's output becomes the stage's,
-    and the run moves on. A branch that ended before is not recorded again."""
+    """Record that a branch ended — with `result`, or failed with `error` after spending
+    `figures` — in one transaction; the one that ends the last branch joins: the selected
+    branch's output becomes the stage's, and the run moves on. A branch that ended before is
+    not recorded again; a branch of a cancelled run is recorded stopped (`CANCELLED`)."""
     payload = None if result is None else json.dumps(result.output, ensure_ascii=False,
                                                      separators=(",", ":"))  # fmt: skip
+    figures = result.figures if result is not None else figures
     pipeline = conductor.pipeline_of(conductor.store.get(run_id))
     spec = pipeline.stage(stage)
 
     def mutate(run: RunRecord, pipe: Any) -> tuple[Completion, transitions.Next | None, RunRecord]:
+        conductor.record_execution(run, pipe, figures)
         record = run.stages[stage]
         fan = _fan(record)
+        if run.status == RunStatus.CANCELLED:
+            stopped = stop(fan, branch, owner=owner, now=time.time())
+            return Completion.CANCELLED if stopped else Completion.LOST, None, run
         if run.status.is_terminal:
             return Completion.LOST, None, run
-        end = _end(spec.schema_class(), branch, result, owner, error, payload)
+        end = _end(spec.schema_class(), branch, result, owner, error, payload, figures)
         if spec.gate is not None and result is not None:
             recorded = hold_end(fan, end, now=time.time())
         else:
@@ -276,23 +330,31 @@ def _join(
         unwritten = {last: payload} if payload is not None else {}
         if choices := judging.candidates(conductor.store, run.id, spec, fan, unwritten):
             return _to_judge(conductor, run, pipe, spec, fan, choices)
-    if fan.selected is None:
-        error = f"no branch finished: {why_none(fan)}"
+
+    def stored(branch: str) -> str:
+        if branch == last and payload is not None:
+            return payload
+        return _stored(conductor, run.id, spec, branch)
+
+    if gathers(spec):
+        chosen, error = gather(fan, stored)
+    elif fan.selected is None:
+        chosen, error = None, f"no branch finished: {why_none(fan)}"
+    else:
+        chosen, error = stored(fan.selected), None
+    if chosen is None:
         record.status, record.error = StageStatus.FAILED, error
         run.status, run.reason, run.current_stage = RunStatus.FAILED, f"{spec.name}: {error}", None
         _audit(conductor, run, spec.name, "-", 0, "fan_in_failed", pipe, error=error)
         return transitions.Next(ended=True)
-    chosen = (
-        payload
-        if fan.selected == last and payload is not None
-        else _stored(conductor, run.id, spec, fan.selected)
-    )
     pipe.hset(keys.outputs(run.id), spec.output_key, chosen)
-    artifacts = fan.branches[fan.selected].artifacts
-    record.artifacts = {name: ArtifactRef.model_validate(ref) for name, ref in artifacts.items()}
+    if fan.selected is not None:  # a gathering stage's artifacts stay its branches'
+        artifacts = fan.branches[fan.selected].artifacts
+        record.artifacts = {name: ArtifactRef.model_validate(r) for name, r in artifacts.items()}
     record.status, record.output_chars = StageStatus.DONE, len(chosen)
-    _audit(conductor, run, spec.name, fan.selected, fan.branches[fan.selected].attempts,
-           "fan_in_joined", pipe, selected=fan.selected, ended=fan.ended)  # fmt: skip
+    attempt = fan.branches[fan.selected].attempts if fan.selected else 0
+    _audit(conductor, run, spec.name, fan.selected or "-", attempt, "fan_in_joined", pipe,
+           selected=fan.selected, ended=fan.ended)  # fmt: skip
     return transitions.decide(run, conductor.pipeline_of(run), spec.name, json.loads(chosen))
 
 
@@ -322,23 +384,24 @@ def _stored(conductor: Conductor, run_id: str, spec: StageSpec, branch: str) -> 
 
 def _end(
     schema: type[BaseModel], branch: str, result: StageResult | None, owner: str | None,
-    error: str | None, payload: str | None,
+    error: str | None, payload: str | None, figures: StageFigures | None,
 ) -> BranchEnd:  # fmt: skip
-    """A branch's end as the fan-in reads it: its facts from its output and its artifacts."""
-    if result is None:
-        return BranchEnd(branch, done=False, owner=owner, error=error)
-    proof = recorded(schema, result.output, Fact.PROOF, Proof)
-    figures = result.figures
-    diff = figures.artifacts.get(DIFF_ARTIFACT)
-    return BranchEnd(
-        branch, done=True, owner=owner,
-        proof_passed=proof.passed if proof is not None else None,
-        diff_bytes=diff.size_bytes if diff is not None else None,
-        output_chars=len(payload or ""), requests=result.figures.requests,
-        prompt_tokens_total=result.figures.prompt_tokens_total,
-        output_tokens=result.figures.output_tokens,
-        artifacts={name: ref.model_dump(mode="json") for name, ref in figures.artifacts.items()},
+    """A branch's end as the fan-in reads it: its facts from its output and its artifacts,
+    what it cost whether it finished or not."""
+    spent = figures or StageFigures()
+    end = BranchEnd(
+        branch, done=result is not None, owner=owner, error=None if result else error,
+        requests=spent.requests, prompt_tokens_total=spent.prompt_tokens_total,
+        output_tokens=spent.output_tokens,
+        artifacts={name: ref.model_dump(mode="json") for name, ref in spent.artifacts.items()},
     )  # fmt: skip
+    diff = spent.artifacts.get(DIFF_ARTIFACT)
+    end = replace(end, diff_bytes=diff.size_bytes if diff is not None else None)
+    if result is None:
+        return end
+    proof = recorded(schema, result.output, Fact.PROOF, Proof)
+    return replace(end, proof_passed=proof.passed if proof is not None else None,
+                   output_chars=len(payload or ""))  # fmt: skip
 
 
 def _by_facts(spec: StageSpec) -> bool:

@@ -273,7 +273,6 @@ class Pipeline(BaseModel):
             if stage.select is not None and stage.select.judge is not None:
                 after = self.stages[index + 1] if index + 1 < len(self.stages) else None
                 references.check_judge(stage, after)
-            branches.check_runnable(stage)
         if self.autonomy is not None:
             check_autonomy(self.autonomy, self.stages, earlier)
         return self
@@ -335,7 +334,12 @@ def _check_inputs(stage: StageSpec, known: set[str]) -> None:
             raise ValueError(
                 f"stage {stage.name!r} references {{{key}}}, which only a stage with a `map` has"
             )
-        if key == branches.ITEM_KEY:
+        if key == branches.BRANCH_KEY and not stage.fans_out:
+            raise ValueError(
+                f"stage {stage.name!r} references {{{key}}}, which only a stage that fans out "
+                "(`parallel` or `map`) has"
+            )
+        if key in (branches.ITEM_KEY, branches.BRANCH_KEY):
             continue
         if key == PREVIOUS_ATTEMPT_KEY:
             if stage.loop is None:

@@ -205,8 +205,15 @@ class Reconciler:
     def _repair_branches(
         self, run: RunRecord, spec: StageSpec, now: float, held: Held
     ) -> Repair | None:
-        """A fan-out stage: send its lost branches again (`fanout.lost_branches`)."""
+        """A fan-out stage: send its lost branches again (`fanout.lost_branches`), or a `map`
+        stage whose branches were never made (its sender was lost before it read the list)."""
         late_s = self.queue.stuck_after_s
+        record = run.stages[spec.name]
+        if record.fan_in is not None and not record.fan_in.branches:
+            if record.queued_at is None or record.queued_at + late_s >= now:
+                return None
+            sent = fanout.send_branches(self.conductor, run.id, run.pipeline, spec)
+            return Repair(run.id, spec.name, "map not sent") if sent else None
         lost = fanout.lost_branches(run, spec.name, now=now, late_s=late_s, held=held)
         if not lost:
             return None

@@ -177,9 +177,18 @@ def test_only_the_owner_of_a_branch_renews_it_and_a_cancel_stops_every_branch(
     assert begin(conductor, run_id, "b2", "w2").action == StartAction.DROP
     late = fix_result(run_id, "late", True, 1)
     assert fanout.complete_branch(conductor, run_id, "fix", "b1", late, owner="w1") == (
+        Completion.CANCELLED
+    )
+    assert fanout.complete_branch(conductor, run_id, "fix", "b1", late, owner="w1") == (
         Completion.LOST
     )
     assert conductor.store.output(run_id, "fix#b1") is None
+    fan = conductor.store.get(run_id).stages["fix"].fan_in
+    assert fan is not None and (fan.ended, fan.joined) == (0, False)
+    assert (fan.branches["b1"].status, fan.branches["b1"].error) == (
+        BranchStatus.CANCELLED,
+        "stopped: the run was cancelled",
+    )
 
 
 def test_branch_ends_racing_in_threads_join_once(

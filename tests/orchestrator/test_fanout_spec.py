@@ -51,10 +51,12 @@ def test_best_of_three_selected_by_proof_loads() -> None:
     assert stage.select is not None and stage.select.by_facts
 
 
-def test_a_map_over_an_upstream_list_passes_its_checks_and_is_refused_as_not_run_yet() -> None:
+def test_a_map_over_an_upstream_list_loads_gathering_or_selecting() -> None:
     spec = _fixer_like(map="search.locations", instruction="look at {item} {issue}")
-    with pytest.raises(ValueError, match="stage 'fix': `map` is checked but not run yet"):
-        Pipeline.model_validate(spec)
+    gathering = Pipeline.model_validate(spec).stage("fix")
+    assert gathering.fans_out and gathering.select is None and gathering.inputs == ["item", "issue"]
+    spec = _fixer_like(map="search.locations", select="proof", instruction="{item}")
+    assert Pipeline.model_validate(spec).stage("fix").select is not None
 
 
 def test_a_judge_right_after_with_a_text_field_loads() -> None:
@@ -65,6 +67,11 @@ def test_a_judge_right_after_with_a_text_field_loads() -> None:
         "after",
         "branch",
     )
+
+
+def test_a_branch_may_read_its_own_id_to_vary_what_it_tries() -> None:
+    spec = _fixer_like(parallel=3, select="proof", instruction="candidate {branch}: {issue}")
+    assert Pipeline.model_validate(spec).stage("fix").inputs == ["branch", "issue"]
 
 
 def test_a_stage_without_fan_out_fields_does_not_fan_out() -> None:
@@ -98,6 +105,8 @@ def test_a_stage_without_fan_out_fields_does_not_fan_out() -> None:
         ({"map": "search"}, "stages.2.map"),
         ({"instruction": "{item}"}, "stage 'fix' references {item}, which only a stage with a "
          "`map` has"),
+        ({"instruction": "try {branch}"}, "stage 'fix' references {branch}, which only a stage "
+         "that fans out (`parallel` or `map`) has"),
         ({"parallel": 2, "select": {"judge": "search", "field": "branch"}},
          "stage 'fix': select.judge names 'search', which must be the stage right after it; "
          "the stage after it is 'after'"),

@@ -39,6 +39,10 @@ BROKEN = {
         "label", "instruction",
         "{team} names no stage's output (known: {issue}, {change}, {triage}, {label}",
     ),
+    "branch id in a stage that does not fan out": (
+        ("Label {triage}", "Label {triage} as {branch}"),
+        "label", "instruction", "{branch} names no stage's output",
+    ),
     "key only a later stage produces": (
         ("Triage {issue}", "Triage {issue} as {label} says"),
         "triage", "instruction", "{label} is the output of stage 'label', which runs later",
@@ -130,3 +134,30 @@ def test_several_problems_are_all_said(tmp_path: Path) -> None:
         ("triage", "output_schema"),
         ("label", "instruction"),
     ]
+
+
+BEST_OF_TWO = """
+name = "best2"
+
+[[stages]]
+name = "reproduce"
+output_schema = "orchestrator.pipelines.fixer.schemas:Reproduction"
+tools = ["edit_file"]
+reproduce = { command_from = "test_command", test_files_from = "test_files", expected_failure_from = "expected_failure" }
+instruction = "Reproduce {issue}"
+
+[[stages]]
+name = "fix"
+output_schema = "orchestrator.pipelines.fixer.schemas:Fix"
+tools = ["edit_file"]
+parallel = 2
+select = "proof"
+proof = { reproduction_from = "reproduce" }
+instruction = "You are candidate {branch}. Fix what {reproduce} shows."
+"""  # noqa: E501
+
+
+def test_a_fan_out_stage_may_read_its_branch_id(tmp_path: Path) -> None:
+    path = tmp_path / "best2.toml"
+    path.write_text(BEST_OF_TWO)
+    assert check_pipeline(str(path)).problems == []

@@ -70,7 +70,13 @@ def test_a_malformed_owner_is_left_alone() -> None:
         ({"baton.run": "r1", "baton.stage": "fix"}, ["r1.fix.1", "r1.fix.12"],
          ["r1.fixer.1", "r1.search.1"]),
         ({"baton.run": "r1", "baton.stage": "fix", "baton.attempt": "1"}, ["r1.fix.1"],
-         ["r1.fix.12", "r1.fix.2"]),
+         ["r1.fix.12", "r1.fix.2", "r1.fix.b1.1"]),
+        # A branch's sandboxes: its own, not a sibling's, nor its stage's of another attempt.
+        ({"baton.run": "r1", "baton.stage": "fix"}, ["r1.fix.b2.1"], ["r1.fixer.b2.1"]),
+        ({"baton.run": "r1", "baton.stage": "fix", "baton.branch": "b2"},
+         ["r1.fix.b2.1", "r1.fix.b2.3"], ["r1.fix.b1.1", "r1.fix.b21.1", "r1.fix.2"]),
+        ({"baton.run": "r1", "baton.stage": "fix", "baton.branch": "b2", "baton.attempt": "1"},
+         ["r1.fix.b2.1"], ["r1.fix.b2.12", "r1.fix.b3.1", "r1.fix.1"]),
     ],
 )  # fmt: skip
 def test_a_sandboxs_name_spells_its_execution_and_the_pattern_finds_exactly_those(
@@ -80,8 +86,10 @@ def test_a_sandboxs_name_spells_its_execution_and_the_pattern_finds_exactly_thos
     assert pattern is not None
 
     def named(execution: str) -> str:  # as Docker lists a name: with a leading slash
-        run, stage, attempt = execution.split(".") if "." in execution else (execution, "", "")
-        own = {"baton.run": run, "baton.stage": stage, "baton.attempt": attempt}
+        run, stage, *branch, attempt = execution.split(".") if "." in execution else (
+            execution, "", "")  # fmt: skip
+        own = {"baton.run": run, "baton.stage": stage, "baton.branch": "".join(branch),
+               "baton.attempt": attempt}  # fmt: skip
         return "/" + labels.container_name({k: v for k, v in own.items() if v})
 
     assert all(re.search(pattern, named(m)) for m in matches)

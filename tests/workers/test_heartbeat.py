@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import pytest
 
-from orchestrator.core.execution import Hold
+from orchestrator.core.execution import Held, Hold
 from workers.heartbeat import Heartbeat, Interruptible
 
 
@@ -37,28 +37,22 @@ def test_a_cancel_after_the_stage_finished_is_harmless() -> None:
     execution.cancel()  # the heartbeat noticed the cancel just after the stage ended
 
 
-class ScriptedConductor:
+class ScriptedHolding:
     """Answers `renew` with `holds` in turn (the last one from then on), counting the calls."""
+
+    held = Held("run", "stage")
+    owner = "me"
 
     def __init__(self, *holds: Hold) -> None:
         self.holds, self.renewed = list(holds), 0
 
-    def renew(self, run_id: str, stage: str, *, owner: str, lease_s: float) -> Hold:
+    def renew(self, lease_s: float) -> Hold:
         self.renewed += 1
         return self.holds.pop(0) if len(self.holds) > 1 else self.holds[0]
 
 
-def heartbeat(
-    conductor: ScriptedConductor, on_stop: Callable[[], None] = lambda: None
-) -> Heartbeat:
-    return Heartbeat(
-        conductor,  # type: ignore[arg-type]
-        "run",
-        "stage",
-        owner="me",
-        lease_s=LEASE_S,
-        on_stop=on_stop,
-    )
+def heartbeat(holding: ScriptedHolding, on_stop: Callable[[], None] = lambda: None) -> Heartbeat:
+    return Heartbeat(holding, lease_s=LEASE_S, on_stop=on_stop)  # type: ignore[arg-type]
 
 
 LEASE_S = 0.06
@@ -66,29 +60,29 @@ LEASE_S = 0.06
 
 
 def test_a_heartbeat_renews_while_its_block_runs_and_never_after() -> None:
-    conductor = ScriptedConductor(Hold.HELD)
-    with heartbeat(conductor):
+    holding = ScriptedHolding(Hold.HELD)
+    with heartbeat(holding):
         time.sleep(5 * LEASE_S)
-    renewed = conductor.renewed
+    renewed = holding.renewed
     time.sleep(3 * LEASE_S)
     assert renewed >= 3
-    assert conductor.renewed == renewed
+    assert holding.renewed == renewed
 
 
 def test_a_cancelled_stage_is_stopped_once_and_beats_no_more() -> None:
-    conductor, stops = ScriptedConductor(Hold.HELD, Hold.CANCELLED), []
-    with heartbeat(conductor, on_stop=lambda: stops.append(1)) as beating:
+    holding, stops = ScriptedHolding(Hold.HELD, Hold.CANCELLED), []
+    with heartbeat(holding, on_stop=lambda: stops.append(1)) as beating:
         assert beating.stopped.wait(10 * LEASE_S)
         time.sleep(3 * LEASE_S)
-    assert (beating.hold, stops, conductor.renewed) == (Hold.CANCELLED, [1], 2)
+    assert (beating.hold, stops, holding.renewed) == (Hold.CANCELLED, [1], 2)
 
 
 def test_the_stages_of_a_process_share_one_heartbeat_thread_and_each_beats() -> None:
-    first, second = ScriptedConductor(Hold.HELD), ScriptedConductor(Hold.HELD)
+    first, second = ScriptedHolding(Hold.HELD), ScriptedHolding(Hold.HELD)
     with heartbeat(first), heartbeat(second):
         time.sleep(5 * LEASE_S)
     for _ in range(20):
-        with heartbeat(ScriptedConductor(Hold.HELD)):
+        with heartbeat(ScriptedHolding(Hold.HELD)):
             pass
     threads = [t for t in threading.enumerate() if t.name == "baton-heartbeat"]
     assert len(threads) == 1
@@ -99,7 +93,7 @@ def test_a_failing_stop_does_not_stop_the_other_heartbeats() -> None:
     def fail() -> None:
         raise RuntimeError("the sandbox could not be removed")
 
-    lost, held = ScriptedConductor(Hold.LOST), ScriptedConductor(Hold.HELD)
+    lost, held = ScriptedHolding(Hold.LOST), ScriptedHolding(Hold.HELD)
     with heartbeat(lost, on_stop=fail) as failing, heartbeat(held):
         assert failing.stopped.wait(10 * LEASE_S)
         renewed = held.renewed

@@ -7,6 +7,7 @@ from orchestrator.core.pipeline import CHANGE_KEY, load_pipeline
 from orchestrator.core.tools import ToolRun
 from orchestrator.pipelines.reviewer import SPEC
 from workers.inputs import MAX_CHANGE_CHARS, StageInputs, change_text
+from workers.sandboxes import execution_labels
 
 REVIEW = load_pipeline(str(SPEC)).stage("review")
 
@@ -47,3 +48,15 @@ def test_a_tool_is_told_the_run_without_the_credentials_of_its_url() -> None:
         repo="https://***@github.com/acme/shop.git", commit="c" * 40, base="b" * 40,
         source="pull_request", source_id="acme/shop#7",
     )  # fmt: skip
+
+
+def test_a_branch_execution_is_labelled_and_sandboxed_apart_from_its_siblings() -> None:
+    stage, branch = inputs(), inputs(branch="b2")
+    assert stage.labels == {"branch": "reviewer.review", "session": "r1:review:2",
+                            "stage": "review"}  # fmt: skip
+    assert branch.labels == {"branch": "reviewer.review.b2", "session": "r1:review:b2:2",
+                             "stage": "review"}  # fmt: skip
+    assert execution_labels(branch.held, branch.attempt) == {
+        "baton.run": "r1", "baton.stage": "review", "baton.branch": "b2", "baton.attempt": "2",
+    }  # fmt: skip
+    assert "baton.branch" not in execution_labels(stage.held, stage.attempt)

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from orchestrator.core.conductor import Conductor
-from orchestrator.core.execution import Hold
+from orchestrator.core.execution import Held, Hold
 from orchestrator.core.models import Issue, IssueSource, RunRecord, StageRecord
 from orchestrator.core.pipeline import load_pipeline
 from orchestrator.core.settings import ModelConfig, RetryConfig
@@ -22,6 +22,7 @@ from workers.errors import (
     StageError,
 )
 from workers.execution import Execution, WorkerServices
+from workers.holding import holding
 
 PIPELINE = load_pipeline("fixer")
 
@@ -76,7 +77,8 @@ def execution(conductor: RecordingConductor, record: StageRecord | None = None) 
         model=ModelConfig(),
         retry=RetryConfig(rate_limit_jitter_s=0.5),
     )
-    made = Execution(services, run, PIPELINE, PIPELINE.stage("search"), attempt=1, owner="h:1:t")
+    held = holding(conductor, Held("r1", "search"), "h:1:t")  # type: ignore[arg-type]
+    made = Execution(services, run, PIPELINE, PIPELINE.stage("search"), attempt=1, holding=held)
     made.usage.requests = 3
     return made
 
