@@ -15,7 +15,7 @@ import logging
 from dataclasses import dataclass
 from typing import Protocol
 
-from orchestrator.core import fanout
+from orchestrator.core import fanout, fanstop
 from orchestrator.core.conductor import Conductor
 from orchestrator.core.execution import (
     Completion,
@@ -59,6 +59,11 @@ class Holding(Protocol):
     def fail(self, error: str, *, figures: StageFigures | None, fenced: bool = True) -> None:
         """End it failed, with what the execution spent; `fenced`: only if still held (an
         unfenced failure is Baton's own, such as a stage interrupted too often)."""
+        ...
+
+    def fail_run(self, error: str, *, figures: StageFigures | None) -> None:
+        """End the whole run failed (a refusal of the run's budget is the run's, whichever
+        execution met it): for a branch, its siblings too, in one transaction."""
         ...
 
     def postpone(
@@ -113,6 +118,9 @@ class StageHolding:
     def fail(self, error: str, *, figures: StageFigures | None, fenced: bool = True) -> None:
         self.conductor.fail(self.held.run_id, self.held.stage, error,
                             owner=self.owner if fenced else None, figures=figures)  # fmt: skip
+
+    def fail_run(self, error: str, *, figures: StageFigures | None) -> None:
+        self.fail(error, figures=figures)  # a stage's failure ends its run
 
     def postpone(
         self, *, delay_s: float, reason: str, rate_limited: bool, figures: StageFigures
@@ -175,6 +183,10 @@ class BranchHolding:
             self.conductor, self.held.run_id, self.held.stage, self.branch, None,
             owner=self.owner if fenced else None, error=error, figures=figures,
         )  # fmt: skip
+
+    def fail_run(self, error: str, *, figures: StageFigures | None) -> None:
+        fanstop.fail_from_branch(self.conductor, self.held.run_id, self.held.stage, self.branch,
+                                 error, owner=self.owner, figures=figures)  # fmt: skip
 
     def postpone(
         self, *, delay_s: float, reason: str, rate_limited: bool, figures: StageFigures

@@ -203,6 +203,8 @@ def _settle(task: Task, execution: Execution, error: ExecutionError) -> metrics.
         _retry_rate_limited(task, execution, error)
     elif error.retry == Retry.INFRASTRUCTURE:
         _retry_infrastructure(task, execution, error)
+    elif error.ends_run:
+        held.fail_run(error.message, figures=figures)
     else:
         held.fail(error.message, figures=figures)
     return "failed"

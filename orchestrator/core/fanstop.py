@@ -23,6 +23,7 @@ from orchestrator.core.models import RunRecord, RunStatus, StageStatus
 
 if TYPE_CHECKING:
     from orchestrator.core.conductor import Conductor
+    from orchestrator.core.execution import StageFigures
 
 
 def stop_branches(fan: FanIn, reason: str, now: float) -> list[str]:
@@ -38,14 +39,17 @@ def stop_branches(fan: FanIn, reason: str, now: float) -> list[str]:
 
 
 def fail_from_branch(
-    conductor: Conductor, run_id: str, stage: str, branch: str, error: str, *, owner: str
-) -> bool:
+    conductor: Conductor, run_id: str, stage: str, branch: str, error: str, *, owner: str,
+    figures: StageFigures | None = None,
+) -> bool:  # fmt: skip
     """End the whole run from an execution of one of its branches, in one transaction, if
     `owner` still holds that branch of a run that goes on: the branch failed with `error`,
     every other branch stopped, the stage and the run failed with `error` (the run's reason
-    `<stage>: <error>`). Returns whether it did."""
+    `<stage>: <error>`). What the execution spent (`figures`: its audit entries) is kept
+    either way. Returns whether it did."""
 
     def mutate(run: RunRecord, pipe: Any) -> RunRecord | None:
+        conductor.record_execution(run, pipe, figures)
         record = run.stages.get(stage)
         fan = record.fan_in if record is not None else None
         held = fan is not None and branch in fan.branches and fan.branches[branch].owner == owner
