@@ -26,16 +26,17 @@ from demo.runner import make_sample_repo
 from orchestrator.control import api
 from orchestrator.core.fanin import BranchStatus
 from orchestrator.core.models import ArtifactRef, RunRecord, RunStatus
+from orchestrator.core.runbudget import RunBudget
 from orchestrator.core.settings import Settings
 from orchestrator.core.store import RunStore
 from testkit import services
 from testkit.gemini import FakeGemini
+from testkit.leaks import call_key, find_leaks
 from testkit.services import worker_env
 from tests.containers import sandboxes
 from tests.repos import Git
 
 from .conftest import demo_scenario, stack_settings
-from .leaks import call_key, find_leaks
 
 SCHEMAS = "orchestrator.pipelines.fixer.schemas"
 BEST_OF_3 = f"""
@@ -388,3 +389,44 @@ def test_a_map_stage_runs_one_isolated_branch_per_item_and_gathers_them_in_order
     assert sorted(sum(path in request for path in PATHS) for request in inspections) == [1, 1]
     (report,) = [json.dumps(e["request"]) for e in bench.fake.requests() if e["agent"] == "report"]
     assert all(f"{path}: looked" in report for path in PATHS)
+
+
+@pytest.mark.timeout(120)
+def test_a_run_budget_crossed_mid_fan_out_stops_every_branch_and_publishes_nothing(
+    bench: Bench, git: Git
+) -> None:
+    """Three branches at once, each holding its sandbox, make their first model calls; the
+    budget leaves room for one more call of the run: the one after is refused. The refused
+    branch's execution ends the run with the reason; its siblings are fenced off at their next
+    step, every sandbox of the stage goes, nothing joins and nothing is published."""
+    bench.fake.set_scenario(scenario())
+    bench.fake.reset()
+    bench.fake.set_faults([{"agent": "fix", "latency_ms": 1500}])
+    reproduce_calls = len(demo_scenario()["agents"]["reproduce"]["steps"])
+    repo = make_sample_repo(bench.work / "shop-d.git")
+    with services.worker(bench.env(), QUEUES, logfile=bench.work / "budget.log", concurrency=3):
+        run_id = api.enqueue(
+            "Checkout crashes with ZeroDivisionError on an empty cart", repo=str(repo),
+            pipeline=str(bench.spec), settings=bench.settings, force=True,
+            budget=RunBudget(calls=reproduce_calls + 4),
+        )  # fmt: skip
+        run = bench.wait(run_id, timeout_s=90)
+        deadline = time.monotonic() + 30  # the siblings' executions stop at their next step
+        while sandboxes(run_id, "fix") and time.monotonic() < deadline:
+            time.sleep(0.2)
+
+    assert run.status == RunStatus.FAILED
+    assert run.reason is not None and run.reason == (
+        f"fix: run budget exceeded: model calls: {reproduce_calls + 4} made, "
+        f"limit {reproduce_calls + 4}"
+    )
+    fan = run.stages["fix"].fan_in
+    assert fan is not None and not fan.joined and fan.selected is None
+    assert all(b.status != BranchStatus.DONE for b in fan.branches.values())
+    assert len(bench.ran(run_id, "branch_begin")) == 3, "all three ran when the limit fell"
+    assert sandboxes(run_id, "fix") == [], "every branch's sandbox is removed"
+    assert bench.kinds(run_id, "fan_in_joined") == []
+    assert [e for e in bench.ran(run_id, "stage_begin") if e["branch"] == "best3.pr"] == []
+    assert git("branch", "--list", "baton/*", cwd=repo).split() == []
+    calls = [e for e in bench.fake.requests() if e["status"] == 200]
+    assert len(calls) <= reproduce_calls + 4, "no call past the limit reached the model"
