@@ -75,8 +75,9 @@ def test_fixer_plus_gates_delegates_fans_out_and_publishes_the_proven_smallest_f
     fan = run.stages["fix"].fan_in
     assert fan is not None
     assert {b: (r.status.value, r.proof_passed) for b, r in fan.branches.items()} == {
-        "b1": ("done", False), "b2": ("done", True), "b3": ("done", True),
+        "b1": ("failed", None), "b2": ("done", True), "b3": ("done", True),
     }  # fmt: skip
+    assert (fan.branches["b1"].error or "").startswith("the change is not proven")
     assert fan.selected == SELECTED
     published = run_store.output(run_id, "pr")
     assert published is not None
