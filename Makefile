@@ -1,5 +1,5 @@
 # `make demo` and `make test` do all set-up themselves on a fresh Debian machine.
-.PHONY: setup lock demo demo-review unit test bench soak eval docs lint clean images
+.PHONY: setup lock demo demo-plus demo-review unit test bench soak eval docs lint clean images
 
 BIN := .venv/bin
 
@@ -18,6 +18,11 @@ images: setup
 
 demo: setup
 	bash scripts/with-docker.sh $(BIN)/baton demo
+
+# fixer-plus, the fixer as a graph, on the same sample: the demo approves the plan's gate,
+# search delegates to subagents, three fixes run at once and the proven one is published.
+demo-plus: setup
+	bash scripts/with-docker.sh $(BIN)/baton demo --pipeline fixer-plus
 
 # The reviewer pipeline on the bundled pull request (demo/pull_request/): the fake Gemini plays
 # the reviewer, the fake GitHub receives the review, which is shown at the end.

@@ -30,15 +30,19 @@ EXIT_FAILED_RUN = 1
 @click.option("--real-model", is_flag=True,
               help="Call Gemini itself (needs GOOGLE_API_KEY) instead of the bundled fake "
               "server, which plays the demo's scenario.")  # fmt: skip
-def demo(as_json: bool, timeout: float, keep: bool, real_model: bool) -> None:
-    """Run the fixer pipeline on the bundled Sentry event and sample repository, with the
-    bundled fake Gemini server as its model unless told --real-model."""
+@click.option("--pipeline", type=click.Choice(["fixer", "fixer-plus"]), default="fixer",
+              show_default=True,
+              help="fixer-plus: the fixer as a graph (a gate the demo approves, search "
+              "subagents, three fixes at once).")  # fmt: skip
+def demo(as_json: bool, timeout: float, keep: bool, real_model: bool, pipeline: str) -> None:
+    """Run the fixer pipeline (or fixer-plus) on the bundled Sentry event and sample
+    repository, with the bundled fake Gemini server as its model unless told --real-model."""
     from demo.runner import run_demo
 
     out, err = Console(), Console(stderr=True)
     result = run_demo(
         Settings(), timeout_s=timeout, console=err if as_json else out, keep=keep,
-        real_model=real_model,
+        real_model=real_model, pipeline=pipeline,
     )  # fmt: skip
     _finish(result, as_json, out)
 

@@ -1,16 +1,22 @@
-"""`baton demo`: the whole fixer pipeline on embedded defaults, started and stopped here.
+"""`baton demo`: the whole fixer pipeline (or `fixer-plus`, the fixer as a graph) on embedded
+defaults, started and stopped here.
 
 It starts a private redis-server unless `BATON_REDIS_URL` is set, the fake Gemini server
 playing the bundled scenario (Gemini itself only when asked: the scenario is what makes the run
 come out the same every time, and a key left in the environment must not spend quota), and one
-worker for all stages; enqueues the bundled Sentry event against a copy of the bundled sample
-repository; shows progress; and stops everything it started.
+worker for all stages (with a process per fix branch, for `fixer-plus`); enqueues the bundled
+Sentry event against a copy of the bundled sample repository; shows progress; approves a gate
+the run parks on, saying so, as a person would with `baton approve`; and stops everything it
+started.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 import tempfile
+import time
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,12 +29,13 @@ from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
 
-from demo import SAMPLE_REPO, SCENARIO, SENTRY_EVENT
+from demo import SAMPLE_REPO, SCENARIO, SENTRY_EVENT, plus
 from orchestrator.control import api
 from orchestrator.control.report import follow, outcome, published, run_json, run_table
+from orchestrator.core import gates
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.git import COMMITTER, git_output
-from orchestrator.core.models import RunRecord
+from orchestrator.core.models import RunRecord, RunStatus
 from orchestrator.core.pipeline import load_pipeline
 from orchestrator.core.settings import FAKE_API_KEY, GEMINI_API_URL, Settings
 from orchestrator.core.store import RunStore
@@ -36,6 +43,21 @@ from testkit import services
 from testkit.services import worker_env
 
 PIPELINE = "fixer"
+
+
+@dataclass(frozen=True)
+class Demo:
+    """What one demo pipeline needs: the scenario the fake server plays for it, and how many
+    worker processes (one per branch that runs at once)."""
+
+    scenario: Callable[[], dict[str, Any]]
+    processes: int = 1
+
+
+DEMOS = {
+    "fixer": Demo(lambda: json.loads(SCENARIO.read_text())),
+    "fixer-plus": Demo(plus.scenario, processes=3),
+}
 
 
 @dataclass
@@ -69,7 +91,7 @@ def demo_summary(run: RunRecord, outputs: dict[str, Any]) -> dict[str, Any]:
     keep = ("status", "attempts", "requests", "prompt_tokens_total", "prompt_tokens_max",
             "output_chars", "duration_s")  # fmt: skip
     stages = {name: {k: stage[k] for k in keep} for name, stage in full["stages"].items()}
-    for name, found in outcome(run, outputs, load_pipeline(PIPELINE)).items():
+    for name, found in outcome(run, outputs, load_pipeline(run.pipeline)).items():
         stages[name].update(found)
     return {"run_id": run.id, "status": run.status.value, "reason": run.reason, "stages": stages}
 
@@ -99,10 +121,12 @@ def run_demo(
     console: Console,
     keep: bool = False,
     real_model: bool = False,
+    pipeline: str = PIPELINE,
 ) -> DemoResult:
-    """Run the demo; with `keep`, its directory (the remote with the pushed branch, the logs,
-    the recorded model requests) stays for a look afterwards. The model is the fake server
-    playing the demo's scenario, or with `real_model` the one `settings` name.
+    """Run the demo of `pipeline` (one of `DEMOS`); with `keep`, its directory (the remote with
+    the pushed branch, the logs, the recorded model requests) stays for a look afterwards. The
+    model is the fake server playing the demo's scenario, or with `real_model` the one
+    `settings` name.
 
     Raises:
         ConfigError: `real_model` without a `GOOGLE_API_KEY`, or a `BATON_REDIS_URL` that
@@ -112,12 +136,17 @@ def run_demo(
         raise ConfigError("--real-model needs GOOGLE_API_KEY (a Gemini API key)")
     if settings.redis_url:
         settings.redis_section()  # a URL Baton refuses stops the demo before anything starts
+    demo = DEMOS[pipeline]
     with ExitStack() as stack:
         if keep:
             work = Path(tempfile.mkdtemp(prefix="baton-demo-"))
         else:
             work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="baton-demo-")))
-        settings = demo_settings(settings, stack, work, console, None if real_model else SCENARIO)
+        scenario = None
+        if not real_model:
+            scenario = work / "scenario.json"
+            scenario.write_text(json.dumps(demo.scenario()))
+        settings = demo_settings(settings, stack, work, console, scenario)
         endpoint = settings.gemini_base_url or GEMINI_API_URL
         if real_model:
             model = f"{settings.model} at {endpoint}"
@@ -127,28 +156,47 @@ def run_demo(
         repo = make_sample_repo(work / "shopcart.git")
         if keep:
             console.print(f"keeping {work}: the remote is {repo}")
-        queues = [stage.queue for stage in load_pipeline(PIPELINE).stages]
-        console.print(f"starting one worker for all stages ({', '.join(queues)})")
-        stack.enter_context(
-            services.worker(worker_env(settings), queues, logfile=work / "worker.log")
-        )
+        queues = [stage.queue for stage in load_pipeline(pipeline).stages]
+        processes = f" ({demo.processes} processes)" if demo.processes > 1 else ""
+        console.print(f"starting one worker{processes} for all stages ({', '.join(queues)})")
+        stack.enter_context(services.worker(
+            worker_env(settings), queues, logfile=work / "worker.log",
+            concurrency=demo.processes,
+        ))  # fmt: skip
         run_id = api.enqueue(
-            SENTRY_EVENT.read_bytes(), repo=str(repo), pipeline=PIPELINE, settings=settings
+            SENTRY_EVENT.read_bytes(), repo=str(repo), pipeline=pipeline, settings=settings
         )
-        console.print(f"enqueued the sample Sentry event as run {run_id}")
-        run = follow(
-            run_id, settings, interval_s=0.3, timeout_s=timeout_s, console=console, transient=True
-        )
+        console.print(f"enqueued the sample Sentry event as run {run_id} ({pipeline})")
+        run = _follow_approving(run_id, settings, timeout_s, console)
         store = RunStore.from_url(settings.redis_section())
         try:
             outputs = store.outputs(run_id, ["fix", "pr"])
             extra = _outcome(run, store, outputs)
         finally:
             store.redis.close()
-        where = published(run, outputs, load_pipeline(PIPELINE))
+        where = published(run, outputs, load_pipeline(pipeline))
         table = run_table(run, width=console.width, where=where)
         return DemoResult(summary=demo_summary(run, outputs), table=table, extra=extra)
     raise AssertionError("unreachable")
+
+
+def _follow_approving(
+    run_id: str, settings: Settings, timeout_s: float, console: Console
+) -> RunRecord:
+    """Follow the run to its end; each time it parks on a gate, approve the gate as the
+    demo's reviewer, saying what was approved (`baton approve` does the same)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left_s = max(deadline - time.monotonic(), 0.1)
+        run = follow(run_id, settings, interval_s=0.3, timeout_s=left_s, console=console,
+                     transient=True)  # fmt: skip
+        if run.status != RunStatus.AWAITING_APPROVAL or time.monotonic() >= deadline:
+            return run
+        for gate, record in gates.pending(run).items():
+            console.print(f"the run waits on gate {gate} (stage {record.stage}, a {record.approve}"
+                          f" to approve): the demo approves it, as `baton approve {run_id} "
+                          f"--gate {gate}` would", markup=False, highlight=False)  # fmt: skip
+            api.approve(run_id, gate=gate, by="demo", settings=settings)
 
 
 def _outcome(run: RunRecord, store: RunStore, outputs: dict[str, Any]) -> RenderableType | None:
