@@ -361,9 +361,12 @@ def spread_scenario() -> dict[str, Any]:
 def test_a_map_stage_runs_one_isolated_branch_per_item_and_gathers_them_in_order(
     bench: Bench,
 ) -> None:
+    """With a 429 on the first inspection: that branch alone goes back on its queue for the
+    server's delay and runs again; the other is untouched."""
     bench.fake.set_scenario(spread_scenario())
     bench.fake.reset()
-    bench.fake.set_faults([])
+    bench.fake.set_faults([{"agent": "inspect", "requests": [1], "status": 429,
+                            "retry_delay_s": 1}])  # fmt: skip
     spec = bench.work / "spread.toml"
     spec.write_text(SPREAD)
     with services.worker(bench.env(), SPREAD_QUEUES, logfile=bench.work / "spread.log",
@@ -378,12 +381,13 @@ def test_a_map_stage_runs_one_isolated_branch_per_item_and_gathers_them_in_order
     assert fan is not None and [(b.item, b.status) for b in fan.branches.values()] == [
         (0, BranchStatus.DONE), (1, BranchStatus.DONE)
     ]  # fmt: skip
+    retried = sorted((b.rate_limit_retries, b.attempts) for b in fan.branches.values())
+    assert retried == [(0, 1), (1, 2)]
     assert bench.store.output(run_id, "inspect") == {
         "items": [{"summary": f"{path}: looked"} for path in PATHS]
     }
-    inspections = [
-        json.dumps(e["request"]) for e in bench.fake.requests() if e["agent"] == "inspect"
-    ]
+    inspections = [json.dumps(e["request"]) for e in bench.fake.requests()
+                   if e["agent"] == "inspect" and e["status"] == 200]  # fmt: skip
     assert len(inspections) == 2  # one session per item, each holding its item and no other
     assert sorted(sum(path in request for path in PATHS) for request in inspections) == [1, 1]
     (report,) = [json.dumps(e["request"]) for e in bench.fake.requests() if e["agent"] == "report"]
