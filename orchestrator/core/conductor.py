@@ -252,11 +252,20 @@ class Conductor:
                 return again
         record.status = StageStatus.DONE
         self.audit(run, stage, record.attempts, "stage_done", pipe=pipe, chars=len(payload))
-        if spec.stop_when and spec.stop_when.matches(result.output):
-            return transitions.decide(run, pipeline, stage, result.output)
+        return self.after_done(run, pipe, pipeline, stage, result.output)
+
+    def after_done(
+        self, run: RunRecord, pipe: Any, pipeline: Pipeline, stage: str, output: dict[str, Any]
+    ) -> Next:
+        """Within the transaction that marked `stage` done with `output` (its own completion,
+        or a fan-out stage's join): its stop rule, the autonomy the run has, its gate, or the
+        next stage."""
+        spec, record = pipeline.stage(stage), run.stages[stage]
+        if spec.stop_when and spec.stop_when.matches(output):
+            return transitions.decide(run, pipeline, stage, output)
         limit = autonomy.effect(
             pipeline, run.repo, stage, left_artifacts=bool(record.artifacts),
-            output_of=lambda key: result.output if key == spec.output_key
+            output_of=lambda key: output if key == spec.output_key
             else self.store.output(run.id, key),
         )  # fmt: skip
         if limit is not None:
@@ -270,7 +279,7 @@ class Conductor:
             self.audit(run, stage, record.attempts, "gate_opened", pipe=pipe,
                         gate=gates.gate_id(stage), approve=gate.approve)  # fmt: skip
             return Next()
-        return transitions.decide(run, pipeline, stage, result.output)
+        return transitions.decide(run, pipeline, stage, output)
 
     def _iterate(
         self, run: RunRecord, pipe: Any, stage: str, loop: LoopRule, output: dict[str, Any]

@@ -304,7 +304,8 @@ def _join(
     attempt = fan.branches[fan.selected].attempts if fan.selected else 0
     _audit(conductor, run, spec.name, fan.selected or "-", attempt, "fan_in_joined", pipe,
            selected=fan.selected, ended=fan.ended)  # fmt: skip
-    return transitions.decide(run, conductor.pipeline_of(run), spec.name, json.loads(chosen))
+    return conductor.after_done(run, pipe, conductor.pipeline_of(run), spec.name,
+                                json.loads(chosen))  # fmt: skip
 
 
 def _stored(conductor: Conductor, run_id: str, spec: StageSpec, branch: str) -> str:

@@ -3,10 +3,12 @@ queue, each branch claimed and ended in the run's transaction, one join, one nex
 
 from __future__ import annotations
 
+import copy
 import json
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import pytest
 import redis
@@ -32,7 +34,7 @@ ISSUE = Issue(source=IssueSource.TEXT, title="Totals are off by one", body="boom
 SCHEMAS = "orchestrator.pipelines.fixer.schemas"
 REPRODUCE = {"command_from": "test_command", "test_files_from": "test_files",
              "expected_failure_from": "expected_failure"}  # fmt: skip
-PIPELINE = Pipeline.model_validate(
+WIDE: dict[str, Any] = (
     {"name": "wide", "stages": [
         {"name": "reproduce", "instruction": "{issue}", "output_schema": f"{SCHEMAS}:Reproduction",
          "tools": ["read_file", "edit_file"], "reproduce": REPRODUCE},
@@ -42,6 +44,7 @@ PIPELINE = Pipeline.model_validate(
         {"name": "pr", "instruction": "{fix}", "output_schema": f"{SCHEMAS}:Plan"},
     ]}
 )  # fmt: skip
+PIPELINE = Pipeline.model_validate(WIDE)
 LEASE_S = 30.0
 
 
@@ -229,3 +232,27 @@ def test_a_resumed_run_fans_out_again_with_fresh_sessions(
     fan = conductor.store.get(run_id).stages["fix"].fan_in
     assert fan is not None and (fan.ended, fan.joined) == (0, False)
     assert fan.branches["b2"].session_id == f"{run_id}:fix:b2:2"
+
+
+def test_a_gated_fan_out_stage_parks_after_its_join_and_goes_on_once_approved(
+    conductor: Conductor, redis_client: redis.Redis
+) -> None:
+    table = copy.deepcopy(WIDE)
+    table["stages"][1]["gate"] = {"approve": "diff"}
+    gated = Pipeline.model_validate(table)
+    run_id, _ = conductor.submit(ISSUE, repo="/r", commit="abc", pipeline=gated)
+    conductor.begin(run_id, "reproduce", owner="w0", lease_s=LEASE_S, max_interrupted=3)
+    conductor.complete(run_id, "reproduce", StageResult({"test_files": ["t.py"]}), owner="w0")
+    for n in (1, 2):
+        begin(conductor, run_id, f"b{n}", f"w{n}")
+        ended = fix_result(run_id, f"f{n}", True, 100 * n)
+        fanout.complete_branch(conductor, run_id, "fix", f"b{n}", ended, owner=f"w{n}")
+    begin(conductor, run_id, "b3", "w3")
+    fanout.complete_branch(conductor, run_id, "fix", "b3", None, owner="w3", error="no")
+
+    parked = conductor.store.get(run_id)
+    assert parked.status == RunStatus.AWAITING_APPROVAL
+    assert parked.gates["fix"].artifacts == ["workspace.diff"]  # the selected branch's, b1's
+    assert headers(redis_client, "baton.wide.pr") == []
+    assert conductor.approve(run_id, by="ana").queued == "pr"
+    assert headers(redis_client, "baton.wide.pr") == [(f"{run_id}.pr", "baton.wide.pr")]
