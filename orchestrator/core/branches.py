@@ -105,22 +105,6 @@ def check_spec(stage: StageSpec) -> None:
         )
 
 
-def check_runnable(stage: StageSpec) -> None:
-    """What of a fan-out, checked already, this version of Baton can run: `parallel` and `map`,
-    selected by facts or (a `map` stage) gathered. A judge is designed (docs/architecture.md)
-    and checked, but refused here until the conductor runs it, so that no run starts that would
-    stop at it.
-
-    Raises:
-        ValueError: names the stage and what is not run yet.
-    """
-    if stage.select is not None and stage.select.judge is not None:
-        raise ValueError(
-            f'stage {stage.name!r}: a judge is checked but not run yet; use select = "proof" '
-            "for now"
-        )
-
-
 def mapped_items(stage: StageSpec, upstream: Mapping[str, Any] | None) -> list[Any]:
     """The items a `map` stage fans out over, read from its upstream output: one branch each.
 

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from orchestrator.core import approvals, autonomy, fanin, fanout, gates, keys, transitions
+from orchestrator.core import approvals, autonomy, fanin, fanout, gates, judging, keys, transitions
 from orchestrator.core.errors import PipelineError, RunStateError
 from orchestrator.core.execution import (
     Completion,
@@ -245,6 +245,16 @@ class Conductor:
         record.output_chars = len(payload)
         record.compacted = result.compacted
         record.lease_until = None
+        refused = judging.apply(self.store, run, pipe, pipeline, stage, result.output)
+        if refused is not None:  # a judge that named no branch that finished
+            record.status, record.error = StageStatus.FAILED, refused
+            run.status, run.reason, run.current_stage = (
+                RunStatus.FAILED,
+                f"{stage}: {refused}",
+                None,
+            )
+            self.audit(run, stage, record.attempts, "stage_failed", pipe=pipe, error=refused)
+            return Next(ended=True)
         if spec.loop is not None:
             pipe.hset(keys.outputs(run.id), f"{spec.output_key}.{record.iteration}", payload)
             again = self._iterate(run, pipe, stage, spec.loop, result.output)

@@ -48,6 +48,7 @@ from orchestrator.core.fanin import (
     stop,
     why_none,
 )
+from orchestrator.core.judging import candidates, judged
 from orchestrator.core.mapping import gather, gathers, open_map
 from orchestrator.core.models import ArtifactRef, RunRecord, RunStatus, StageRecord, StageStatus
 from orchestrator.core.queue import STAGE_TASK
@@ -287,6 +288,8 @@ def _join(
 
     if gathers(spec):
         chosen, error = gather(fan, stored)
+    elif judged(spec):  # the judge, the stage after, chooses among the candidates
+        chosen, error = candidates(fan, stored), f"no branch finished: {why_none(fan)}"
     elif fan.selected is None:
         chosen, error = None, f"no branch finished: {why_none(fan)}"
     else:

@@ -273,7 +273,6 @@ class Pipeline(BaseModel):
             if stage.select is not None and stage.select.judge is not None:
                 after = self.stages[index + 1] if index + 1 < len(self.stages) else None
                 references.check_judge(stage, after)
-            branches.check_runnable(stage)
         if self.autonomy is not None:
             check_autonomy(self.autonomy, self.stages, earlier)
         return self

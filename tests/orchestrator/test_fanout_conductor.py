@@ -256,3 +256,63 @@ def test_a_gated_fan_out_stage_parks_after_its_join_and_goes_on_once_approved(
     assert headers(redis_client, "baton.wide.pr") == []
     assert conductor.approve(run_id, by="ana").queued == "pr"
     assert headers(redis_client, "baton.wide.pr") == [(f"{run_id}.pr", "baton.wide.pr")]
+
+
+def judged_pipeline() -> Pipeline:
+    """`wide`, its fix judged by `pick` (the stage right after), then `pr`."""
+    table = copy.deepcopy(WIDE)
+    table["stages"][1]["select"] = {"judge": "pick", "field": "branch"}
+    pick = {"name": "pick", "instruction": "Keep the best of {fix}",
+            "output_schema": "tests.orchestrator.test_fanout_spec:Pick"}  # fmt: skip
+    table["stages"].insert(2, pick)
+    return Pipeline.model_validate(table)
+
+
+def judge(conductor: Conductor, run_id: str, keep: str) -> None:
+    conductor.begin(run_id, "pick", owner="j", lease_s=LEASE_S, max_interrupted=3)
+    conductor.complete(run_id, "pick", StageResult({"branch": keep, "why": "smaller"}), owner="j")
+
+
+def ended_for_a_judge(conductor: Conductor) -> tuple[str, dict[str, StageResult]]:
+    """A run of the judged pipeline whose fix branches ended: b1 and b3 done, b2 failed."""
+    run_id, _ = conductor.submit(ISSUE, repo="/r", commit="abc", pipeline=judged_pipeline())
+    conductor.begin(run_id, "reproduce", owner="w0", lease_s=LEASE_S, max_interrupted=3)
+    conductor.complete(run_id, "reproduce", StageResult({"test_files": ["t.py"]}), owner="w0")
+    ends = {f"b{n}": fix_result(run_id, f"fix {n}", True, 100 * n) for n in (1, 3)}
+    for n in (1, 2, 3):
+        branch = f"b{n}"
+        begin(conductor, run_id, branch, f"w{n}")
+        fanout.complete_branch(conductor, run_id, "fix", branch, ends.get(branch),
+                               owner=f"w{n}", error="no change")  # fmt: skip
+    return run_id, ends
+
+
+def test_a_judge_reads_the_finished_branches_by_id_and_its_choice_becomes_the_output(
+    conductor: Conductor, redis_client: redis.Redis
+) -> None:
+    run_id, ends = ended_for_a_judge(conductor)
+    assert conductor.store.output(run_id, "fix") == {b: ends[b].output for b in ("b1", "b3")}
+    assert headers(redis_client, "baton.wide.pick") == [(f"{run_id}.pick", "baton.wide.pick")]
+
+    judge(conductor, run_id, "b3")
+
+    run = conductor.store.get(run_id)
+    assert conductor.store.output(run_id, "fix") == ends["b3"].output
+    assert run.stages["fix"].artifacts == ends["b3"].figures.artifacts  # the pr applies b3's
+    assert run.stages["fix"].fan_in is not None and run.stages["fix"].fan_in.selected == "b3"
+    assert (run.current_stage, run.stages["pr"].status) == ("pr", StageStatus.QUEUED)
+
+
+def test_a_judge_that_names_no_finished_branch_fails_the_run_saying_what_it_could_choose(
+    conductor: Conductor, redis_client: redis.Redis
+) -> None:
+    run_id, _ = ended_for_a_judge(conductor)
+
+    judge(conductor, run_id, "b2")
+
+    run = conductor.store.get(run_id)
+    assert (run.status, run.reason) == (
+        RunStatus.FAILED,
+        "pick: the judge chose 'b2', which is not a branch that finished; it could choose b1, b3",
+    )
+    assert headers(redis_client, "baton.wide.pr") == []

@@ -60,11 +60,11 @@ def test_a_map_over_an_upstream_list_loads_gathering_or_selecting() -> None:
     assert Pipeline.model_validate(spec).stage("fix").select is not None
 
 
-def test_a_judge_right_after_passes_its_checks_and_is_refused_as_not_run_yet() -> None:
+def test_a_judge_right_after_loads() -> None:
     spec = _fixer_like(parallel=2, select={"judge": "after", "field": "branch"})
     spec["stages"][-1]["output_schema"] = f"{__name__}:Pick"  # type: ignore[index]
-    with pytest.raises(ValueError, match="stage 'fix': a judge is checked but not run yet"):
-        Pipeline.model_validate(spec)
+    select = Pipeline.model_validate(spec).stage("fix").select
+    assert select is not None and (select.judge, select.field) == ("after", "branch")
 
 
 def test_a_branch_may_read_its_own_id_to_vary_what_it_tries() -> None:
