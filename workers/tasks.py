@@ -128,23 +128,23 @@ def run_stage(self: Task, run_id: str, stage: str, branch: str | None = None) ->
     executed under a heartbeat, recorded, as `Holding` says for either."""
     svc, queue = services(), settings.queue
     owner = f"{socket.gethostname()}:{os.getpid()}:{self.request.id}"
-    held = holding(svc.conductor, Held(run_id, stage, branch), owner)
-    start = held.begin(lease_s=queue.lease_s, max_interrupted=queue.max_interrupted)
+    holder = holding(svc.conductor, Held(run_id, stage, branch), owner)
+    start = holder.begin(lease_s=queue.lease_s, max_interrupted=queue.max_interrupted)
     if start.action != StartAction.RUN or start.run is None:
-        _not_run(held, start)
+        _not_run(holder, start)
         return
     try:
         pipeline = svc.conductor.pipeline_of(start.run)
         spec = pipeline.stage(stage)
     except PipelineError as exc:
         error = UnrunnableStageError(f"this worker cannot run it: {exc}")
-        held.fail(error.message, figures=None)
+        holder.fail(error.message, figures=None)
         metrics.stage_failed(stage, error.reason)
-        logger.error("stage %s of run %s: %s", held.held, run_id, error)
+        logger.error("stage %s of run %s: %s", holder.held, run_id, error)
         return
-    execution = Execution(svc, start.run, pipeline, spec, attempt=start.attempt, holding=held)
+    execution = Execution(svc, start.run, pipeline, spec, attempt=start.attempt, holding=holder)
     interruptible = Interruptible(svc.loop)
-    heartbeat = Heartbeat(held, lease_s=queue.lease_s,
+    heartbeat = Heartbeat(holder, lease_s=queue.lease_s,
                           on_stop=lambda: _stop(execution, heartbeat, interruptible))  # fmt: skip
     with metrics.stage_timer(stage, pipeline.name) as timer:
         try:
@@ -154,11 +154,11 @@ def run_stage(self: Task, run_id: str, stage: str, branch: str | None = None) ->
             failure = execution.failure(exc)
             timer.settled(_settle(self, execution, failure), failure)
             return
-        completion = held.complete(StageResult(out.output, execution.figures(), out.compacted))
+        completion = holder.complete(StageResult(out.output, execution.figures(), out.compacted))
         if completion == Completion.CANCELLED:
             timer.settled("cancelled", StageCancelledError())
         elif completion == Completion.LOST:
-            timer.settled("lost", LeaseLostError(f"another execution holds {held.held} now"))
+            timer.settled("lost", LeaseLostError(f"another execution holds {holder.held} now"))
 
 
 @app.task(name=BUILD_TASK, acks_late=True, reject_on_worker_lost=True)
@@ -189,12 +189,12 @@ def _stop(execution: Execution, heartbeat: Heartbeat, interruptible: Interruptib
 def _settle(task: Task, execution: Execution, error: ExecutionError) -> metrics.Outcome:
     """Record why an execution did not finish, with what it cost: cancelled, retried (raises
     Celery's `Retry`), lost, or failed with the error's message. Returns which."""
-    held, figures = execution.holding, execution.figures()
+    holder, figures = execution.holding, execution.figures()
     if isinstance(error, StageCancelledError):
-        held.stopped(figures)
+        holder.stopped(figures)
         return "cancelled"
     if error.retry == Retry.LOST:
-        logger.info("stage %s of run %s: %s; recording nothing but its audit", held.held,
+        logger.info("stage %s of run %s: %s; recording nothing but its audit", holder.held,
                     execution.run.id, error)  # fmt: skip
         execution.audit.flush()
         return "lost"
@@ -204,16 +204,16 @@ def _settle(task: Task, execution: Execution, error: ExecutionError) -> metrics.
     elif error.retry == Retry.INFRASTRUCTURE:
         _retry_infrastructure(task, execution, error)
     elif error.ends_run:
-        held.fail_run(error.message, figures=figures)
+        holder.fail_run(error.message, figures=figures)
     else:
-        held.fail(error.message, figures=figures)
+        holder.fail(error.message, figures=figures)
     return "failed"
 
 
-def _not_run(held: Holding, start: StageStart) -> None:
-    where = f"{held.held} of run {held.held.run_id}"
+def _not_run(holder: Holding, start: StageStart) -> None:
+    where = f"{holder.held} of run {holder.held.run_id}"
     if start.action == StartAction.ADVANCE:
-        held.redelivered()
+        holder.redelivered()
     elif start.action == StartAction.BUSY:
         logger.info("%s is held by a live execution; dropping this delivery", where)
     elif start.action == StartAction.EXHAUSTED:
@@ -221,40 +221,40 @@ def _not_run(held: Holding, start: StageStart) -> None:
         error = InterruptedTooOftenError(
             f"the stage was interrupted {lost} times (its worker was lost); giving up"
         )
-        held.fail(error.message, figures=None, fenced=False)
-        metrics.stage_failed(held.held.stage, error.reason)
+        holder.fail(error.message, figures=None, fenced=False)
+        metrics.stage_failed(holder.held.stage, error.reason)
     else:
         logger.info("the run has ended; dropping %s", where)
 
 
 def _retry_rate_limited(task: Task, execution: Execution, exc: RateLimitedError) -> None:
     """Back on the queue after the server's delay, or fail when the retry budget is spent."""
-    held, figures = execution.holding, execution.figures()
-    record = held.retries(execution.run)
+    holder, figures = execution.holding, execution.figures()
+    record = holder.retries(execution.run)
     countdown = rate_limit_countdown(exc, record, execution.services.retry)
     if countdown is None:
-        held.fail(
+        holder.fail(
             f"{exc} — gave up after {record.rate_limit_retries} retries and "
             f"{record.rate_limit_wait_s:.0f}s of waiting",
             figures=figures,
         )
         return
-    if not held.postpone(delay_s=countdown, reason=str(exc), rate_limited=True, figures=figures):
+    if not holder.postpone(delay_s=countdown, reason=str(exc), rate_limited=True, figures=figures):
         return
-    logger.info("stage %s of run %s rate limited; retrying in %.1fs", held.held,
+    logger.info("stage %s of run %s rate limited; retrying in %.1fs", holder.held,
                 execution.run.id, countdown)  # fmt: skip
     raise task.retry(countdown=countdown, exc=exc) from None
 
 
 def _retry_infrastructure(task: Task, execution: Execution, exc: ExecutionError) -> None:
-    held, figures = execution.holding, execution.figures()
-    failed = held.retries(execution.run).infrastructure_retries + 1  # this one included
+    holder, figures = execution.holding, execution.figures()
+    failed = holder.retries(execution.run).infrastructure_retries + 1  # this one included
     if failed >= INFRASTRUCTURE_ATTEMPTS:
-        held.fail(f"{exc} (after {failed} attempts)", figures=figures)
+        holder.fail(f"{exc} (after {failed} attempts)", figures=figures)
         return
     countdown = INFRASTRUCTURE_BACKOFF_S * failed
-    if not held.postpone(delay_s=countdown, reason=str(exc), rate_limited=False, figures=figures):
+    if not holder.postpone(delay_s=countdown, reason=str(exc), rate_limited=False, figures=figures):
         return
-    logger.warning("stage %s of run %s: %s; retrying in %.0fs", held.held, execution.run.id,
+    logger.warning("stage %s of run %s: %s; retrying in %.0fs", holder.held, execution.run.id,
                    exc, countdown)  # fmt: skip
     raise task.retry(countdown=countdown, exc=exc) from None

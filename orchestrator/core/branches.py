@@ -29,6 +29,9 @@ ITEM_KEY = "item"
 BRANCH_KEY = "branch"
 """State key a fan-out stage's branch reads its own id by (`{branch}`: `b1` … `bN`), to vary
 what each branch tries."""
+PUBLISH_TOOL = "publish"
+"""The built-in tool (`BUILTIN_TOOLS`) that pushes a change out: no fan-out stage may have
+it."""
 BY_PROOF = "proof"
 """`select = "proof"`: by the measured facts (proof passed, then the smallest diff)."""
 
@@ -90,6 +93,11 @@ def check_spec(stage: StageSpec) -> None:
         )
     if fans_out and stage.loop is not None:
         raise ValueError(f"stage {stage.name!r} fans out and loops; a fan-out stage has no `loop`")
+    if fans_out and PUBLISH_TOOL in stage.tools:
+        raise ValueError(
+            f"stage {stage.name!r} fans out and has the `{PUBLISH_TOOL}` tool: every branch would "
+            "publish; publish from the stage after it, which gets the selected branch's change"
+        )
     if stage.select is not None and stage.select.by_facts and stage.proof is None:
         raise ValueError(
             f'stage {stage.name!r} selects by "{BY_PROOF}" but has no `proof` rule, which is '

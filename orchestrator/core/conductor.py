@@ -258,6 +258,10 @@ class Conductor:
         record.output_chars = len(payload)
         record.compacted = result.compacted
         record.lease_until = None
+        refused = judging.apply(self.store, run, pipe, pipeline, stage, result.output)
+        if refused is not None:  # a judge that named no branch that finished
+            self.audit(run, stage, record.attempts, "stage_failed", pipe=pipe, error=refused)
+            return transitions.fail(run, stage, refused)
         if spec.loop is not None:
             pipe.hset(keys.outputs(run.id), f"{spec.output_key}.{record.iteration}", payload)
             again = self._iterate(run, pipe, stage, spec.loop, result.output)
@@ -265,32 +269,35 @@ class Conductor:
                 return again
         record.status = StageStatus.DONE
         self.audit(run, stage, record.attempts, "stage_done", pipe=pipe, chars=len(payload))
-        if (fanned := judging.judged(pipeline, stage)) is not None:
-            try:
-                kept = judging.apply(self.store, run, pipe, fanned, result.output)
-            except ValueError as exc:
-                self.audit(run, stage, record.attempts, "stage_failed", pipe=pipe, error=str(exc))
-                return transitions.fail(run, stage, str(exc))
-            self.audit(run, stage, record.attempts, "judged", pipe=pipe, kept=kept)
-        if spec.stop_when and spec.stop_when.matches(result.output):
-            return transitions.decide(run, pipeline, stage, result.output)
+        return self.after_done(run, pipe, pipeline, stage, result.output)
+
+    def after_done(
+        self, run: RunRecord, pipe: Any, pipeline: Pipeline, stage: str, output: dict[str, Any]
+    ) -> Next:
+        """Within the transaction that marked `stage` done with `output` (its own completion,
+        or a fan-out stage's join): its stop rule, the autonomy the run has, its gate, or the
+        next stage."""
+        spec, record = pipeline.stage(stage), run.stages[stage]
+        if spec.stop_when and spec.stop_when.matches(output):
+            return transitions.decide(run, pipeline, stage, output)
         limit = autonomy.effect(
             pipeline, run.repo, stage, left_artifacts=bool(record.artifacts),
-            output_of=lambda key: result.output if key == spec.output_key
+            output_of=lambda key: output if key == spec.output_key
             else self.store.output(run.id, key),
         )  # fmt: skip
         if limit is not None:
             self.audit(run, stage, record.attempts, "autonomy", pipe=pipe, reason=limit.reason)
         if limit is not None and limit.stop:
             return transitions.skip_rest(run, pipeline, stage, limit.reason)
-        rule = spec.gate or (limit.gate if limit is not None else None)
+        own = None if spec.fans_out else spec.gate  # a fan-out stage's branches were gated each
+        rule = own or (limit.gate if limit is not None else None)
         if rule is not None:
             gate = gates.open_gate(run, stage, rule, artifacts=list(record.artifacts),
                                    now=time.time())  # fmt: skip
             self.audit(run, stage, record.attempts, "gate_opened", pipe=pipe,
                         gate=gates.gate_id(stage), approve=gate.approve)  # fmt: skip
             return Next()
-        return transitions.decide(run, pipeline, stage, result.output)
+        return transitions.decide(run, pipeline, stage, output)
 
     def _iterate(
         self, run: RunRecord, pipe: Any, stage: str, loop: LoopRule, output: dict[str, Any]

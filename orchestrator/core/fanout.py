@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
-from orchestrator.core import gates, handoffs, judging, keys, transitions
+from orchestrator.core import gates, handoffs, keys, transitions
 from orchestrator.core.branches import (
     branch_label,
     branch_output_key,
@@ -51,6 +51,7 @@ from orchestrator.core.fanin import (
     stop,
     why_none,
 )
+from orchestrator.core.judging import candidates, judged
 from orchestrator.core.mapping import gather, gathers, open_map
 from orchestrator.core.models import ArtifactRef, RunRecord, RunStatus, StageRecord, StageStatus
 from orchestrator.core.queue import STAGE_TASK
@@ -326,10 +327,6 @@ def _join(
     the stage's and the run moves on; none selected, the stage and the run fail."""
     record = run.stages[spec.name]
     record.finished_at, record.lease_until = time.time(), None
-    if fan.selected is None and not _by_facts(spec) and spec.select is not None:
-        unwritten = {last: payload} if payload is not None else {}
-        if choices := judging.candidates(conductor.store, run.id, spec, fan, unwritten):
-            return _to_judge(conductor, run, pipe, spec, fan, choices)
 
     def stored(branch: str) -> str:
         if branch == last and payload is not None:
@@ -338,6 +335,8 @@ def _join(
 
     if gathers(spec):
         chosen, error = gather(fan, stored)
+    elif judged(spec):  # the judge, the stage after, chooses among the candidates
+        chosen, error = candidates(fan, stored), f"no branch finished: {why_none(fan)}"
     elif fan.selected is None:
         chosen, error = None, f"no branch finished: {why_none(fan)}"
     else:
@@ -355,22 +354,8 @@ def _join(
     attempt = fan.branches[fan.selected].attempts if fan.selected else 0
     _audit(conductor, run, spec.name, fan.selected or "-", attempt, "fan_in_joined", pipe,
            selected=fan.selected, ended=fan.ended)  # fmt: skip
-    return transitions.decide(run, conductor.pipeline_of(run), spec.name, json.loads(chosen))
-
-
-def _to_judge(
-    conductor: Conductor, run: RunRecord, pipe: Any, spec: StageSpec, fan: FanIn,
-    choices: dict[str, Any],
-) -> transitions.Next:  # fmt: skip
-    """Within the join of a judged stage: its output is its candidates, and its judge comes
-    next (`orchestrator.core.judging`)."""
-    payload = transitions.compact(choices)
-    pipe.hset(keys.outputs(run.id), spec.output_key, payload)
-    record = run.stages[spec.name]
-    record.status, record.output_chars = StageStatus.DONE, len(payload)
-    _audit(conductor, run, spec.name, "-", 0, "fan_in_joined", pipe, selected=None,
-           candidates=list(choices), ended=fan.ended)  # fmt: skip
-    return transitions.decide(run, conductor.pipeline_of(run), spec.name, choices)
+    return conductor.after_done(run, pipe, conductor.pipeline_of(run), spec.name,
+                                json.loads(chosen))  # fmt: skip
 
 
 def _stored(conductor: Conductor, run_id: str, spec: StageSpec, branch: str) -> str:

@@ -1,85 +1,76 @@
-"""A judge chooses a fan-out stage's result (`select = { judge = "pick", field = "keep" }`).
+"""A fan-out stage whose `select` names a judge: the stage right after it reads the branches'
+compact outputs, by branch id, and names the one to keep.
 
-At the join of a judged stage (`orchestrator.core.fanout`), nothing is selected: the stage's
-output is its candidates, the outputs of the branches that ended done by branch id
-(`{"b1": {...}, "b3": {...}}`), and the judge, the stage right after, is queued and reads them as
-`{<output key>}`, their compact outputs and nothing else of the branches. When the judge's own
-output is recorded, in the same transaction, its field names the branch kept: that branch's
-output replaces the candidates under the stage's output key (so every later stage reads the
-chosen output, as after a selection by facts), the candidates stay as `<output key>.candidates`,
-and the stage's artifacts become the branch's (a later stage applies the chosen diff). A judge
-that names no branch that ended done fails, naming what it could have chosen.
+At the join (`fanout.complete_branch`) the fan-out stage's output is its candidates,
+`{"b1": {...}, "b3": {...}}`: the outputs of the branches that finished, nothing else of them
+(`candidates`). The judge is an ordinary stage that reads it as `{<output key>}`. The
+transaction that records the judge's output applies its choice (`apply`): the chosen branch's
+output and artifacts become the fan-out stage's, so every stage after the judge reads the chosen
+output and applies the chosen change (the candidates stay, as `<output key>.candidates`); a
+choice of no branch that finished fails the run, naming what the judge could have chosen (docs/architecture.md, "Fan-out and fan-in").
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.core import keys
+from orchestrator.core import keys, transitions
 from orchestrator.core.branches import branch_number, branch_output_key
 from orchestrator.core.fanin import BranchStatus, FanIn, choose
 from orchestrator.core.models import ArtifactRef, RunRecord
+
+CANDIDATES = "candidates"
+"""Once the judge chose, what it chose among stays under `<output key>.candidates`."""
 
 if TYPE_CHECKING:
     from orchestrator.core.pipeline import Pipeline, StageSpec
     from orchestrator.core.store import RunStore
 
-CANDIDATES = "candidates"
-"""The suffix the candidates are kept under once the judge chose: `<output key>.candidates`."""
+
+def judged(spec: StageSpec) -> bool:
+    """Whether a judge stage chooses this fan-out stage's output."""
+    return spec.select is not None and spec.select.judge is not None
 
 
-def judged(pipeline: Pipeline, judge: str) -> StageSpec | None:
-    """The fan-out stage whose result the stage `judge` chooses, if it is a judge."""
-    before = pipeline.before(judge)
-    stage = before[0] if before else None
-    if stage is None or stage.select is None or stage.select.judge != judge:
-        return None
-    return stage
-
-
-def candidates(
-    store: RunStore, run_id: str, spec: StageSpec, fan: FanIn, unwritten: Mapping[str, str]
-) -> dict[str, Any]:
-    """The outputs of the branches that ended done, by branch id, in branch order;
-    `unwritten`: those the calling transaction writes itself (not in Redis yet), by branch."""
+def candidates(fan: FanIn, stored: Callable[[str], str]) -> str | None:
+    """A judged stage's output at its join: each finished branch's output by its id, in branch
+    order (`stored` reads one); None when no branch finished."""
     done = sorted(
-        (name for name, record in fan.branches.items() if record.status == BranchStatus.DONE),
+        (name for name, branch in fan.branches.items() if branch.status == BranchStatus.DONE),
         key=branch_number,
     )
     if not done:
-        return {}
-    stored = store.redis.hmget(
-        keys.outputs(run_id), [branch_output_key(spec.output_key, name) for name in done]
-    )
-    found = {name: unwritten.get(name, raw) for name, raw in zip(done, stored, strict=True)}
-    return {name: json.loads(raw) for name, raw in found.items() if raw}
+        return None
+    return transitions.compact({name: json.loads(stored(name)) for name in done})
 
 
 def apply(
-    store: RunStore, run: RunRecord, pipe: Any, stage: StageSpec, verdict: Mapping[str, Any]
-) -> str:
-    """Within the transaction that records the judge's output: make the branch it names the
-    output of the fan-out `stage`. Returns the branch.
-
-    Raises:
-        ValueError: the judge named no branch that ended done (the message says which it could).
+    store: RunStore, run: RunRecord, pipe: Any, pipeline: Pipeline, judge: str,
+    output: dict[str, Any],
+) -> str | None:  # fmt: skip
+    """Within the transaction that records `judge`'s `output`: if it judges the stage before
+    it, make the branch it names that stage's output and artifacts. Returns why the choice
+    cannot be applied (the judge named no branch that finished), else None.
     """
-    assert stage.select is not None and stage.select.judge is not None
-    record = run.stages[stage.name]
+    before = pipeline.before(judge)
+    spec = before[0] if before else None
+    if spec is None or spec.select is None or spec.select.judge != judge:
+        return None
+    record = run.stages[spec.name]
     fan = record.fan_in
-    if fan is None:
-        raise ValueError(f"stage {stage.name!r} ran no branches to judge")
-    named = verdict.get(stage.select.field)
-    chosen = choose(fan, named if isinstance(named, str) else repr(named))
+    assert fan is not None, "a judged stage ran as branches"
+    try:
+        branch = choose(fan, str(output.get(spec.select.field)))
+    except ValueError as exc:
+        return str(exc)
     outputs = keys.outputs(run.id)
-    raw = store.redis.hget(outputs, branch_output_key(stage.output_key, chosen))
-    current = store.redis.hget(outputs, stage.output_key)
-    assert raw is not None, f"branch {chosen} ended done without an output"
-    if current is not None:
-        pipe.hset(outputs, f"{stage.output_key}.{CANDIDATES}", current)
-    pipe.hset(outputs, stage.output_key, raw)
-    artifacts = fan.branches[chosen].artifacts
+    chosen = store.redis.hget(outputs, branch_output_key(spec.output_key, branch))
+    assert chosen is not None, f"branch {branch} ended done without an output"
+    if (offered := store.redis.hget(outputs, spec.output_key)) is not None:
+        pipe.hset(outputs, f"{spec.output_key}.{CANDIDATES}", offered)  # what the judge read
+    pipe.hset(outputs, spec.output_key, chosen)
+    artifacts = fan.branches[branch].artifacts
     record.artifacts = {name: ArtifactRef.model_validate(ref) for name, ref in artifacts.items()}
-    return chosen
+    return None

@@ -362,9 +362,12 @@ def spread_scenario() -> dict[str, Any]:
 def test_a_map_stage_runs_one_isolated_branch_per_item_and_gathers_them_in_order(
     bench: Bench,
 ) -> None:
+    """With a 429 on the first inspection: that branch alone goes back on its queue for the
+    server's delay and runs again; the other is untouched."""
     bench.fake.set_scenario(spread_scenario())
     bench.fake.reset()
-    bench.fake.set_faults([])
+    bench.fake.set_faults([{"agent": "inspect", "requests": [1], "status": 429,
+                            "retry_delay_s": 1}])  # fmt: skip
     spec = bench.work / "spread.toml"
     spec.write_text(SPREAD)
     with services.worker(bench.env(), SPREAD_QUEUES, logfile=bench.work / "spread.log",
@@ -379,12 +382,13 @@ def test_a_map_stage_runs_one_isolated_branch_per_item_and_gathers_them_in_order
     assert fan is not None and [(b.item, b.status) for b in fan.branches.values()] == [
         (0, BranchStatus.DONE), (1, BranchStatus.DONE)
     ]  # fmt: skip
+    retried = sorted((b.rate_limit_retries, b.attempts) for b in fan.branches.values())
+    assert retried == [(0, 1), (1, 2)]
     assert bench.store.output(run_id, "inspect") == {
         "items": [{"summary": f"{path}: looked"} for path in PATHS]
     }
-    inspections = [
-        json.dumps(e["request"]) for e in bench.fake.requests() if e["agent"] == "inspect"
-    ]
+    inspections = [json.dumps(e["request"]) for e in bench.fake.requests()
+                   if e["agent"] == "inspect" and e["status"] == 200]  # fmt: skip
     assert len(inspections) == 2  # one session per item, each holding its item and no other
     assert sorted(sum(path in request for path in PATHS) for request in inspections) == [1, 1]
     (report,) = [json.dumps(e["request"]) for e in bench.fake.requests() if e["agent"] == "report"]
@@ -430,3 +434,67 @@ def test_a_run_budget_crossed_mid_fan_out_stops_every_branch_and_publishes_nothi
     assert git("branch", "--list", "baton/*", cwd=repo).split() == []
     calls = [e for e in bench.fake.requests() if e["status"] == 200]
     assert len(calls) <= reproduce_calls + 4, "no call past the limit reached the model"
+
+
+JUDGED = """
+name = "judged"
+
+[[stages]]
+name = "draft"
+output_schema = "orchestrator.pipelines.schemas:Summary"
+parallel = 2
+select = { judge = "pick", field = "summary" }
+instruction = "You are candidate {branch} of two. Propose a one-line fix for: {issue}"
+
+[[stages]]
+name = "pick"
+output_schema = "orchestrator.pipelines.schemas:Summary"
+instruction = "Answer with only the id of the candidate to keep: {draft}"
+
+[[stages]]
+name = "act"
+output_schema = "orchestrator.pipelines.schemas:Summary"
+instruction = "Carry out this fix: {draft}"
+"""
+JUDGED_QUEUES = ["baton.judged.draft", "baton.judged.pick", "baton.judged.act"]
+IDEAS = {"b1": "IDEA-ONE: rewrite checkout", "b2": "IDEA-TWO: guard the empty cart"}
+
+
+@pytest.mark.timeout(90)
+def test_a_judge_sees_only_the_candidates_outputs_and_its_choice_is_what_comes_next(
+    bench: Bench,
+) -> None:
+    drafts = [{"when": f"candidate {b} of two", "steps": [{"json": {"summary": IDEAS[b]}}]}
+              for b in IDEAS]  # fmt: skip
+    bench.fake.set_scenario({"agents": {
+        "draft": {"steps": [{"json": {"summary": "none"}}], "variants": drafts},
+        "pick": [{"json": {"summary": "b2"}}],
+        "act": [{"json": {"summary": "done"}}],
+    }})  # fmt: skip
+    bench.fake.reset()
+    bench.fake.set_faults([])
+    spec = bench.work / "judged.toml"
+    spec.write_text(JUDGED)
+    with services.worker(bench.env(), JUDGED_QUEUES, logfile=bench.work / "judged.log",
+                         concurrency=2):  # fmt: skip
+        repo = make_sample_repo(bench.work / "shop-d.git")
+        run_id = api.enqueue("Checkout crashes on an empty cart", repo=str(repo),
+                             pipeline=str(spec), settings=bench.settings, force=True)  # fmt: skip
+        run = bench.wait(run_id, timeout_s=60)
+
+    assert run.status == RunStatus.DONE, run.reason
+    assert run.stages["draft"].fan_in is not None and run.stages["draft"].fan_in.selected == "b2"
+    assert bench.store.output(run_id, "draft") == {"summary": IDEAS["b2"]}
+
+    def said(agent: str) -> list[str]:
+        """The system instruction of each of `agent`'s requests, as text."""
+        return ["".join(part.get("text", "") for part in e["request"]["systemInstruction"]["parts"])
+                for e in bench.fake.requests() if e["agent"] == agent]  # fmt: skip
+
+    (pick,) = said("pick")  # the candidates' outputs by id, and nothing of their sessions
+    candidates, _ = json.JSONDecoder().raw_decode(pick, pick.index("{"))  # the first value
+    assert candidates == {b: {"summary": IDEAS[b]} for b in IDEAS}
+    assert "candidate b1 of two" not in json.dumps([e["request"] for e in bench.fake.requests()
+                                                   if e["agent"] == "pick"])  # fmt: skip
+    (act,) = said("act")
+    assert IDEAS["b2"] in act and IDEAS["b1"] not in act

@@ -3,10 +3,12 @@ queue, each branch claimed and ended in the run's transaction, one join, one nex
 
 from __future__ import annotations
 
+import copy
 import json
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import pytest
 import redis
@@ -32,7 +34,7 @@ ISSUE = Issue(source=IssueSource.TEXT, title="Totals are off by one", body="boom
 SCHEMAS = "orchestrator.pipelines.fixer.schemas"
 REPRODUCE = {"command_from": "test_command", "test_files_from": "test_files",
              "expected_failure_from": "expected_failure"}  # fmt: skip
-PIPELINE = Pipeline.model_validate(
+WIDE: dict[str, Any] = (
     {"name": "wide", "stages": [
         {"name": "reproduce", "instruction": "{issue}", "output_schema": f"{SCHEMAS}:Reproduction",
          "tools": ["read_file", "edit_file"], "reproduce": REPRODUCE},
@@ -42,6 +44,7 @@ PIPELINE = Pipeline.model_validate(
         {"name": "pr", "instruction": "{fix}", "output_schema": f"{SCHEMAS}:Plan"},
     ]}
 )  # fmt: skip
+PIPELINE = Pipeline.model_validate(WIDE)
 LEASE_S = 30.0
 
 
@@ -229,3 +232,92 @@ def test_a_resumed_run_fans_out_again_with_fresh_sessions(
     fan = conductor.store.get(run_id).stages["fix"].fan_in
     assert fan is not None and (fan.ended, fan.joined) == (0, False)
     assert fan.branches["b2"].session_id == f"{run_id}:fix:b2:2"
+
+
+def test_a_gated_fan_out_stage_gates_each_finished_branch_and_joins_once_all_are_decided(
+    conductor: Conductor, redis_client: redis.Redis
+) -> None:
+    table = copy.deepcopy(WIDE)
+    table["stages"][1]["gate"] = {"approve": "diff"}
+    gated = Pipeline.model_validate(table)
+    run_id, _ = conductor.submit(ISSUE, repo="/r", commit="abc", pipeline=gated)
+    conductor.begin(run_id, "reproduce", owner="w0", lease_s=LEASE_S, max_interrupted=3)
+    conductor.complete(run_id, "reproduce", StageResult({"test_files": ["t.py"]}), owner="w0")
+    for n in (1, 2):
+        begin(conductor, run_id, f"b{n}", f"w{n}")
+        ended = fix_result(run_id, f"f{n}", True, 100 * n)
+        fanout.complete_branch(conductor, run_id, "fix", f"b{n}", ended, owner=f"w{n}")
+    begin(conductor, run_id, "b3", "w3")
+    fanout.complete_branch(conductor, run_id, "fix", "b3", None, owner="w3", error="no")
+
+    parked = conductor.store.get(run_id)
+    assert parked.status == RunStatus.AWAITING_APPROVAL
+    assert sorted(parked.gates) == ["fix.b1", "fix.b2"]  # the finished ones, each its own
+    assert parked.gates["fix.b1"].artifacts == ["workspace.diff"]
+    assert headers(redis_client, "baton.wide.pr") == []
+    assert conductor.approve(run_id, "fix.b2", by="ana").queued is None
+    assert conductor.approve(run_id, "fix.b1", by="ana").queued == "pr"
+    fan = conductor.store.get(run_id).stages["fix"].fan_in
+    assert fan is not None and fan.selected == "b1"  # the smaller diff, both proven
+    assert "fix" not in conductor.store.get(run_id).gates, "no second gate at the join"
+    assert headers(redis_client, "baton.wide.pr") == [(f"{run_id}.pr", "baton.wide.pr")]
+
+
+def judged_pipeline() -> Pipeline:
+    """`wide`, its fix judged by `pick` (the stage right after), then `pr`."""
+    table = copy.deepcopy(WIDE)
+    table["stages"][1]["select"] = {"judge": "pick", "field": "branch"}
+    pick = {"name": "pick", "instruction": "Keep the best of {fix}",
+            "output_schema": "tests.orchestrator.test_fanout_spec:Pick"}  # fmt: skip
+    table["stages"].insert(2, pick)
+    return Pipeline.model_validate(table)
+
+
+def judge(conductor: Conductor, run_id: str, keep: str) -> None:
+    conductor.begin(run_id, "pick", owner="j", lease_s=LEASE_S, max_interrupted=3)
+    conductor.complete(run_id, "pick", StageResult({"branch": keep, "why": "smaller"}), owner="j")
+
+
+def ended_for_a_judge(conductor: Conductor) -> tuple[str, dict[str, StageResult]]:
+    """A run of the judged pipeline whose fix branches ended: b1 and b3 done, b2 failed."""
+    run_id, _ = conductor.submit(ISSUE, repo="/r", commit="abc", pipeline=judged_pipeline())
+    conductor.begin(run_id, "reproduce", owner="w0", lease_s=LEASE_S, max_interrupted=3)
+    conductor.complete(run_id, "reproduce", StageResult({"test_files": ["t.py"]}), owner="w0")
+    ends = {f"b{n}": fix_result(run_id, f"fix {n}", True, 100 * n) for n in (1, 3)}
+    for n in (1, 2, 3):
+        branch = f"b{n}"
+        begin(conductor, run_id, branch, f"w{n}")
+        fanout.complete_branch(conductor, run_id, "fix", branch, ends.get(branch),
+                               owner=f"w{n}", error="no change")  # fmt: skip
+    return run_id, ends
+
+
+def test_a_judge_reads_the_finished_branches_by_id_and_its_choice_becomes_the_output(
+    conductor: Conductor, redis_client: redis.Redis
+) -> None:
+    run_id, ends = ended_for_a_judge(conductor)
+    assert conductor.store.output(run_id, "fix") == {b: ends[b].output for b in ("b1", "b3")}
+    assert headers(redis_client, "baton.wide.pick") == [(f"{run_id}.pick", "baton.wide.pick")]
+
+    judge(conductor, run_id, "b3")
+
+    run = conductor.store.get(run_id)
+    assert conductor.store.output(run_id, "fix") == ends["b3"].output
+    assert run.stages["fix"].artifacts == ends["b3"].figures.artifacts  # the pr applies b3's
+    assert run.stages["fix"].fan_in is not None and run.stages["fix"].fan_in.selected == "b3"
+    assert (run.current_stage, run.stages["pr"].status) == ("pr", StageStatus.QUEUED)
+
+
+def test_a_judge_that_names_no_finished_branch_fails_the_run_saying_what_it_could_choose(
+    conductor: Conductor, redis_client: redis.Redis
+) -> None:
+    run_id, _ = ended_for_a_judge(conductor)
+
+    judge(conductor, run_id, "b2")
+
+    run = conductor.store.get(run_id)
+    assert (run.status, run.reason) == (
+        RunStatus.FAILED,
+        "pick: the judge chose 'b2', which is not a branch that finished; it could choose b1, b3",
+    )
+    assert headers(redis_client, "baton.wide.pr") == []

@@ -12,6 +12,7 @@ from pydantic import BaseModel
 from orchestrator.core import branches
 from orchestrator.core.errors import PipelineError
 from orchestrator.core.pipeline import Pipeline, load_pipeline
+from orchestrator.core.tools import BUILTIN_TOOLS
 
 SCHEMAS = "orchestrator.pipelines.fixer.schemas"
 REPRODUCE = {"command_from": "test_command", "test_files_from": "test_files",
@@ -59,14 +60,11 @@ def test_a_map_over_an_upstream_list_loads_gathering_or_selecting() -> None:
     assert Pipeline.model_validate(spec).stage("fix").select is not None
 
 
-def test_a_judge_right_after_with_a_text_field_loads() -> None:
+def test_a_judge_right_after_loads() -> None:
     spec = _fixer_like(parallel=2, select={"judge": "after", "field": "branch"})
     spec["stages"][-1]["output_schema"] = f"{__name__}:Pick"  # type: ignore[index]
-    stage = Pipeline.model_validate(spec).stage("fix")
-    assert stage.select is not None and (stage.select.judge, stage.select.field) == (
-        "after",
-        "branch",
-    )
+    select = Pipeline.model_validate(spec).stage("fix").select
+    assert select is not None and (select.judge, select.field) == ("after", "branch")
 
 
 def test_a_branch_may_read_its_own_id_to_vary_what_it_tries() -> None:
@@ -96,6 +94,8 @@ def test_a_stage_without_fan_out_fields_does_not_fan_out() -> None:
         ({"parallel": 2, "select": {"judge": "after", "field": "branch", "by": "x"}}, "select.by"),
         ({"parallel": 2, "select": "proof", "loop": {"until": "tests_passed"}},
          "stage 'fix' fans out and loops"),
+        ({"parallel": 2, "select": "proof", "tools": ["edit_file", "publish"]},
+         "stage 'fix' fans out and has the `publish` tool: every branch would publish"),
         ({"map": "search.root_cause"},
          "stage 'fix': map names 'search.root_cause', which must hold a list, not str"),
         ({"map": "search.nowhere"},
@@ -160,3 +160,7 @@ def test_a_branchs_names_follow_one_format() -> None:
     assert branches.branch_task_id("R", "fix", "b2") == "R.fix.b2"
     assert branches.branch_task_name("fixer-plus", "fix", "b2") == "baton.fixer-plus.fix.b2"
     assert branches.branch_output_key("fix", "b2") == "fix#b2"
+
+
+def test_the_tool_no_fan_out_stage_may_have_is_the_built_in_publish() -> None:
+    assert branches.PUBLISH_TOOL in BUILTIN_TOOLS
