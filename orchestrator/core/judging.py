@@ -7,7 +7,8 @@ At the join (`fanout.complete_branch`) the fan-out stage's output is its candida
 transaction that records the judge's output applies its choice (`apply`): the chosen branch's
 output and artifacts become the fan-out stage's, so every stage after the judge reads the chosen
 output and applies the chosen change (the candidates stay, as `<output key>.candidates`); a
-choice of no branch that finished fails the run, naming what the judge could have chosen (docs/architecture.md, "Fan-out and fan-in").
+choice of no branch that finished fails the run, naming what the judge could have chosen
+(docs/architecture.md, "Fan-out and fan-in").
 """
 
 from __future__ import annotations
