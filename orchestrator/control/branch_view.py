@@ -30,9 +30,13 @@ SELECTED = "★"
 STYLE = {
     BranchStatus.QUEUED: "blue",
     BranchStatus.RUNNING: "cyan",
+    BranchStatus.WAITING: "yellow",
+    BranchStatus.AWAITING_APPROVAL: "magenta",
     BranchStatus.DONE: "green",
     BranchStatus.FAILED: "red",
+    BranchStatus.CANCELLED: "dim",
 }
+"""How each status is drawn: every status has one (a test walks them all)."""
 
 
 class Live(Protocol):

@@ -38,10 +38,11 @@ def approve(
     pipeline = conductor.pipeline_of(run)
     held = run.gates[chosen]
     spec = pipeline.stage(held.stage)
-    edited = None if edit is None else gates.checked_edit(spec, held, edit)
     key = (
         spec.output_key if held.branch is None else branch_output_key(spec.output_key, held.branch)
     )
+    gated = conductor.store.output(run_id, key) or {}
+    edited = None if edit is None else gates.checked_edit(spec, held, edit, gated)
     outputs = keys.outputs(run_id)
 
     def mutate(run: RunRecord, pipe: Any) -> tuple[transitions.Next | None, RunRecord]:

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from orchestrator.core.gates import GateRule
+from orchestrator.core.git import repo_identity
 from orchestrator.core.rules import split_source, value_at
 
 if TYPE_CHECKING:
@@ -70,11 +71,24 @@ class Autonomy(BaseModel):
     """`<output_key>.<field>`: a number a stage reports."""
     levels: tuple[Level, ...] = Field(min_length=1)
     repos: dict[str, Levels] = Field(default_factory=dict)
-    """Levels for one repository (as the run names it), instead of `levels`."""
+    """Levels for one repository, instead of `levels`: matched however a run spells it
+    (`orchestrator.core.git.repo_identity`: `.git`, a trailing `/`, the ssh form, a user,
+    upper case all name the same repository)."""
+
+    @model_validator(mode="after")
+    def _one_entry_per_repository(self) -> Autonomy:
+        seen: dict[str, str] = {}
+        for name in self.repos:
+            same = seen.setdefault(repo_identity(name), name)
+            if same != name:
+                raise ValueError(f"autonomy.repos names one repository twice: {same!r}, {name!r}")
+        return self
 
     def level(self, repo: str, score: float) -> Level | None:
         """The level for `score` in `repo`; None below every level."""
-        levels = self.repos[repo].levels if repo in self.repos else self.levels
+        mine = {repo_identity(name): levels for name, levels in self.repos.items()}
+        found = mine.get(repo_identity(repo))
+        levels = found.levels if found is not None else self.levels
         met = [level for level in levels if level.min_score <= score]
         return max(met, key=lambda level: level.min_score) if met else None
 

@@ -123,6 +123,31 @@ def lost_branches(
     return lost
 
 
+def requeue_lost(conductor: Conductor, run_id: str, stage: str, lost: list[str]) -> list[str]:
+    """In one transaction, before the reconciler sends `lost` again: each branch still lost
+    (running with a lapsed lease, counted interrupted as its claim would have; or waiting past
+    its retry) goes back to queued with no owner, so that the next sweep finds its message in
+    the broker instead of sending another. Returns those it put back."""
+    now = time.time()
+
+    def mutate(run: RunRecord, pipe: Any) -> list[str]:
+        fan = _fan(run.stages[stage])
+        back = []
+        for name in lost:
+            branch = fan.branches[name]
+            if branch.status == BranchStatus.RUNNING and (branch.lease_until or 0) <= now:
+                branch.interrupted += 1
+            elif branch.status not in (BranchStatus.WAITING, BranchStatus.QUEUED):
+                continue
+            branch.status, branch.owner, branch.lease_until = BranchStatus.QUEUED, None, None
+            branch.waiting_until = None
+            back.append(name)
+        return back
+
+    back: list[str] = conductor.store.transact(run_id, mutate)
+    return back
+
+
 def begin_branch(
     conductor: Conductor,
     run_id: str,

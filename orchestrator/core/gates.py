@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from orchestrator.core.errors import PipelineError, RunStateError
+from orchestrator.core.facts import measured_fields
 from orchestrator.core.models import GateRecord, GateStatus, RunRecord, RunStatus
 
 if TYPE_CHECKING:
@@ -231,25 +232,33 @@ def forget(run: RunRecord, stages: list[str]) -> list[str]:
 def resume_point(run: RunRecord) -> str | None:
     """Where a run that ended at a gate (rejected, or expired) resumes by default: the gated
     stage, so that its new output gets a new decision. None: it did not end at a gate."""
-    ended = [g for g in run.gates.values() if g.status in (GateStatus.REJECTED, GateStatus.EXPIRED)]
+    ended = [
+        g
+        for g in run.gates.values()
+        if g.branch is None and g.status in (GateStatus.REJECTED, GateStatus.EXPIRED)
+    ]  # a branch's gate ends its branch, never the run
     return ended[0].stage if ended else None
 
 
-def checked_edit(spec: StageSpec, gate: GateRecord, edit: Mapping[str, Any]) -> dict[str, Any]:
+def checked_edit(
+    spec: StageSpec, gate: GateRecord, edit: Mapping[str, Any], stored: Mapping[str, Any]
+) -> dict[str, Any]:
     """An approver's edit of a plan gate's output, validated against the stage's schema, as
-    later stages will read it.
+    later stages will read it. The fields Baton measures (`Measured`) keep what it measured
+    (`stored`, the gated output): an edit changes what the model said, never a fact.
 
     Raises:
         PipelineError: the gate is a diff gate (approved as it is), or the edit does not fit
             the schema (the message names the stage and each field at fault).
     """
+    measured = {name: stored.get(name) for name in measured_fields(spec.schema_class()).values()}
     if gate.approve != "plan":
         raise PipelineError(
             f"gate {gate_id(spec.name, gate.branch)} approves a {gate.approve}, which is "
             "approved or rejected as it is; reject it with a reason instead of editing it"
         )
     try:
-        checked = spec.schema_class().model_validate(dict(edit))
+        checked = spec.schema_class().model_validate(dict(edit) | dict(measured))
     except ValidationError as exc:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in e['loc']) or '(top)'}: {e['msg']}" for e in exc.errors()

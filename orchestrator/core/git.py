@@ -15,6 +15,7 @@ import re
 import subprocess
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+from urllib.parse import unquote, urlsplit
 
 from orchestrator.core.errors import RepoError
 
@@ -138,6 +139,32 @@ def git_output(
 def is_url(repo: str) -> bool:
     """True for a URL (`https://…`, `file://…`, `git@host:path`), False for a local path."""
     return "://" in repo or bool(_SCP_LIKE.match(repo))
+
+
+def repo_identity(repo: str) -> str:
+    """What names the same repository however it is spelled, for comparing (never for git):
+    `https://GitHub.com/o/Shop.git/`, `git@github.com:o/shop`, `ssh://git@github.com/o/shop`
+    and `https://user@github.com/o/sh%6Fp` are all `github.com/o/shop`: no scheme, no user, no
+    default port, no `.git` or trailing `/`, percent-escapes decoded, in lower case (hosts are,
+    and the forges' paths are case-insensitive; erring toward one repository is the safe side
+    of a rule that is stricter for a repository). A local path is its resolved path."""
+    given = repo.strip()
+    if not given:
+        return given
+    if not is_url(given):
+        return str(Path(given).expanduser().resolve()).removesuffix(".git")
+    if "://" not in given:  # scp-like `user@host:path`
+        host, _, path = given.partition(":")
+        given = f"ssh://{host}/{path.lstrip('/')}"
+    parts = urlsplit(given)
+    host = (parts.hostname or "").lower()
+    try:
+        port = parts.port if parts.port not in (None, 22, 80, 443, 9418) else None
+    except ValueError:  # not a number: no repository git could reach, compared as written
+        return given.lower()
+    path = re.sub(r"/+", "/", unquote(parts.path)).strip("/").removesuffix(".git").rstrip("/")
+    where = f"{host}:{port}" if port else host
+    return f"{where}/{path}".lower() if parts.scheme != "file" else f"file://{path}"
 
 
 def repo_source(repo: str) -> str:

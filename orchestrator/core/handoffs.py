@@ -54,6 +54,16 @@ def counted(redis: Any, run: RunRecord, pipe: Any, decision: Next, completed: st
     return Next(ended=True)
 
 
+def mapped(redis: Any, run: RunRecord, pipe: Any, stage: str, items: int) -> str | None:
+    """Within the transaction that makes a `map` stage's branches: the hand-offs of its
+    branches beyond the one counted when the stage was queued (it had no branches yet). The
+    reason they are refused, else None."""
+    if run.budget is None or items <= 1:
+        return None
+    refused = _count(redis, run, pipe, items - 1, stage)
+    return None if refused is None else STOPPED + refused
+
+
 def delegated(store: RunStore, run_id: str) -> None:
     """Count one subagent started by an execution of the run, in a run transaction.
 

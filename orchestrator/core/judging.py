@@ -70,8 +70,21 @@ def apply(
     chosen = store.redis.hget(outputs, branch_output_key(spec.output_key, branch))
     assert chosen is not None, f"branch {branch} ended done without an output"
     if (offered := store.redis.hget(outputs, spec.output_key)) is not None:
-        pipe.hset(outputs, f"{spec.output_key}.{CANDIDATES}", offered)  # what the judge read
+        # What the judge read, kept once: a judge that runs again reads it again (`offer_again`).
+        pipe.hsetnx(outputs, f"{spec.output_key}.{CANDIDATES}", offered)
     pipe.hset(outputs, spec.output_key, chosen)
     artifacts = fan.branches[branch].artifacts
     record.artifacts = {name: ArtifactRef.model_validate(ref) for name, ref in artifacts.items()}
     return None
+
+
+def offer_again(store: RunStore, run_id: str, pipeline: Pipeline, target: str) -> None:
+    """A run resumed at a judge (its judged stage kept): the judged stage's output is its
+    candidates again, which the judge reads, and not the choice it made before."""
+    before = pipeline.before(target)
+    spec = before[0] if before else None
+    if spec is None or spec.select is None or spec.select.judge != target:
+        return
+    outputs = keys.outputs(run_id)
+    if (offered := store.redis.hget(outputs, f"{spec.output_key}.{CANDIDATES}")) is not None:
+        store.redis.hset(outputs, spec.output_key, offered)

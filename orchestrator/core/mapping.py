@@ -12,14 +12,13 @@ fails the stage and the run, saying which (docs/pipelines.md, "Parallel branches
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.core import transitions
+from orchestrator.core import handoffs, transitions
 from orchestrator.core.branches import branch_number, map_source, mapped_items
 from orchestrator.core.fanin import BranchStatus, FanIn, map_fan
-from orchestrator.core.models import RunRecord, RunStatus, StageStatus
+from orchestrator.core.models import RunRecord
 
 if TYPE_CHECKING:
     from orchestrator.core.conductor import Conductor
@@ -43,15 +42,12 @@ def open_map(conductor: Conductor, run_id: str, spec: StageSpec) -> bool:
         try:
             items = mapped_items(spec, upstream)
         except ValueError as exc:
-            error = f"cannot fan out: {exc}"
-            record.status, record.error, record.finished_at = StageStatus.FAILED, error, time.time()
-            run.status, run.reason, run.current_stage = (
-                RunStatus.FAILED,
-                f"{spec.name}: {error}",
-                None,
-            )
+            error: str | None = f"cannot fan out: {exc}"
+        else:
+            error = handoffs.mapped(conductor.store.redis, run, pipe, spec.name, len(items))
+        if error is not None:  # no list to fan out over, or the run's budget refuses it
             conductor.audit(run, spec.name, 0, "stage_failed", pipe=pipe, error=error)
-            return False, transitions.Next(ended=True), run
+            return False, transitions.fail(run, spec.name, error), run
         record.fan_in = map_fan(fan, items)
         conductor.audit(run, spec.name, 0, "map_opened", pipe=pipe, source=spec.map,
                         items=len(items))  # fmt: skip

@@ -16,8 +16,9 @@ A run past its budget's wall time (`orchestrator.core.runbudget`) is failed with
 whatever its stages are doing: its spend is marked exceeded, so that no execution of it makes
 another model call, and a running execution stops at its next safe point (its run has ended).
 
-A run awaiting approval has nothing to send: its gates' timeouts are acted on instead (the run
-fails, or the gate is escalated), `orchestrator.core.gates`.
+A run awaiting approval has nothing to send. A gate whose timeout fell is acted on (the run
+fails, or the gate is escalated; a branch's gate fails its branch), whether the run awaits it or
+the gate's siblings still run, `orchestrator.core.gates`.
 
 A queued stage whose message waits in another queue than its pipeline names (a queue renamed
 since it was sent) is sent again too. A run the reconciler cannot handle never stops the pass:
@@ -124,8 +125,9 @@ class Reconciler:
             self._stop(run, overdue, sweep)
             return
         try:
-            if run.status == RunStatus.AWAITING_APPROVAL:
-                self._time_out(run, now, sweep)
+            # A branch's gate may time out while its siblings run; a run that changed is
+            # looked at again by the next sweep.
+            if self._time_out(run, now, sweep) or run.status == RunStatus.AWAITING_APPROVAL:
                 return
             repair = self._repair(run, now, held)
         except PipelineError as exc:
@@ -162,13 +164,15 @@ class Reconciler:
         sweep.failed[run.id] = reason
         logger.warning("run %s stopped by its budget: %s", run.id, reason)
 
-    def _time_out(self, run: RunRecord, now: float, sweep: Sweep) -> None:
-        """Act on the run's gates whose timeout fell, if any."""
+    def _time_out(self, run: RunRecord, now: float, sweep: Sweep) -> bool:
+        """Act on the run's gates whose timeout fell, if any; whether it did."""
         if not gates.overdue(run, now):
-            return
-        for gate, what in self.conductor.time_out_gates(run.id, now).items():
+            return False
+        acted = self.conductor.time_out_gates(run.id, now)
+        for gate, what in acted.items():
             sweep.gates[f"{run.id}/{gate}"] = what
             logger.warning("run %s: gate %s had no decision in time: %s", run.id, gate, what)
+        return bool(acted)
 
     def _repair(self, run: RunRecord, now: float, held: Held) -> Repair | None:
         if run.status.is_terminal:
@@ -215,6 +219,7 @@ class Reconciler:
             sent = fanout.send_branches(self.conductor, run.id, run.pipeline, spec)
             return Repair(run.id, spec.name, "map not sent") if sent else None
         lost = fanout.lost_branches(run, spec.name, now=now, late_s=late_s, held=held)
+        lost = fanout.requeue_lost(self.conductor, run.id, spec.name, lost) if lost else []
         if not lost:
             return None
         fanout.send_branches(self.conductor, run.id, run.pipeline, spec, only=lost)

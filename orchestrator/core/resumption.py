@@ -9,8 +9,9 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.core import fanin, gates, keys, spend, transitions
+from orchestrator.core import fanin, gates, judging, keys, spend, transitions
 from orchestrator.core.errors import PipelineError, RunStateError
+from orchestrator.core.fanin import BranchStatus
 from orchestrator.core.models import RunRecord, RunStatus, StageStatus
 
 if TYPE_CHECKING:
@@ -57,7 +58,11 @@ def resume(
         spend.resume_budget(conductor.store.redis, run, pipe, budget)
         now = time.time()
         for name, record in run.stages.items():
-            left_s = (record.lease_until or 0) - now
+            leases = [record.lease_until or 0] + [
+                branch.lease_until or 0 for branch in (record.fan_in.branches.values()
+                if record.fan_in is not None else []) if branch.status == BranchStatus.RUNNING
+            ]  # fmt: skip
+            left_s = max(leases) - now
             if record.status == StageStatus.RUNNING and left_s > 0:
                 # Cancelled, but its execution has not stopped yet: it would run beside
                 # the resumed one.
@@ -85,6 +90,7 @@ def resume(
     assert target is not None
     redo = [pipeline.stage(name).output_key for name in names[names.index(target) :]]
     conductor.store.revive(run, drop_outputs=redo)
+    judging.offer_again(conductor.store, run.id, pipeline, target)
     conductor.audit(run, target, 0, "run_resumed", from_stage=target,
                 pipeline_hash=run.pipeline_hash)  # fmt: skip
     conductor.send(run_id, pipeline.name, pipeline.stage(target), run.stages[target].iteration)

@@ -46,7 +46,7 @@ def check_name(name: str) -> str:
     Raises:
         ValueError: it cannot; the message says what a name may hold.
     """
-    if not _NAME.match(name):
+    if not _NAME.fullmatch(name):
         raise ValueError(
             f"a child's name is lower-case letters, digits and _, starting with a letter "
             f"(at most {MAX_NAME_CHARS} characters); {name[:40]!r} is not"
@@ -64,7 +64,7 @@ def child_branch(given: str) -> str:
     """
     if not given:
         return SUB
-    if not _GIVEN.match(given):
+    if not _GIVEN.fullmatch(given):
         raise ValueError(
             f"a helper's name is lower-case letters, digits and _ (no '.', ':' or spaces), at "
             f"most {MAX_GIVEN_CHARS} characters; {given[:40]!r} is not"

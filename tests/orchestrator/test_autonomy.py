@@ -79,6 +79,31 @@ def test_the_level_for_the_score_and_repository_decides(
     assert effects(pipeline_from_table(table(), origin="t"), score, repo) == expected
 
 
+FORGE = "https://github.com/o/payments"
+ALWAYS_GATE = {FORGE: {"levels": [{"min_score": 0.0, "gate_before": "pr"}]}}
+
+
+@pytest.mark.parametrize(
+    "spelled",
+    [
+        FORGE, FORGE + ".git", FORGE + "/", "https://GitHub.com/O/Payments",
+        "https://someone@github.com/o/payments", "ssh://git@github.com/o/payments.git",
+        "git@github.com:o/payments", "https://github.com/o/%70ayments",
+        "https://github.com//o/payments//", "  https://github.com/o/payments  ",
+    ],
+)  # fmt: skip
+def test_a_strict_repository_is_strict_however_a_run_spells_it(spelled: str) -> None:
+    strict = pipeline_from_table(table(repos=ALWAYS_GATE), origin="t")
+    assert effects(strict, 0.95, spelled) == {"fix": "gate:diff"}
+    assert effects(strict, 0.95, "https://github.com/o/other") == {}
+
+
+def test_one_repository_named_twice_in_a_rule_is_refused() -> None:
+    twice = {**ALWAYS_GATE, FORGE + ".git": ALWAYS_GATE[FORGE]}
+    with pytest.raises(PipelineError, match="names one repository twice"):
+        pipeline_from_table(table(repos=twice), origin="autonomous.toml")
+
+
 @pytest.mark.parametrize(
     ("rule", "fault"),
     [

@@ -19,6 +19,7 @@ from orchestrator.core.gates import Approval
 from orchestrator.core.models import GateStatus, RunStatus, StageStatus
 from orchestrator.core.pipeline import Pipeline
 from orchestrator.core.queue import Dispatcher
+from orchestrator.core.reconciler import Reconciler
 from orchestrator.core.settings import QueueConfig
 from orchestrator.core.store import RunStore
 
@@ -160,3 +161,21 @@ def test_an_expired_branch_gate_fails_that_branch_only(conductor: Conductor) -> 
     assert fan is not None and fan.selected == "b2"
     assert fan.branches["b1"].error == "gate fix.b1: no decision within 61s"
     assert run.stages["pr"].status == StageStatus.QUEUED
+
+
+def test_a_branch_gate_times_out_while_its_siblings_still_run(conductor: Conductor) -> None:
+    run_id, _ = conductor.submit(ISSUE, repo="/r", commit="abc", pipeline=gated(timeout_s=60))
+    conductor.begin(run_id, "reproduce", owner="w0", lease_s=LEASE_S, max_interrupted=3)
+    conductor.complete(run_id, "reproduce", REPRODUCED, owner="w0")
+    for n in (1, 2):
+        begin(conductor, run_id, f"b{n}", f"w{n}", lease_s=3600)
+    fanout.complete_branch(conductor, run_id, "fix", "b1", fix_result(run_id, "b1", True, 10),
+                           owner="w1")  # fmt: skip
+    assert conductor.store.get(run_id).status == RunStatus.RUNNING  # b2 runs, b3 is queued
+    later = conductor.store.get(run_id).gates["fix.b1"].opened_at + 61
+    sweep = Reconciler(conductor, QueueConfig()).sweep(now=later)
+    assert sweep.gates == {f"{run_id}/fix.b1": "expired"}
+    run = conductor.store.get(run_id)
+    fan = run.stages["fix"].fan_in
+    assert fan is not None and fan.branches["b1"].status == BranchStatus.FAILED
+    assert run.status == RunStatus.RUNNING, "the stage goes on with b2 and b3"

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from orchestrator.control.branch_view import RUN_LEVEL, group_by_branch
 from orchestrator.control.inspection import Entry, read_entry
 from orchestrator.control.report import live_activity, run_json, run_table
@@ -89,6 +91,14 @@ def test_the_selected_branch_is_marked_and_the_stage_says_which_was_selected() -
 def test_a_branch_left_running_by_a_cancelled_run_shows_stopped() -> None:
     cells = cells_of(run_table(a_run(fan(), RunStatus.CANCELLED), now=50.0))
     assert cells["status"][2:5] == ["done", "stopped", "failed"]
+
+
+@pytest.mark.parametrize("status", list(BranchStatus))
+def test_every_branch_status_is_shown_in_status_and_watch(status: BranchStatus) -> None:
+    shown = fan()
+    shown.branches["b2"].status = status
+    cells = cells_of(run_table(a_run(shown), now=50.0))
+    assert cells["status"][3] == status.value
 
 
 def test_a_hostile_branch_error_reaches_the_terminal_escaped() -> None:

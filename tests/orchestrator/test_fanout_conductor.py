@@ -156,6 +156,9 @@ def test_a_branch_whose_worker_died_is_sent_again_and_counted_once(
     sweep = Reconciler(conductor, QueueConfig()).sweep()
     assert [repair.was for repair in sweep.repairs] == ["branches b1"]
     assert headers(redis_client, "baton.wide.fix") == [(f"{run_id}.fix.b1", "baton.wide.fix.b1")]
+    again = Reconciler(conductor, QueueConfig()).sweep()  # its message waits: none more is sent
+    assert again.repairs == []
+    assert headers(redis_client, "baton.wide.fix") == [(f"{run_id}.fix.b1", "baton.wide.fix.b1")]
     assert begin(conductor, run_id, "b1", "w1").action == StartAction.RUN
     gone = fanout.complete_branch(conductor, run_id, "fix", "b1", fix_result(run_id, "x", True, 5),
                                   owner="dead")  # fmt: skip

@@ -133,16 +133,29 @@ def stage(output_schema: str = "orchestrator.pipelines.fixer.schemas:Plan") -> S
 def test_an_edit_is_checked_against_the_stage_schema() -> None:
     gate = parked("plan").gates["plan"]
     edit = {"approach": "a", "steps": ["s"], "files_to_change": ["x.py"], "test_command": "t"}
-    assert gates.checked_edit(stage(), gate, edit) == edit
+    assert gates.checked_edit(stage(), gate, edit, {}) == edit
 
     with pytest.raises(PipelineError, match=r"stage plan does not fit .*steps: List should have"):
-        gates.checked_edit(stage(), gate, edit | {"steps": []})
+        gates.checked_edit(stage(), gate, edit | {"steps": []}, {})
+
+
+def test_an_edit_cannot_change_what_baton_measured() -> None:
+    reproduce = stage("orchestrator.pipelines.fixer.schemas:Reproduction")
+    gate = parked("plan").gates["plan"]
+    measured = {"command": "python -m unittest t", "exit_code": 1,
+                "failed_tests": ["t.T.test_x"], "expected_failure_seen": True}  # fmt: skip
+    said = {"test_files": ["t.py"], "test_command": "python -m unittest t",
+            "expected_failure": "ZeroDivisionError", "explanation": "divides by 0"}  # fmt: skip
+    forged = said | {"explanation": "edited", "reproduced": measured | {"exit_code": 0}}
+    kept = gates.checked_edit(reproduce, gate, forged, said | {"reproduced": measured})
+    assert kept["reproduced"] == measured, "the measured run stays as Baton measured it"
+    assert kept["explanation"] == "edited", "what the model said is the approver's to edit"
 
 
 def test_a_diff_gate_is_not_edited() -> None:
     gate = parked("plan", rule=GateRule(approve="diff")).gates["plan"]
     with pytest.raises(PipelineError, match="approved or rejected as it is"):
-        gates.checked_edit(stage(), gate, {"approach": "a"})
+        gates.checked_edit(stage(), gate, {"approach": "a"}, {})
 
 
 def test_a_gate_rule_names_what_is_wrong() -> None:

@@ -12,6 +12,7 @@ from pydantic import BaseModel
 
 from orchestrator.core import fanout
 from orchestrator.core.conductor import Conductor
+from orchestrator.core.errors import RunStateError
 from orchestrator.core.execution import StageResult
 from orchestrator.core.models import RunStatus, StageStatus
 from orchestrator.core.pipeline import Pipeline
@@ -115,3 +116,27 @@ def test_with_no_branch_finished_no_judge_runs(
     assert run.status == RunStatus.FAILED
     assert run.reason == "fix: no branch finished: b1: boom; b2: boom; b3: boom"
     assert headers(redis_client, "baton.judged.pick") == []
+
+
+def test_a_run_resumed_at_its_judge_offers_the_candidates_again(conductor: Conductor) -> None:
+    run_id = judged(conductor)
+    candidates = conductor.store.output(run_id, "fix")
+    judge(conductor, run_id, "b3")
+    conductor.cancel(run_id)
+    assert conductor.resume(run_id, "pick") == "pick"
+    assert conductor.store.output(run_id, "fix") == candidates, "the judge reads them again"
+    judge(conductor, run_id, "b1")
+    assert conductor.store.output(run_id, "fix") == fix_result(run_id, "b1", True, 100).output
+    assert conductor.store.output(run_id, "fix.candidates") == candidates
+
+
+def test_a_fan_out_cancelled_while_its_branches_run_resumes_only_once_they_stopped(
+    conductor: Conductor,
+) -> None:
+    run_id, _ = conductor.submit(ISSUE, repo="/r", commit="abc", pipeline=PIPELINE)
+    conductor.begin(run_id, "reproduce", owner="w0", lease_s=LEASE_S, max_interrupted=3)
+    conductor.complete(run_id, "reproduce", StageResult({"test_files": ["t.py"]}), owner="w0")
+    begin(conductor, run_id, "b1", "w1")
+    conductor.cancel(run_id)
+    with pytest.raises(RunStateError, match=r"stage fix of run .* is still stopping"):
+        conductor.resume(run_id)

@@ -22,6 +22,7 @@ from orchestrator.core.models import Issue, IssueSource, RunStatus, StageRecord,
 from orchestrator.core.pipeline import Pipeline
 from orchestrator.core.queue import Dispatcher
 from orchestrator.core.reconciler import Reconciler
+from orchestrator.core.runbudget import RunBudget
 from orchestrator.core.settings import QueueConfig
 from orchestrator.core.store import RunStore
 from workers.inputs import resolve
@@ -140,6 +141,27 @@ def test_a_list_it_cannot_fan_out_over_fails_the_run_saying_why(
     run = conductor.store.get(run_id)
     assert (run.status, run.reason) == (RunStatus.FAILED, f"inspect: cannot fan out: {said}")
     assert task_ids(redis_client, "baton.spread.inspect") == []
+
+
+@pytest.mark.parametrize(("handoffs", "sent"), [(3, 3), (2, 0)])
+def test_each_item_s_branch_is_a_handoff_of_the_run_s_budget(
+    conductor: Conductor, redis_client: redis.Redis, handoffs: int, sent: int
+) -> None:
+    """search → inspect is one hand-off, made with the stage; its three branches add two."""
+    run_id, _ = conductor.submit(ISSUE, repo="/r", commit="abc", pipeline=PIPELINE,
+                                 budget=RunBudget(handoffs=handoffs))  # fmt: skip
+    conductor.begin(run_id, "search", owner="w0", lease_s=30.0, max_interrupted=3)
+    found = {"root_cause": "off by one", "locations": [location(p) for p in "abc"]}
+    conductor.complete(run_id, "search", StageResult(found), owner="w0")
+    assert len(task_ids(redis_client, "baton.spread.inspect")) == sent
+    run = conductor.store.get(run_id)
+    if sent:
+        assert run.status != RunStatus.FAILED
+    else:
+        assert run.reason == (
+            "inspect: run budget exceeded: handoffs: 1 made + 2 for the branches of inspect, "
+            "limit 2"
+        )
 
 
 def test_a_map_whose_sender_was_lost_before_it_read_the_list_is_sent_by_the_reconciler(
