@@ -293,7 +293,7 @@ class Conductor:
         rule = own or (limit.gate if limit is not None else None)
         if rule is not None:
             gate = gates.open_gate(run, stage, rule, artifacts=list(record.artifacts),
-                                   now=time.time())  # fmt: skip
+                                   now=time.time(), output_key=spec.output_key)  # fmt: skip
             self.audit(run, stage, record.attempts, "gate_opened", pipe=pipe,
                         gate=gates.gate_id(stage), approve=gate.approve)  # fmt: skip
             return Next()

@@ -310,7 +310,8 @@ def _open_gate(
     assert spec.gate is not None
     record = _fan(run.stages[spec.name]).branches[branch]
     gate = gates.open_gate(run, spec.name, spec.gate, artifacts=list(record.artifacts),
-                           now=time.time(), branch=branch, park=False)  # fmt: skip
+                           now=time.time(), branch=branch, park=False,
+                           output_key=branch_output_key(spec.output_key, branch))  # fmt: skip
     _audit(conductor, run, spec.name, branch, record.attempts, "gate_opened", pipe,
            gate=gates.gate_id(spec.name, branch), approve=gate.approve)  # fmt: skip
 

@@ -73,12 +73,12 @@ def gate_id(stage: str, branch: str | None = None) -> str:
 
 def open_gate(
     run: RunRecord, stage: str, rule: GateRule, *, artifacts: list[str], now: float,
-    branch: str | None = None, park: bool = True,
+    output_key: str, branch: str | None = None, park: bool = True,
 ) -> GateRecord:  # fmt: skip
     """Open `stage`'s gate (or its `branch`'s) within the transaction that records its output;
     `park`: the run waits on it now (not while other branches of the stage still run)."""
     gate = GateRecord(
-        stage=stage, branch=branch, approve=rule.approve, opened_at=now,
+        stage=stage, branch=branch, output_key=output_key, approve=rule.approve, opened_at=now,
         on_timeout=rule.on_timeout,
         deadline=now + rule.timeout_s if rule.timeout_s is not None else None,
         artifacts=sorted(artifacts),

@@ -250,6 +250,9 @@ class GateRecord(BaseModel):
     branch: str | None = None
     """The branch of a fan-out stage whose output it holds (`fix.b2`'s gate); None: the
     stage's own output."""
+    output_key: str | None = None
+    """Where the output it holds is recorded (`plan`, a branch's `fix#b2`): what an approver
+    reads, and edits."""
     approve: str
     """What is approved: `plan` (an output a person may edit) or `diff` (the stage's artifacts
     and proof, approved or rejected as they are)."""

@@ -83,6 +83,7 @@ def test_a_finished_branch_waits_on_its_own_gate_while_the_others_run(
     run = conductor.store.get(run_id)
     assert run.gates["fix.b1"].status == GateStatus.PENDING
     assert run.gates["fix.b1"].branch == "b1" and run.gates["fix.b1"].approve == "diff"
+    assert run.gates["fix.b1"].output_key == "fix#b1", "what an approver reads: b1's own output"
     assert run.status == RunStatus.RUNNING, "b2 runs and b3 is queued: the run is not parked"
     assert run.stages["fix"].fan_in is not None
     assert run.stages["fix"].fan_in.branches["b1"].status == BranchStatus.AWAITING_APPROVAL

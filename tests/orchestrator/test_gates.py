@@ -24,7 +24,7 @@ PLAN_GATE = GateRule(approve="plan")
 def parked(*stages: str, rule: GateRule = PLAN_GATE, now: float = 100.0) -> RunRecord:
     run = RunRecord(id="r1", pipeline="p", repo="/r", commit="c", issue=ISSUE, idempotency_key="k")
     for stage in stages:
-        gates.open_gate(run, stage, rule, artifacts=[], now=now)
+        gates.open_gate(run, stage, rule, artifacts=[], now=now, output_key=stage)
     return run
 
 

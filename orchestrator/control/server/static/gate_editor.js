@@ -29,7 +29,9 @@ export class GateEditor {
     text.value = "Loading…";
     text.disabled = true;
     try {
-      const output = await api(`${this.path}/outputs/${encodeURIComponent(gate.stage)}`);
+      // Where the gated output is recorded: the stage's output key, or a branch's (`fix#b2`).
+      const key = gate.output_key || gate.stage;
+      const output = await api(`${this.path}/outputs/${encodeURIComponent(key)}`);
       text.value = JSON.stringify(output, null, 2);
       text.disabled = false;
       text.focus();
