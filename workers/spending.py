@@ -44,6 +44,13 @@ class RunSpending:
             RunBudgetExceededError: the run's budget refuses it (the message says which limit).
         """
         price = price_of(model, self.prices)
+        if price is None and self.budget.cost_usd is not None:
+            # Checked at enqueue with the enqueuer's settings; a worker whose model or prices
+            # differ must not spend a cost limit it cannot count.
+            reason = (f"cost: the run has a cost limit, and this worker has no price for "
+                      f"{model} (add it to BATON_PRICES)")  # fmt: skip
+            self.ledger.stop(self.run_id, reason)
+            raise refused(self.run_id, BudgetExceeded(reason))
         try:
             return self.ledger.reserve(
                 self.run_id, self.budget, tokens=prompt_tokens,

@@ -134,3 +134,21 @@ def test_only_a_budget_refusal_ends_the_whole_run_from_a_branch() -> None:
     execution_errors = [cls for cls in ERROR_CLASSES if issubclass(cls, ExecutionError)]
     assert len(execution_errors) > 10
     assert [cls for cls in execution_errors if cls.ends_run] == [RunBudgetExceededError]
+
+
+def test_a_cost_limit_on_a_model_this_worker_has_no_price_for_refuses_the_call(
+    unit_redis_url: str,
+) -> None:
+    """The enqueuer checked the run's models against its own prices; a worker that runs another
+    model (its BATON_MODEL) or has other prices must not send calls it cannot cost."""
+    client = redis.Redis.from_url(unit_redis_url, decode_responses=True)
+    client.flushdb()
+    spending = RunSpending(SpendLedger(client), "r1", RunBudget(cost_usd=1.0),
+                           started_at=time.time())  # fmt: skip
+    with pytest.raises(RunBudgetExceededError, match="no price for my-own-model"):
+        spending.reserve("my-own-model", 100)
+    assert SpendLedger(client).spend("r1").calls == 0, "nothing was sent"
+    with pytest.raises(RunBudgetExceededError):  # the run is stopped for every execution
+        RunSpending(SpendLedger(client), "r1", RunBudget(cost_usd=1.0),
+                    started_at=time.time()).reserve(MODEL, 100)  # fmt: skip
+    client.close()
