@@ -5,7 +5,8 @@ Pure: every function here changes a `FanIn` in memory and returns what it decide
 conductor calls them inside the run's one Redis transaction (`RunStore.transact`), which is
 what makes the join happen exactly once: the transaction in which the count of ended branches
 reaches the number of branches is the only one whose `record_end` returns `Recorded.JOINED`;
-a racing transaction's `WATCH` fails and it re-reads a fan-in whose branch has already ended
+a racing transaction's write finds the record's version moved on, and it re-reads a fan-in
+whose branch has already ended
 (docs/architecture.md, "Fan-out and fan-in").
 """
 
