@@ -407,7 +407,7 @@ def test_a_run_budget_crossed_mid_fan_out_stops_every_branch_and_publishes_nothi
     bench.fake.reset()
     bench.fake.set_faults([{"agent": "fix", "latency_ms": 1500}])
     reproduce_calls = len(demo_scenario()["agents"]["reproduce"]["steps"])
-    repo = make_sample_repo(bench.work / "shop-d.git")
+    repo = make_sample_repo(bench.work / "shop-budget.git")
     with services.worker(bench.env(), QUEUES, logfile=bench.work / "budget.log", concurrency=3):
         run_id = api.enqueue(
             "Checkout crashes with ZeroDivisionError on an empty cart", repo=str(repo),
