@@ -120,10 +120,17 @@ class Bench:
     spec: Path
     work: Path
 
-    def enqueue(self, repo: Path) -> str:
-        return api.enqueue("Checkout crashes with ZeroDivisionError on an empty cart",
-                           repo=str(repo), pipeline=str(self.spec), settings=self.settings,
-                           force=True)  # fmt: skip
+    def sample_repo(self) -> Path:
+        """A copy of the demo's repository under a name no other test of the module has."""
+        return make_sample_repo(self.work / f"shop-{time.monotonic_ns()}.git")
+
+    def enqueue(
+        self, repo: Path, spec: Path | None = None,
+        text: str = "Checkout crashes with ZeroDivisionError on an empty cart", **given: Any,
+    ) -> str:  # fmt: skip
+        """A run of `spec` (the module's best-of-3 by default) on `repo`."""
+        return api.enqueue(text, repo=str(repo), pipeline=str(spec or self.spec),
+                           settings=self.settings, force=True, **given)  # fmt: skip
 
     def env(self, **more: str) -> dict[str, str]:
         return {**worker_env(self.settings), **more}
@@ -209,7 +216,7 @@ def test_best_of_3_runs_three_isolated_sessions_at_once_and_publishes_the_proven
     bench.fake.set_scenario(scenario())
     bench.fake.reset()
     bench.fake.set_faults([{"agent": "fix", "latency_ms": 400}])
-    repo = make_sample_repo(bench.work / "shop-a.git")
+    repo = bench.sample_repo()
     with ExitStack() as stack:
         started_together(stack, bench, ["w1", "w2", "w3"])
         run = bench.wait(bench.enqueue(repo))
@@ -281,7 +288,7 @@ def test_a_worker_killed_while_it_runs_two_branches_joins_once_and_publishes_onc
     bench.fake.set_scenario(scenario())
     bench.fake.reset()
     bench.fake.set_faults([{"agent": "fix", "latency_ms": 15_000}])
-    repo = make_sample_repo(bench.work / "shop-b.git")
+    repo = bench.sample_repo()
     env = bench.env(**FAST_RECOVERY)
     with ExitStack() as stack:
         victim = stack.enter_context(
@@ -372,9 +379,8 @@ def test_a_map_stage_runs_one_isolated_branch_per_item_and_gathers_them_in_order
     spec.write_text(SPREAD)
     with services.worker(bench.env(), SPREAD_QUEUES, logfile=bench.work / "spread.log",
                          concurrency=2):  # fmt: skip
-        repo = make_sample_repo(bench.work / "shop-c.git")
-        run_id = api.enqueue("Checkout crashes on an empty cart", repo=str(repo),
-                             pipeline=str(spec), settings=bench.settings, force=True)  # fmt: skip
+        repo = bench.sample_repo()
+        run_id = bench.enqueue(repo, spec, "Checkout crashes on an empty cart")
         run = bench.wait(run_id, timeout_s=60)
 
     assert run.status == RunStatus.DONE, run.reason
@@ -407,13 +413,9 @@ def test_a_run_budget_crossed_mid_fan_out_stops_every_branch_and_publishes_nothi
     bench.fake.reset()
     bench.fake.set_faults([{"agent": "fix", "latency_ms": 1500}])
     reproduce_calls = len(demo_scenario()["agents"]["reproduce"]["steps"])
-    repo = make_sample_repo(bench.work / "shop-budget.git")
+    repo = bench.sample_repo()
     with services.worker(bench.env(), QUEUES, logfile=bench.work / "budget.log", concurrency=3):
-        run_id = api.enqueue(
-            "Checkout crashes with ZeroDivisionError on an empty cart", repo=str(repo),
-            pipeline=str(bench.spec), settings=bench.settings, force=True,
-            budget=RunBudget(calls=reproduce_calls + 4),
-        )  # fmt: skip
+        run_id = bench.enqueue(repo, budget=RunBudget(calls=reproduce_calls + 4))
         run = bench.wait(run_id, timeout_s=90)
         deadline = time.monotonic() + 30  # the siblings' executions stop at their next step
         while sandboxes(run_id, "fix") and time.monotonic() < deadline:
@@ -477,9 +479,8 @@ def test_a_judge_sees_only_the_candidates_outputs_and_its_choice_is_what_comes_n
     spec.write_text(JUDGED)
     with services.worker(bench.env(), JUDGED_QUEUES, logfile=bench.work / "judged.log",
                          concurrency=2):  # fmt: skip
-        repo = make_sample_repo(bench.work / "shop-d.git")
-        run_id = api.enqueue("Checkout crashes on an empty cart", repo=str(repo),
-                             pipeline=str(spec), settings=bench.settings, force=True)  # fmt: skip
+        repo = bench.sample_repo()
+        run_id = bench.enqueue(repo, spec, "Checkout crashes on an empty cart")
         run = bench.wait(run_id, timeout_s=60)
 
     assert run.status == RunStatus.DONE, run.reason
