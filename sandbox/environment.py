@@ -108,6 +108,14 @@ class EnvironmentSpec(BaseModel):
     setup: tuple[str, ...] = ()
     """Shell commands run in order in the build container, at the repository's root, with
     network access to the package registries and no secret."""
+    build: tuple[str, ...] = ()
+    """Shell commands that rebuild what the setup built in the tree (compiled modules, generated
+    files: `python setup.py build_ext --inplace`, `make`, `npm run build`), run in the sandbox,
+    offline, before tests whenever the working tree differs from the tree the image was built
+    from in a file `build_inputs` names; a failing one is a tool error the model sees."""
+    build_inputs: tuple[str, ...] = ()
+    """Git pathspecs (`*.c`, `src/**/*.pyx`) of the files a change to which needs `build`; empty:
+    every file."""
     test: str | None = None
     """The repository's test command; None: it has none Baton could find."""
     env: Mapping[str, str] = Field(default_factory=dict)
@@ -138,7 +146,7 @@ class EnvironmentSpec(BaseModel):
                 )
         return dict(value)
 
-    @field_validator("inputs")
+    @field_validator("inputs", "build_inputs")
     @classmethod
     def _inside(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         for pattern in value:
