@@ -5,7 +5,10 @@
 
 The build is the setup phase: a container from the base image, with no secret, gets the
 repository's tree at the workspace path, installs the spec's Debian packages and runs its setup
-commands as root, forgets the tree again and is committed as the environment image. Those
+commands as root, takes the tree's own files out again and is committed as the environment
+image, whose workspace keeps what the setup built there and git does not track (compiled
+modules, generated files: its products). A sandbox's workspace volume starts with them and gets
+its run's commit laid over them, so every tracked file is the run's. Those
 commands are the repository's own (its `setup.py` runs at `pip install -e .`): untrusted code.
 So the build container runs under the sandboxes' runtime (gVisor's runsc where one is set), with
 the least capabilities installing needs and NO network: its only way out is the egress proxy
@@ -24,8 +27,11 @@ start, and that fails the environment too.
 
 from __future__ import annotations
 
+import io
+import json
 import logging
 import shutil
+import tarfile
 import tempfile
 import time
 import uuid
@@ -106,16 +112,17 @@ APT_INSTALL = (
     "&& rm -rf /var/lib/apt/lists/*"
 )
 NODE_MODULES = "/opt/baton/node_modules"
-FORGET = (
-    "if [ -d {workspace}/node_modules ]; then mkdir -p /opt/baton && "
-    f"mv {{workspace}}/node_modules {NODE_MODULES}; fi; "
-    "find {workspace} -mindepth 1 -delete; "
-    f"if [ -d {NODE_MODULES} ]; then ln -s {NODE_MODULES} {{workspace}}/node_modules; fi; "
-    "rm -rf /root/.cache /root/.npm /tmp/* /var/lib/apt/lists/*"
+OUT_OF_TREE = (
+    "if [ -d {workspace}/node_modules ] && [ ! -L {workspace}/node_modules ]; then "
+    f"mkdir -p /opt/baton && mv {{workspace}}/node_modules {NODE_MODULES} && "
+    f"ln -s {NODE_MODULES} {{workspace}}/node_modules; fi"
 )
-"""Last build step: the tree goes (each stage copies in its own) and so do the caches. What
-`npm` installed into the tree moves out of it, to `NODE_MODULES`, and a symlink in the tree's
-place leads there: a sandbox's workspace volume starts with it."""
+"""What `npm` installed into the tree moves out of it, to `NODE_MODULES`, and a symlink in the
+tree's place leads there: a sandbox's workspace volume starts with the link, not with a copy of
+every package."""
+KEEP_PRODUCTS = (Path(__file__).parent / "products.py").read_text(encoding="utf-8")
+"""The script (`sandbox.products`) that keeps, after the setup, what it built in the workspace."""
+CLEAN_CACHES = "rm -rf /root/.cache /root/.npm /tmp/* /var/lib/apt/lists/*"
 BUILD_CAPABILITIES = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "SETUID", "SETGID", "KILL"]
 """What installing packages needs as root (apt drops to its `_apt` user, npm chowns)."""
 EGRESS_PREFLIGHT = """\
@@ -134,6 +141,8 @@ else:
 forbids it (gVisor without `--host-uds=open`) is named at once rather than as a failed
 download, and waits until the relay listens."""
 LOG_TAIL_LINES = 40
+MAX_PRODUCTS = 20_000
+"""Most separate products a setup may leave in the workspace (a folder of them is one)."""
 MAX_TEST_OUTPUT_BYTES = 64_000_000
 """Output kept of the validating test run: its per-test lines come last (pytest's summary)."""
 
@@ -233,6 +242,8 @@ class BuiltEnvironment:
     build_s: float
     log: str = field(repr=False)
     """Every setup command and its output, in order."""
+    products: tuple[str, ...] = ()
+    """What the setup built in the workspace, kept in the image (`KEEP_PRODUCTS`)."""
 
 
 @dataclass(frozen=True)
@@ -252,12 +263,14 @@ def build_environment(
     tag: str,
     settings: BuildSettings | None = None,
     workspace: str = SandboxConfig().workspace,
+    user: tuple[int, int] = SandboxConfig().uid_gid,
     labels: Mapping[str, str] | None = None,
     client: docker.DockerClient | None = None,
     progress: Progress | None = None,
 ) -> BuiltEnvironment:
     """Run the setup phase for `spec` on `tree` (a tar of the repository) and commit the result
-    as `tag`.
+    as `tag`, the workspace holding what the setup built there (its products: `KEEP_PRODUCTS`),
+    owned by `user`, the sandboxes' uid and gid.
 
     Raises:
         EnvironmentBuildError: a setup command failed or timed out; no image is left.
@@ -288,13 +301,15 @@ def build_environment(
                 log.append(f"$ {command}\n{result.output}\n{outcome}\n")
                 if result.status != "ok":
                     _failed(command, result, "".join(log))
+            products = _keep_products(box, workspace, tree, user)
             image_id = _commit(docker_client, box.id, tag, spec, workspace, build_labels)
         finally:
             remove(docker_client, box.id)
         size = int(docker_client.api.inspect_image(image_id)["Size"])
     took = round(time.monotonic() - started, 2)
-    built = BuiltEnvironment(tag, image_id, size, took, "".join(log))
-    say(f"built {tag} ({size / 1e6:.0f} MB) in {built.build_s:.0f} s")
+    built = BuiltEnvironment(tag, image_id, size, took, "".join(log), products)
+    kept = f", {len(products)} build products kept" if products else ""
+    say(f"built {tag} ({size / 1e6:.0f} MB{kept}) in {built.build_s:.0f} s")
     return built
 
 
@@ -336,8 +351,52 @@ def _steps(spec: EnvironmentSpec, workspace: str) -> list[str]:
     if spec.packages:
         steps.append(APT_INSTALL.format(packages=" ".join(spec.packages)))
     steps += [f"cd {workspace} && {command}" for command in spec.setup]
-    steps.append(FORGET.format(workspace=workspace))
+    steps.append(OUT_OF_TREE.format(workspace=workspace))
     return steps
+
+
+def _keep_products(
+    box: DockerSandbox, workspace: str, tree: bytes, user: tuple[int, int]
+) -> tuple[str, ...]:
+    """Take the tree's files out of the workspace and keep what the setup made; those products
+    (`KEEP_PRODUCTS`). The caches go too."""
+    names = b"".join(p.encode("utf-8", "surrogateescape") + b"\0" for p in tree_paths(tree))
+    uid, gid = user
+    argv = ["python3", "-c", KEEP_PRODUCTS, workspace, str(uid), str(gid)]
+    result = box.exec(argv, stdin=names, timeout_s=600, max_output_bytes=16_000_000)
+    if result.exit_code != 0:
+        raise EnvironmentBuildError(
+            f"the build products could not be kept: {result.output.strip()[-500:]}"
+        )
+    box.exec(["sh", "-c", CLEAN_CACHES], timeout_s=600)
+    try:
+        products = json.loads(result.output.strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError) as exc:
+        raise EnvironmentBuildError(f"the build products' list is unreadable: {exc}") from exc
+    return _checked_products(products)
+
+
+def _checked_products(products: Any) -> tuple[str, ...]:
+    """The list the build container printed, read as what a hostile setup may have made of it
+    (it ran as root there): paths inside the workspace, at most `MAX_PRODUCTS`."""
+    if not isinstance(products, list) or not all(isinstance(p, str) for p in products):
+        raise EnvironmentBuildError("the build products' list is not a list of paths")
+    if len(products) > MAX_PRODUCTS:
+        raise EnvironmentBuildError(
+            f"the setup left {len(products)} separate products in the workspace, more than "
+            f"{MAX_PRODUCTS}: build into a folder of its own (build/, dist/)"
+        )
+    for name in products:
+        parts = name.rstrip("/").split("/")
+        if not name.rstrip("/") or name.startswith("/") or "\0" in name or ".." in parts:
+            raise EnvironmentBuildError(f"the build products' list holds {name!r}")
+    return tuple(products)
+
+
+def tree_paths(tree: bytes) -> list[str]:
+    """The paths of the files and links in `tree` (a tar of a repository's tree)."""
+    with tarfile.open(fileobj=io.BytesIO(tree)) as archive:
+        return [m.name.removesuffix("/") for m in archive.getmembers() if not m.isdir()]
 
 
 @contextmanager

@@ -248,8 +248,9 @@ COINCIDENCES: dict[str, tuple[frozenset[str], str]] = {
     "proof": (frozenset({"orchestrator/core/branches.py"}),
               'a fan-out stage\'s `select = "proof"`: selection by the measured proof'),
     "commit": (frozenset({"orchestrator/core/store.py", "workers/envcli.py", "workers/publish.py",
-                          "workers/tools/container.py"}),
-               "the run's pinned commit, and git's `commit` command and object type"),
+                          "workers/tools/container.py", "workers/environments.py"}),
+               "the run's pinned commit, git's `commit` command and object type, and the commit "
+               "an environment's products were built from"),
     "path": (frozenset({"workers/tools/code.py", "workers/tools/workspace.py"}),
              "the code tools' `path` argument in their results, and ripgrep's sort key"),
     "plan": (frozenset({"orchestrator/core/gates.py", "orchestrator/core/autonomy.py"}),

@@ -88,6 +88,11 @@ class Environment:
     baseline: Outcomes
     built: bool = False
     """This call built it (else it was there already)."""
+    commit: str | None = None
+    """The commit whose tree the setup built (None: recorded before products were kept)."""
+    products: tuple[str, ...] = ()
+    """What the setup built in the workspace and the image keeps there (`sandbox.products`):
+    each sandbox lays its commit over them."""
     build_log: str = ""
     test_log: str = ""
 
@@ -206,7 +211,7 @@ class Environments:
                 found = self._found(client, key)  # built by another worker while we waited
                 if found is not None:
                     return found
-                return self._build(client, key, spec, tree, repo, say)
+                return self._build(client, key, spec, tree, repo, commit, say)
 
     def prune(self, *, older_than_s: float, dry_run: bool = False) -> list[str]:
         """Remove the environments (image and record) not used for `older_than_s`; the keys."""
@@ -284,6 +289,8 @@ class Environments:
             spec=EnvironmentSpec.model_validate_json(fields["spec"]),
             test_command=fields.get("test_command") or None,
             baseline=_outcomes(json.loads(fields.get("baseline", "{}"))),
+            commit=fields.get("commit") or None,
+            products=tuple(json.loads(fields.get("products", "[]"))),
         )
 
     def _build(
@@ -293,17 +300,20 @@ class Environments:
         spec: EnvironmentSpec,
         tree: bytes,
         repo: str,
+        commit: str,
         say: Progress,
     ) -> Environment:
         tag = environment_tag(key)
         started = time.monotonic()
+        products: tuple[str, ...] = ()
         try:
             if spec.packages or spec.setup:
                 built = build_environment(
                     spec, tree, tag=tag, settings=self.settings, client=client, progress=say,
-                    workspace=self.sandbox_config.workspace,
+                    workspace=self.sandbox_config.workspace, user=self.sandbox_config.uid_gid,
                 )  # fmt: skip
                 image_id, size, log = built.image_id, built.size_bytes, built.log
+                products = built.products
             else:  # nothing to install: the base image is the environment
                 tag, log = self.settings.base_image, ""
                 image_id = _image_id(client, tag) or ""
@@ -341,6 +351,8 @@ class Environments:
                 "last_used": repr(time.time()),
                 "build_s": str(round(time.monotonic() - started, 2)),
                 "test_command": command or "",
+                "commit": commit,
+                "products": json.dumps(products),
                 "baseline": json.dumps({k: v.value for k, v in baseline.by_id.items()}),
                 "passed": str(len(baseline.passed)),
                 "failed": str(len(baseline.failed)),
@@ -351,7 +363,10 @@ class Environments:
             f"environment {key}: {len(baseline.passed)} tests pass and {len(baseline.failed)} "
             "fail on the unchanged code"
         )
-        return Environment(key, tag, spec, command, baseline, True, log, test_log)
+        return Environment(
+            key=key, tag=tag, spec=spec, test_command=command, baseline=baseline, built=True,
+            commit=commit, products=products, build_log=log, test_log=test_log,
+        )  # fmt: skip
 
     def _record_failure(
         self, key: str, repo: str, spec: EnvironmentSpec | None, error: str, *,

@@ -17,7 +17,8 @@ import io
 import posixpath
 import shutil
 import tarfile
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -31,6 +32,10 @@ from orchestrator.core.git import (
     repo_source,
     run_git,
 )
+
+UNCHANGED_MTIME = 946_684_800
+"""2000-01-01: the date of a file laid over build products that is as it was when they were
+built, so that it is older than they are (some tools refuse dates before 1980)."""
 
 
 class RepoCache:
@@ -74,8 +79,16 @@ class RepoCache:
         git_output(source, [*in_dest, "checkout", "--quiet", "--detach", commit])
         return dest
 
-    def archive(self, repo: str, commit: str, *, uid: int, gid: int) -> bytes:
+    def archive(
+        self, repo: str, commit: str, *, uid: int, gid: int, over: str | None = None
+    ) -> bytes:
         """The tree of `commit` as a tar whose files belong to `uid:gid` (a sandbox's user).
+
+        `over`: the commit whose build products the tree is laid over (an environment image's,
+        `sandbox.build`). Then a file that differs from `over`'s is dated now and every other
+        one `UNCHANGED_MTIME`, so that `make` and setuptools, which compare times, see exactly
+        the changed sources as newer than the products built from `over`'s; all of them are
+        dated now when `over` cannot be found.
 
         Raises:
             RepoError: the commit cannot be found or archived.
@@ -89,7 +102,44 @@ class RepoCache:
             timeout_s=self.network_timeout_s,
             failed=f"git archive of {redact(source)} at {commit} failed",
         )
-        return _owned_by(tar, uid, gid)
+        if over is None:
+            return _owned_by(tar, uid, gid)
+        changed = self.changed(repo, over, commit)
+        now = int(time.time())
+
+        def dated(name: str) -> int:
+            return now if changed is None or name in changed else UNCHANGED_MTIME
+
+        return _owned_by(tar, uid, gid, mtime=dated)
+
+    def changed(
+        self, repo: str, base: str, head: str, pathspecs: Sequence[str] = ()
+    ) -> frozenset[str] | None:
+        """The paths (those `pathspecs` match, if any are given) that differ between the trees
+        of `base` and `head` (added, removed or changed; a rename is both its paths); None when
+        `base` is not in the repository any more (a rewritten history): then nothing can be said
+        to be unchanged."""
+        source, mirror = repo_source(repo), self.mirror_path(repo)
+        with self._locked(mirror):
+            self._ensure_commit(source, mirror, head)
+            if not _has_commit(mirror, base):
+                return None
+        args = [
+            "-C",
+            str(mirror),
+            "diff",
+            "--name-only",
+            "-z",
+            "--no-renames",
+            base,
+            head,
+            "--",
+            *pathspecs,
+        ]
+        names = git_output_bytes(source, args, failed=f"git diff of {redact(source)} failed")
+        return frozenset(
+            name.decode(errors="surrogateescape") for name in names.split(b"\0") if name
+        )
 
     def diff(self, repo: str, base: str, head: str) -> str:
         """The change from `base` to `head` as a unified diff, the way a pull request shows it:
@@ -158,10 +208,13 @@ def _has_commit(mirror: Path, commit: str) -> bool:
     return result.returncode == 0
 
 
-def _owned_by(tar_bytes: bytes, uid: int, gid: int) -> bytes:
-    """The same archive with every entry owned by `uid:gid`, and every symlink that leads out
-    of the tree (`shared -> ..`, `/etc`) replaced by a small file saying what it was: Docker
-    refuses to unpack the first kind, and the second would show the sandbox's own files."""
+def _owned_by(
+    tar_bytes: bytes, uid: int, gid: int, *, mtime: Callable[[str], int] | None = None
+) -> bytes:
+    """The same archive with every entry owned by `uid:gid` (and dated `mtime(name)`, if
+    given), and every symlink that leads out of the tree (`shared -> ..`, `/etc`) replaced by
+    a small file saying what it was: Docker refuses to unpack the first kind, and the second
+    would show the sandbox's own files."""
     out = io.BytesIO()
     with (
         tarfile.open(fileobj=io.BytesIO(tar_bytes)) as source,
@@ -169,6 +222,8 @@ def _owned_by(tar_bytes: bytes, uid: int, gid: int) -> bytes:
     ):
         for member in source:
             member.uid, member.gid, member.uname, member.gname = uid, gid, "", ""
+            if mtime is not None:
+                member.mtime = mtime(member.name.removesuffix("/"))
             if member.issym() and _leaves_tree(member.name, member.linkname):
                 marker = OUTSIDE_LINK.format(target=member.linkname).encode()
                 member.type, member.linkname, member.size = tarfile.REGTYPE, "", len(marker)

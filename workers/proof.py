@@ -87,7 +87,11 @@ def run_tests(workspace: Workspace, command: str, *, timeout_s: float) -> tuple[
         argv = split_command(command)
     except ToolError as exc:
         raise StageError(f"the test command {command!r} is unusable: {exc.message}") from exc
-    result = workspace.run(argv, timeout_s=timeout_s, env=TEST_ENV)
+    try:
+        result = workspace.run(argv, timeout_s=timeout_s, env=TEST_ENV)
+    except ToolError as exc:  # the environment's build step failed: no test ran
+        log = f"$ {command}\n{exc.message}\n[not run]\n"
+        return TestRun(command=command, exit_code=None, passed=0, failed=None), log
     ending = "timed out" if result.timed_out else f"exit code {result.exit_code}"
     log = f"$ {command}\n{result.output}\n[{ending}]\n"
     return test_run(command, result), log
@@ -248,7 +252,12 @@ def check_reproduction(
             )
     with open_clean() as workspace:
         _applied(workspace, change, "the reproducing test")
-        ran = _run(workspace, command, shell=False, timeout_s=timeout_s)
+        try:
+            ran = _run(workspace, command, shell=False, timeout_s=timeout_s)
+        except ToolError as exc:  # the environment's build step failed
+            raise NotReproducedError(
+                f"could not reproduce the report: the unchanged code with the test: {exc.message}"
+            ) from exc
     artifacts.save("reproduce.log", ran.log("the reproducing tests, unchanged code").encode())
     seen = bool(expected_failure.strip()) and expected_failure.strip() in ran.result.output
     measured = Reproduced(
@@ -288,11 +297,29 @@ def prove(
     (must fail) and with all of it (must pass), and the suite (`suite_command`, through a
     shell) in both (nothing that passed before may fail after); each in a clean workspace."""
     measure = (open_clean, command, suite_command, timeout_s, artifacts)
-    repro_before, suite_before = _measured(
-        *measure, only_tests(change, test_files), "the change's test files", "before"
-    )
-    repro_after, suite_after = _measured(*measure, change, "the change", "after")
+    try:
+        repro_before, suite_before = _measured(
+            *measure, only_tests(change, test_files), "the change's test files", "before"
+        )
+    except ToolError as exc:  # the environment's build step failed: nothing could run
+        return _unbuilt(change, command, "without the change's code", exc)
+    try:
+        repro_after, suite_after = _measured(*measure, change, "the change", "after")
+    except ToolError as exc:
+        return _unbuilt(change, command, "with the change", exc)
     return _verdict(change, repro_before, repro_after, suite_before, suite_after, suite_command)
+
+
+def _unbuilt(change: str, command: str, when: str, exc: ToolError) -> Proof:
+    """The verdict when the tests could not run at all (`when`): the build step failed."""
+    first, _, rest = exc.message.partition("\n")
+    return Proof(
+        passed=False,
+        reason=f"{when}, the tests could not run: {first}",
+        reproducing_command=command,
+        diff_stat=diff_stat(change),
+        failure_tail=rest[-TAIL_CHARS:],
+    )
 
 
 def _measured(

@@ -9,18 +9,19 @@ commit's tree copied in from the host's mirror of the repository. Tests use an i
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import sandbox
 from orchestrator.core.execution import Held
-from sandbox.build import agent_config
+from sandbox.build import agent_config, tree_paths
 from sandbox.pool import WarmPool
 from workers import metrics
 from workers.environments import Environment
 from workers.mirrors import RepoCache
+from workers.rebuild import BuildRun, Rebuild, collisions, excluded
 from workers.tools.container import ContainerWorkspace
 from workers.tools.workspace import Workspace
 
@@ -42,6 +43,8 @@ class WorkspaceRequest:
     environment: Environment | None = None
     """The run's environment: its image, variables and limits; None: the plain sandbox
     image."""
+    on_build: Callable[[BuildRun], None] | None = field(default=None, compare=False)
+    """Told of each run of the environment's build step (`workers.rebuild`) in the workspace."""
 
 
 class Sandboxes(Protocol):
@@ -63,12 +66,19 @@ class DockerSandboxes:
     the host's mirror of the repository."""
 
     def __init__(
-        self, mirrors: RepoCache, config: sandbox.SandboxConfig, *, pool: WarmPool | None = None
+        self,
+        mirrors: RepoCache,
+        config: sandbox.SandboxConfig,
+        *,
+        pool: WarmPool | None = None,
+        build_timeout_s: float = 1800.0,
     ) -> None:
         self.mirrors = mirrors
         self.config = config
         self.pool = pool
         """Ready containers to take instead of starting one (None: each is started cold)."""
+        self.build_timeout_s = build_timeout_s
+        """Most time one command of the environment's build step may take."""
 
     @contextmanager
     def open(self, request: WorkspaceRequest) -> Iterator[Workspace]:
@@ -80,7 +90,8 @@ class DockerSandboxes:
                 {**config.model_dump(), "network": request.network}
             )
         uid, gid = config.uid_gid
-        tree = self.mirrors.archive(request.repo, request.commit, uid=uid, gid=gid)
+        over = env.commit if env is not None and env.products else None
+        tree = self.mirrors.archive(request.repo, request.commit, uid=uid, gid=gid, over=over)
         variables = dict(env.spec.env) if env is not None else {}
         if self.pool is not None:
             started = self.pool.start(config, labels=dict(request.labels), env=variables)
@@ -89,13 +100,40 @@ class DockerSandboxes:
                 config, labels=dict(request.labels), env=variables
             )
         with metrics.sandbox_lifetime(request.stage, started) as box:
+            tracked, products = tree_paths(tree), env.products if env is not None else ()
+            in_the_way = collisions(products, tracked)
+            if in_the_way:
+                box.exec(["rm", "-rf", "--", *(f"{config.workspace}/{p}" for p in in_the_way)])
             box.put_archive(config.workspace, tree)
-            workspace = ContainerWorkspace(box, root=config.workspace)
-            workspace.commit_baseline()
+            workspace = ContainerWorkspace(
+                box, root=config.workspace, rebuild=self._rebuild(request)
+            )
+            workspace.commit_baseline(*excluded(products, tracked))
             logger.info(
                 "sandbox %s ready for %s (%d bytes of tree)", box.id[:12], request.stage, len(tree)
             )
             yield workspace
+
+    def _rebuild(self, request: WorkspaceRequest) -> Rebuild | None:
+        """The environment's build step for this workspace; stale when the files it builds from
+        differ between the image's commit and this one."""
+        env = request.environment
+        if env is None or not env.spec.build:
+            return None
+        changed = (
+            None
+            if env.commit is None
+            else self.mirrors.changed(
+                request.repo, env.commit, request.commit, env.spec.build_inputs
+            )
+        )
+        return Rebuild(
+            env.spec.build,
+            env.spec.build_inputs,
+            stale=changed is None or bool(changed),
+            timeout_s=self.build_timeout_s,
+            on_build=request.on_build,
+        )
 
 
 def execution_labels(held: Held, attempt: int) -> dict[str, str]:

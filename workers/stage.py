@@ -14,6 +14,7 @@ model said; the fields Baton reads of an output are the ones the stage's spec na
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import tempfile
@@ -41,6 +42,7 @@ from workers.delegate import Delegation, delegate_tool, without_delegate
 from workers.errors import ProofFailedError, StageError, StageOutputError, TestsFailedError
 from workers.inputs import StageInputs
 from workers.publish import Publisher
+from workers.rebuild import BuildRun
 from workers.sandboxes import Sandboxes, WorkspaceRequest, execution_labels
 from workers.subsessions import BRANCH, SESSION
 from workers.tools.artifacts import ArtifactSink
@@ -52,6 +54,8 @@ from workers.tools.secrets import Secrets
 from workers.tools.workspace import Workspace
 
 logger = logging.getLogger(__name__)
+
+OnBuild = Callable[[BuildRun], None]
 
 __all__ = ["Fence", "StageOutput", "StageSinks", "execute_stage"]
 
@@ -124,7 +128,8 @@ async def execute_stage(
     schema = spec.schema_class()
     facts: dict[Fact, Any] = {}
     change = ""
-    with _workspace(inputs, sandboxes) as workspace:
+    on_build = _build_recorder(inputs, sinks.artifacts)
+    with _workspace(inputs, sandboxes, on_build) as workspace:
         if workspace is not None and inputs.verify_command:
             facts[Fact.TESTS_BEFORE] = _verify(inputs, workspace, sinks.artifacts, "before")
         bench = ToolBench(
@@ -176,9 +181,11 @@ async def execute_stage(
             sinks.artifacts.save(DIFF_ARTIFACT, change.encode(), "text/x-diff")
     _require_passing_tests(spec, facts)
     if spec.reproduce:
-        facts[Fact.REPRODUCED] = _reproduce(inputs, result, change, sandboxes, sinks.artifacts)
+        facts[Fact.REPRODUCED] = _reproduce(
+            inputs, result, change, sandboxes, sinks.artifacts, on_build
+        )
     if spec.proof is not None:
-        facts[Fact.PROOF] = _prove(inputs, change, sandboxes, sinks.artifacts)
+        facts[Fact.PROOF] = _prove(inputs, change, sandboxes, sinks.artifacts, on_build)
     result, compacted = await _fit_budget(result, inputs, schema, model, sinks, streaming)
     result = _with_facts(result, facts, schema)
     logger.info(
@@ -189,7 +196,7 @@ async def execute_stage(
     return StageOutput(output=result, compacted=compacted)
 
 
-def _request(inputs: StageInputs) -> WorkspaceRequest:
+def _request(inputs: StageInputs, on_build: OnBuild) -> WorkspaceRequest:
     return WorkspaceRequest(
         repo=inputs.repo,
         commit=inputs.commit,
@@ -197,11 +204,29 @@ def _request(inputs: StageInputs) -> WorkspaceRequest:
         labels=execution_labels(inputs.held, inputs.attempt),
         network=inputs.spec.sandbox_network,
         environment=inputs.environment,
+        on_build=on_build,
     )
 
 
+def _build_recorder(inputs: StageInputs, artifacts: ArtifactSink) -> OnBuild:
+    """Saves the log of each run of the build step in the stage's workspaces as an artifact
+    (`build-<n>.log`) and logs its time."""
+    runs = itertools.count(1)
+
+    def record(ran: BuildRun) -> None:
+        number = next(runs)
+        artifacts.save(f"build-{number}.log", ran.log.encode())
+        outcome = "ok" if ran.failed_command is None else f"failed ({ran.failed_command})"
+        logger.info("build %d of %s in run %s: %s in %.1fs", number, inputs.spec.name,
+                    inputs.run_id, outcome, ran.duration_s)  # fmt: skip
+
+    return record
+
+
 @contextmanager
-def _workspace(inputs: StageInputs, sandboxes: Sandboxes | None) -> Iterator[Workspace | None]:
+def _workspace(
+    inputs: StageInputs, sandboxes: Sandboxes | None, on_build: OnBuild
+) -> Iterator[Workspace | None]:
     """A workspace at the pinned commit with the upstream change applied, for a stage with
     code or command tools; none for one without."""
     if not inputs.needs_workspace:
@@ -209,7 +234,7 @@ def _workspace(inputs: StageInputs, sandboxes: Sandboxes | None) -> Iterator[Wor
         return
     if sandboxes is None:
         raise StageError(f"stage {inputs.spec.name!r} has tools but was given no sandboxes")
-    with sandboxes.open(_request(inputs)) as workspace:
+    with sandboxes.open(_request(inputs, on_build)) as workspace:
         if inputs.upstream_diff and inputs.upstream_diff.strip():
             try:
                 workspace.apply_patch(inputs.upstream_diff)
@@ -251,12 +276,12 @@ def _verify(
     return run
 
 
-def _clean(inputs: StageInputs, sandboxes: Sandboxes | None) -> proof.OpenClean:
+def _clean(inputs: StageInputs, sandboxes: Sandboxes | None, on_build: OnBuild) -> proof.OpenClean:
     """Opens a fresh workspace of the run's environment at the pinned commit, nothing applied:
     where Baton measures a change, away from the sandbox that made it."""
     if sandboxes is None:
         raise StageError(f"stage {inputs.spec.name!r} measures a change but has no sandboxes")
-    request = _request(inputs)
+    request = _request(inputs, on_build)
     return lambda: sandboxes.open(request)
 
 
@@ -270,6 +295,7 @@ def _reproduce(
     change: str,
     sandboxes: Sandboxes | None,
     artifacts: ArtifactSink,
+    on_build: OnBuild,
 ) -> Reproduced:
     """Baton runs the reproducing tests the stage named (in the fields its `reproduce` rule
     names) on the unchanged code."""
@@ -278,7 +304,7 @@ def _reproduce(
     except ValidationError as exc:
         raise StageOutputError(f"the reproduction does not read as one: {exc}") from exc
     measured = proof.check_reproduction(
-        _clean(inputs, sandboxes),
+        _clean(inputs, sandboxes, on_build),
         change=change,
         command=test.command,
         expected_failure=test.failure,
@@ -292,7 +318,11 @@ def _reproduce(
 
 
 def _prove(
-    inputs: StageInputs, change: str, sandboxes: Sandboxes | None, artifacts: ArtifactSink
+    inputs: StageInputs,
+    change: str,
+    sandboxes: Sandboxes | None,
+    artifacts: ArtifactSink,
+    on_build: OnBuild,
 ) -> Proof:
     """Baton's verdict on the stage's change; without a loop to try again, a failed one ends
     the stage."""
@@ -302,7 +332,7 @@ def _prove(
         verdict = Proof(passed=False, reason="the stage changed nothing", reproducing_command="")
     else:
         verdict = proof.prove(
-            _clean(inputs, sandboxes),
+            _clean(inputs, sandboxes, on_build),
             change=change,
             command=inputs.reproduction.command,
             test_files=inputs.reproduction.files,

@@ -71,6 +71,7 @@ def services() -> WorkerServices:
             mirrors,
             settings.sandbox_config(),
             pool=warm_pool(),
+            build_timeout_s=settings.build_settings().command_timeout_s,
         ),
         environments=environments(),
         publisher=Publisher(

@@ -7,11 +7,12 @@ side too, so a model's `../x` is refused before it reaches the container.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import PurePosixPath
 
 from orchestrator.core.git import COMMITTER, LOCAL_GIT_TIMEOUT_S, git_config_env
 from sandbox import DockerSandbox, SandboxError
+from workers.rebuild import Rebuild, ignore_pattern
 from workers.tools.errors import ToolError
 from workers.tools.workspace import (
     APPLY_FLAGS,
@@ -32,6 +33,9 @@ MAX_DIFF_BYTES = 8_000_000
 """A diff larger than this is refused rather than handed on cut."""
 PATCH_PATH = "/tmp/.baton-patch.diff"
 """Where `apply_patch` puts a patch inside the sandbox for git to read."""
+PATHS_PATH = "/tmp/.baton-tracked"
+"""Where `commit_baseline` puts the paths it adds by name."""
+EXCLUDE_FILE = ".git/info/exclude"
 
 
 REAL_PATH = 'p=$(realpath {flag} -- "$1") && [ {kind} "$p" ] && printf %s "$p"'
@@ -41,9 +45,13 @@ REAL_PATH = 'p=$(realpath {flag} -- "$1") && [ {kind} "$p" ] && printf %s "$p"'
 class ContainerWorkspace:
     """The git working copy at `root` inside a running sandbox."""
 
-    def __init__(self, box: DockerSandbox, *, root: str = "/workspace") -> None:
+    def __init__(
+        self, box: DockerSandbox, *, root: str = "/workspace", rebuild: Rebuild | None = None
+    ) -> None:
         self.box = box
         self._root = root
+        self.rebuild = rebuild
+        """The environment's build step, run before a command whenever the change needs it."""
 
     @property
     def root(self) -> str:
@@ -99,6 +107,10 @@ class ContainerWorkspace:
     ) -> CommandResult:
         if not argv:
             raise ToolError("the command is empty")
+        if self.rebuild is not None:
+            self.rebuild.ensure(
+                lambda command, limit_s: self._exec(command, timeout_s=limit_s), self.exclude
+            )
         return self._exec(argv, timeout_s=timeout_s, env=env)
 
     def diff(self) -> str:
@@ -123,14 +135,33 @@ class ContainerWorkspace:
             failures.append(check.output.strip()[-500:])
         raise ToolError(f"the patch does not apply; nothing changed: {failures[0]}")
 
-    def commit_baseline(self) -> None:
+    def commit_baseline(self, ignored: Sequence[str] = (), tracked: Sequence[str] = ()) -> None:
         """Make the files now in the workspace the `HEAD` that diffs are taken against; what
-        tests leave behind (`TEST_BYPRODUCTS`) is never part of a diff."""
+        tests leave behind (`TEST_BYPRODUCTS`) and what `ignored` matches (`.gitignore` lines:
+        the build products, `workers.rebuild.excluded`) is never part of a diff, except the
+        `tracked` paths, which are added whatever ignores them."""
         self._git("init", "-q")
-        exclude = "".join(f"{pattern}\n" for pattern in TEST_BYPRODUCTS)
-        self.box.write_file(f"{self._root}/.git/info/exclude", exclude.encode())
+        exclude = "".join(f"{pattern}\n" for pattern in (*TEST_BYPRODUCTS, *ignored))
+        self.box.write_file(f"{self._root}/{EXCLUDE_FILE}", exclude.encode())
         self._git("add", "--all")
+        if tracked:
+            self.box.write_file(PATHS_PATH, b"".join(p.encode() + b"\0" for p in tracked))
+            self._git(
+                "--literal-pathspecs", "add", "--force", "--pathspec-file-nul",
+                f"--pathspec-from-file={PATHS_PATH}",
+            )  # fmt: skip
         self._git("commit", "-q", "--no-verify", "-m", "baseline", env=git_config_env(COMMITTER))
+
+    def exclude(self, paths: Iterable[str]) -> None:
+        """Hide `paths` (new build products) from the change: git ignores them from now on."""
+        lines = "".join(f"{ignore_pattern(path)}\n" for path in paths)
+        if lines:
+            appended = self.box.exec(
+                ["sh", "-c", 'cat >> "$1"', "sh", f"{self._root}/{EXCLUDE_FILE}"],
+                stdin=lines.encode(), timeout_s=LOCAL_GIT_TIMEOUT_S,
+            )  # fmt: skip
+            if appended.exit_code != 0:
+                raise ToolError(f"could not hide the build's products: {appended.output[-300:]}")
 
     # -- helpers ------------------------------------------------------------------------------
 
