@@ -142,8 +142,9 @@ def test_an_ignore_pattern_matches_exactly_its_path_and_not_a_neighbour(
     assert neighbour in shown
 
 
-def test_products_the_commit_tracks_are_its_files_and_tracked_files_in_a_product_folder_stay(
-) -> None:
+def test_products_the_commit_tracks_are_its_files_and_tracked_files_in_a_product_folder_stay() -> (
+    None
+):
     products = ["build/", "node_modules", "pkg/_speedups.so", "pkg/version.py"]
     tracked = ["build/keep.txt", "build/sub/x.py", "buildx/y", "pkg/__init__.py", "pkg/version.py"]
 
