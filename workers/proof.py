@@ -137,6 +137,8 @@ def _proof_lines(verdict: Proof) -> list[str]:
 MAX_IDS = 50
 """Test ids a verdict lists by kind; the count says how many more there were."""
 TAIL_CHARS = 1_500
+ENDING_LINES, ENDING_CHARS = 4, 400
+"""How much of what a non-reproducing test printed instead its error names."""
 TEST_PATH = re.compile(
     r"(^|/)(tests?|testing|__tests__|spec)/"
     r"|(^|/)(test_[^/]*|[^/]*_tests?\.py|conftest\.py|[^/]*\.(test|spec)\.[jt]sx?)$"
@@ -278,9 +280,16 @@ def check_reproduction(
     if not seen:
         raise NotReproducedError(
             f"could not reproduce the report: {said} fails ({_described(ran)}), but its output "
-            f"never shows {expected_failure.strip()!r}, the failure the report is about"
+            f"never shows {expected_failure.strip()!r}, the failure the report is about; it "
+            f"ends: {_ending(ran.result.output)}"
         )
     return measured
+
+
+def _ending(output: str) -> str:
+    """The last few lines of a command's output, on one line: what it said instead."""
+    lines = [line.strip() for line in output.strip().splitlines() if line.strip()]
+    return " | ".join(lines[-ENDING_LINES:])[-ENDING_CHARS:] or "(no output)"
 
 
 def prove(

@@ -341,7 +341,11 @@ WRONG_REASON_TEST = PASSING_TEST.replace("), 5)", "), 6)")
     ("script", "said"),
     [
         (_reproduction_writing(PASSING_TEST), "ran no failing test (exit code 0, 1 passed"),
-        (_reproduction_writing(WRONG_REASON_TEST), "never shows 'ZeroDivisionError'"),
+        (
+            _reproduction_writing(WRONG_REASON_TEST),
+            "never shows 'ZeroDivisionError', the failure the report is about; it ends: "
+            "AssertionError: 5 != 6 | ",
+        ),
         (
             [
                 {"call": {"name": "edit_file", "args": {"path": "shopcart/cart.py",
