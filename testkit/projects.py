@@ -11,6 +11,7 @@ Downloads are kept in `cache`, so a second test session does not fetch them agai
 from __future__ import annotations
 
 import io
+import re
 import shutil
 import subprocess
 import sys
@@ -103,3 +104,20 @@ def _unpack(archive: Path, dest: Path) -> None:
     top.rename(dest)
     shutil.rmtree(partial, ignore_errors=True)
     (dest / ".complete").touch()
+
+
+def summary_counts(output: str) -> tuple[int, int]:
+    """(passed, failed) from the runner's own last summary line: pytest's `=== 3 passed, 1
+    failed ===`, unittest's `Ran 5 tests` with `FAILED (failures=1, errors=1, skipped=2)`."""
+    ran = re.findall(r"^Ran (\d+) tests?", output, re.MULTILINE)
+    if ran:
+        status = re.findall(r"^(OK|FAILED)(?: \((.*)\))?$", output, re.MULTILINE)[-1]
+        parts = dict(p.strip().split("=") for p in status[1].split(",") if "=" in p)
+        failed = int(parts.get("failures", 0)) + int(parts.get("errors", 0))
+        skipped = int(parts.get("skipped", 0)) + int(parts.get("expected failures", 0))
+        return int(ran[-1]) - failed - skipped, failed
+    line = [ln for ln in output.splitlines() if re.match(r"^=+ .*\d+ (passed|failed)", ln)][-1]
+    found = {kind: int(n) for n, kind in re.findall(r"(\d+) (passed|failed|errors?)", line)}
+    return found.get("passed", 0), found.get("failed", 0) + found.get("error", 0) + found.get(
+        "errors", 0
+    )

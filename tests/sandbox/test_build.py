@@ -26,7 +26,7 @@ from sandbox.build import (
     validate_environment,
 )
 from sandbox.environment import EnvironmentSpec, detect, environment_key
-from testkit.projects import npm_package, python_sdist, tree_tar
+from testkit.projects import npm_package, python_sdist, summary_counts, tree_tar
 from tests.sandbox.conftest import TEST_LABEL
 from workers.outcomes import parse, with_ids
 
@@ -87,23 +87,6 @@ def by_hand(client: docker.DockerClient, tag: str, root: Path, command: str) -> 
         labels={TEST_LABEL: "by-hand"}, stderr=True,
     )  # fmt: skip
     return output.decode(errors="replace")
-
-
-def summary_counts(output: str) -> tuple[int, int]:
-    """(passed, failed) from the runner's own last summary line: pytest's `=== 3 passed, 1
-    failed ===`, unittest's `Ran 5 tests` with `FAILED (failures=1, errors=1, skipped=2)`."""
-    ran = re.findall(r"^Ran (\d+) tests?", output, re.MULTILINE)
-    if ran:
-        status = re.findall(r"^(OK|FAILED)(?: \((.*)\))?$", output, re.MULTILINE)[-1]
-        parts = dict(p.strip().split("=") for p in status[1].split(",") if "=" in p)
-        failed = int(parts.get("failures", 0)) + int(parts.get("errors", 0))
-        skipped = int(parts.get("skipped", 0)) + int(parts.get("expected failures", 0))
-        return int(ran[-1]) - failed - skipped, failed
-    line = [ln for ln in output.splitlines() if re.match(r"^=+ .*\d+ (passed|failed)", ln)][-1]
-    found = {kind: int(n) for n, kind in re.findall(r"(\d+) (passed|failed|errors?)", line)}
-    return found.get("passed", 0), found.get("failed", 0) + found.get("error", 0) + found.get(
-        "errors", 0
-    )
 
 
 @pytest.mark.timeout(600)

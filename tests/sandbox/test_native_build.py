@@ -23,10 +23,10 @@ from orchestrator.core.git import COMMITTER
 from sandbox import SandboxConfig
 from sandbox.build import build_environment, environment_tag, validate_environment
 from sandbox.environment import BASE_PATH, VENV, EnvironmentSpec
-from testkit.projects import as_git_repo, python_sdist
+from testkit.projects import as_git_repo, python_sdist, summary_counts
 from testkit.sinks import MemoryArtifacts
 from tests.sandbox.conftest import TEST_LABEL
-from tests.sandbox.test_build import DOWNLOADS, by_hand, summary_counts
+from tests.sandbox.test_build import DOWNLOADS, by_hand
 from workers import proof
 from workers.environments import Environment
 from workers.mirrors import RepoCache

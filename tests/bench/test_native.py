@@ -1,0 +1,47 @@
+"""The native projects' table, drawn from a hand-written results file: a project whose compiled
+module is missing, or that did not build, says so in its row."""
+
+from __future__ import annotations
+
+from bench import native
+from bench.docs import Source
+
+BUILT = {
+    "project": "MarkupSafe", "version": "2.1.5", "kind": "C extension", "built": True,
+    "compiled_imports": True, "passed": 53, "failed": 0, "skipped": 0, "skip_reasons": [],
+    "by_hand": {"passed": 53, "failed": 0}, "baseline_is_by_hand": True,
+    "build": ["python setup.py build_ext --inplace"],
+}  # fmt: skip
+MISSING = {
+    **BUILT, "project": "simplejson", "version": "3.19.3", "compiled_imports": False,
+    "skipped": 2, "skip_reasons": ["_speedups.so is missing!"], "baseline_is_by_hand": False,
+    "build": [],
+}  # fmt: skip
+FAILED = {"project": "frozenlist", "version": "1.5.0", "kind": "Cython", "built": False,
+          "error": "setup command 'x' exited with 1"}  # fmt: skip
+
+
+def _source() -> Source:
+    data = {"date": "2026-12-02 11:00", "commit": "abc1234", "took_s": 300,
+            "projects": [BUILT, MISSING, FAILED]}  # fmt: skip
+    return Source("bench/results/native.json", data)
+
+
+def test_each_project_row_says_what_its_environment_showed() -> None:
+    rows = {
+        line.split(" | ")[0].strip("| "): line for line in native.latest(_source()).splitlines()
+    }
+
+    assert (
+        "| yes | 53 / 0 | 53 / 0 | 0 (none) | `python setup.py build_ext --inplace` |"
+        in (rows["MarkupSafe 2.1.5"])
+    )
+    assert (
+        "| NO | 53 / 0 | 53 / 0 | 2 (_speedups.so is missing!) | none |"
+        in rows["simplejson 3.19.3"]
+    )
+    assert "no: setup command 'x' exited with 1" in rows["frozenlist 1.5.0"]
+
+
+def test_the_history_row_counts_what_held_for_each_project() -> None:
+    assert native.row(_source()) == ["3", "2", "1", "1", "2"]
