@@ -1,9 +1,13 @@
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import pytest
 
 from orchestrator.core.facts import TestRun
 from orchestrator.core.pipeline import load_pipeline
+from testkit.sinks import MemoryArtifacts
 from tests.twin import Names
 from workers.inputs import PREVIOUS_ATTEMPT_CHARS, previous_attempt
 from workers.proof import (
@@ -13,9 +17,12 @@ from workers.proof import (
     evidence,
     is_test_file,
     only_tests,
+    prove,
     split_diff,
     succeeded,
 )
+from workers.tools.errors import ToolError
+from workers.tools.workspace import CommandResult
 
 UNITTEST_FAIL = """..EE
 ======================================================================
@@ -155,3 +162,47 @@ def test_the_next_iteration_is_told_why_the_last_was_refused_within_a_budget(
     assert "Reproducing tests that still failed: tests.test_a.T.test_empty" in told
     assert told.rstrip("`\n").endswith("ZeroDivisionError: integer division by zero")
     assert len(told) <= PREVIOUS_ATTEMPT_CHARS  # the output's tail is what gets cut
+
+
+class _Unbuildable:
+    """A workspace whose build step fails once the change is applied: its every command is
+    refused with the build's error, as `ContainerWorkspace.run` refuses it."""
+
+    def __init__(self, log: list[str]) -> None:
+        self.log = log
+        self.applied = False
+
+    def apply_patch(self, patch: str) -> None:
+        self.applied = "speedups.c" in patch
+
+    def run(self, argv: object, *, timeout_s: float, env: object = None) -> object:
+        if self.applied:
+            raise ToolError("the build step `make` exited with 2 after 0.1s, so nothing was "
+                            "run on the change; fix what it says and run again:\nspeedups.c:3: "
+                            "error: expected ';'")  # fmt: skip
+        self.log.append("ran")
+        return CommandResult(1, "FAILED t.py::test_x\n1 failed in 0.1s", False, False)
+
+
+def test_a_change_whose_build_fails_is_not_proven_and_the_reason_says_why() -> None:
+    ran: list[str] = []
+
+    @contextmanager
+    def open_clean() -> Iterator[_Unbuildable]:
+        yield _Unbuildable(ran)
+
+    change = (
+        "diff --git a/t.py b/t.py\n--- a/t.py\n+++ b/t.py\n@@ -0,0 +1 @@\n+x\n"
+        "diff --git a/speedups.c b/speedups.c\n--- a/speedups.c\n+++ b/speedups.c\n@@ -1 +1 @@\n-a\n+b\n"
+    )
+    verdict = prove(
+        open_clean, change=change, command="pytest t.py", test_files=["t.py"],
+        suite_command=None, timeout_s=10, artifacts=MemoryArtifacts(),
+    )  # fmt: skip
+
+    assert verdict.passed is False
+    assert verdict.reason.startswith(
+        "with the change, the tests could not run: the build step `make` exited with 2"
+    )
+    assert verdict.failure_tail == "speedups.c:3: error: expected ';'"
+    assert ran == ["ran"], "the run without the change's code ran once, before the build failed"
