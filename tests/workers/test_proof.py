@@ -193,7 +193,8 @@ def test_a_change_whose_build_fails_is_not_proven_and_the_reason_says_why() -> N
 
     change = (
         "diff --git a/t.py b/t.py\n--- a/t.py\n+++ b/t.py\n@@ -0,0 +1 @@\n+x\n"
-        "diff --git a/speedups.c b/speedups.c\n--- a/speedups.c\n+++ b/speedups.c\n@@ -1 +1 @@\n-a\n+b\n"
+        "diff --git a/speedups.c b/speedups.c\n--- a/speedups.c\n+++ b/speedups.c\n"
+        "@@ -1 +1 @@\n-a\n+b\n"
     )
     verdict = prove(
         open_clean, change=change, command="pytest t.py", test_files=["t.py"],
