@@ -252,7 +252,8 @@ def _scm_version(root: Path, pyproject: Mapping[str, Any]) -> str | None:
     if not (SCM_VERSIONING.search(requires) or in_setup):
         return None
     info = root / "PKG-INFO"
-    text = info.read_bytes()[:SCANNED_BYTES].decode("utf-8", "replace") if info.is_file() else ""
+    readable = info.is_file() and not info.is_symlink()
+    text = info.read_bytes()[:SCANNED_BYTES].decode("utf-8", "replace") if readable else ""
     match = re.search(r"^Version:\s*([A-Za-z0-9.+!_-]+)\s*$", text, re.MULTILINE)
     return match.group(1) if match else UNKNOWN_VERSION
 

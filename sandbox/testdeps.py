@@ -339,5 +339,5 @@ def _parsed(path: Path) -> ast.Module | None:
         return None
     try:
         return ast.parse(path.read_text(encoding="utf-8"))
-    except (SyntaxError, UnicodeDecodeError, ValueError):
-        return None
+    except (SyntaxError, UnicodeDecodeError, ValueError, RecursionError, MemoryError):
+        return None  # a file nested deeper than the parser goes is read as no file

@@ -348,3 +348,12 @@ def test_the_printed_spec_is_plain_toml() -> None:
         "[env]\n"
         'A = "1\\u007f"\n'
     )
+
+
+def test_a_noxfile_nested_past_the_parser_is_read_as_none(tmp_path: Path) -> None:
+    files = {"setup.py": "from setuptools import setup\nsetup()\n",
+             "noxfile.py": "x = " + "-" * 50_000 + "1\n"}  # fmt: skip
+
+    spec = detect(tree(tmp_path, files))
+
+    assert spec.setup[-1] == "python -m pip install -e ."
