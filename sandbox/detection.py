@@ -18,32 +18,27 @@ from __future__ import annotations
 
 import configparser
 import json
-import os
 import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from sandbox.environment import BASE_PATH, VENV, EnvironmentSpec, Language
 from sandbox.errors import EnvironmentSpecError
 from sandbox.native import KNOWN_KINDS, NativeBuild, node_build, python_build
 from sandbox.testdeps import TestSet, test_set
-
-MAX_SCANNED = 200
-"""Most test files read to tell pytest from unittest."""
-SCANNED_BYTES = 20_000
-PRUNED = frozenset(
-    {"node_modules", "venv", "env", "site-packages", "build", "dist", "__pycache__", "docs"}
-)
-"""Folders that hold no test of the repository's own."""
+from sandbox.testrunner import SCANNED_BYTES, declares_pytest, test_command, test_files, test_runner
 
 NODE_LOCKFILES = ("package-lock.json", "npm-shrinkwrap.json")
 """Lockfiles `npm ci` installs from exactly."""
 NPM_PLACEHOLDER_TEST = 'echo "Error: no test specified" && exit 1'
 """The `test` script `npm init` writes: not a test command."""
 
+GIT_HOOKS = re.compile(r"\b(husky|lefthook|simple-git-hooks|pre-commit|git rev-parse)\b")
+"""A lifecycle script that installs git hooks: it fails in the build container, whose tree has
+no `.git`, so the package's own install scripts are skipped there."""
 SCM_VERSIONING = re.compile(r"setuptools[-_]scm|hatch[-_]vcs|flit[-_]scm", re.IGNORECASE)
 """Build requirements that read the version from git, which the build container does not have
 (it gets the tree without `.git`)."""
@@ -110,7 +105,7 @@ def _python(root: Path) -> _Part | None:
     )
     base = ["requirements.txt"] if (root / "requirements.txt").is_file() else []
     chosen = test_set(root, pyproject, setup_cfg, tox)
-    has_python = installable or base or chosen or any(root.glob("*.py")) or _test_files(root)
+    has_python = installable or base or chosen or any(root.glob("*.py")) or test_files(root)
     if not has_python:
         return None
     native = python_build(root, pyproject) if installable else None
@@ -126,8 +121,8 @@ def _python(root: Path) -> _Part | None:
         target = f".[{','.join(extras)}]" if extras else "."
         isolation = "--no-build-isolation " if native and native.in_venv else ""
         setup.append(f"python -m pip install {isolation}-e {_quote(target)}")
-    declared = _declares_pytest(root, pyproject, setup_cfg, chosen, files)
-    runner = _test_runner(root, pyproject, setup_cfg, tox, declared=declared)
+    declared = declares_pytest(root, pyproject, setup_cfg, chosen, files)
+    runner = test_runner(root, pyproject, setup_cfg, tox, declared=declared)
     missing = ["pytest"] if runner == "pytest" and not declared else []
     if requirements or missing:
         wanted = list(dict.fromkeys([*requirements, *missing]))
@@ -144,13 +139,14 @@ def _python(root: Path) -> _Part | None:
             "(setuptools-scm), and the build container's tree has no .git"
         )
     reasons += _native_reasons(native, build_requires)
-    test = {"pytest": "python -m pytest", "unittest": _unittest_command(root), None: None}[runner]
+    test = test_command(root, runner)
     reasons.append(f"test: {test or 'none found'} ({runner or 'no test files'})")
     inputs = [name for name in PYTHON_INPUTS if (root / name).is_file()] + files
+    if native is None:
+        return _Part("python", setup, test, inputs, env=env, reasons=tuple(reasons))
     return _Part(
-        "python", setup, test, inputs, native.packages if native else (),
-        native.build if native else (), native.build_inputs if native else (), env,
-        tuple(reasons),
+        "python", setup, test, inputs, packages=native.packages, build=native.build,
+        build_inputs=native.build_inputs, env=env, reasons=tuple(reasons),
     )  # fmt: skip
 
 
@@ -168,6 +164,9 @@ def _node(root: Path) -> _Part | None:
     install = "npm ci --no-audit --no-fund" if lockfiles else "npm install --no-audit --no-fund"
     scripts = manifest.get("scripts")
     scripts = scripts if isinstance(scripts, dict) else {}
+    hooks = [n for n in ("prepare", "postinstall") if GIT_HOOKS.search(str(scripts.get(n, "")))]
+    if hooks:  # the tree has no .git: its own scripts are skipped, its dependencies' are run
+        install = f"{install} --ignore-scripts && npm rebuild"
     script = scripts.get("test")
     test = (
         "npm test" if isinstance(script, str) and script.strip() != NPM_PLACEHOLDER_TEST else None
@@ -177,7 +176,10 @@ def _node(root: Path) -> _Part | None:
     native = node_build(root, manifest)
     reasons = [
         f"setup: {install.split(' --')[0]}"
-        + (f" ({lockfiles[0]})" if lockfiles else " (no lockfile: versions may drift)"),
+        + (f" ({lockfiles[0]})" if lockfiles else " (no lockfile: versions may drift)")
+        + (f"; its own {hooks[0]} script installs git hooks and is skipped (the build "
+           "container's tree has no .git), its dependencies' scripts run (npm rebuild)"
+           if hooks else ""),
         "build: npm run build (package.json has a build script; every file is its input)"
         if builds else "build: none (package.json has no build script)",
         f"test: {test or 'none found'} (package.json scripts.test)",
@@ -186,7 +188,7 @@ def _node(root: Path) -> _Part | None:
         reasons.insert(0, f"packages: {', '.join(native.packages)}: {native.reason}")
     return _Part(
         "node", [install, *build], test, ["package.json", *lockfiles],
-        native.packages if native else (), build, (), None, tuple(reasons),
+        packages=native.packages if native else (), build=build, reasons=tuple(reasons),
     )  # fmt: skip
 
 
@@ -275,81 +277,6 @@ def _ini(path: Path) -> configparser.ConfigParser:
         except (UnicodeDecodeError, configparser.Error) as exc:
             raise EnvironmentSpecError(f"{path.name}: not a valid INI file: {exc}") from exc
     return parser
-
-
-def _declares_pytest(
-    root: Path,
-    pyproject: Mapping[str, Any],
-    setup_cfg: configparser.ConfigParser,
-    chosen: TestSet | None,
-    files: list[str],
-) -> bool:
-    """pytest is among what the setup installs (a requirements file, an extra, a group)."""
-    texts = [*(chosen.requirements if chosen else ())]
-    texts += [(root / path).read_text(encoding="utf-8", errors="replace") for path in files]
-    project = pyproject.get("project") or {}
-    extras = project.get("optional-dependencies") or {}
-    named = list(chosen.extras if chosen else ())
-    for name in named:  # grows with the project's own extras an extra names (`x[test-core]`)
-        listed = [str(req) for req in extras.get(name) or []]
-        if setup_cfg.has_option("options.extras_require", name):
-            listed.append(setup_cfg.get("options.extras_require", name))
-        texts += listed
-        own = rf"^{re.escape(str(project.get('name', '')))}\[([\w,.\s-]+)\]"
-        for match in re.finditer(own, "\n".join(listed), re.MULTILINE | re.IGNORECASE):
-            named += [e.strip() for e in match.group(1).split(",") if e.strip() not in named]
-    return any(re.search(r"(^|[\s\"'\[,])pytest\b", text.lower()) for text in texts)
-
-
-def _test_runner(
-    root: Path,
-    pyproject: Mapping[str, Any],
-    setup_cfg: configparser.ConfigParser,
-    tox: configparser.ConfigParser,
-    *,
-    declared: bool,
-) -> Literal["pytest", "unittest"] | None:
-    """pytest where the repository configures or uses it, or has plain test functions;
-    unittest where every test file imports it and nothing asks for pytest; None: no tests."""
-    configured = (
-        any((root / name).is_file() for name in ("pytest.ini", "conftest.py", "tests/conftest.py"))
-        or "pytest" in (pyproject.get("tool") or {})
-        or setup_cfg.has_section("tool:pytest")
-        or tox.has_section("pytest")
-    )
-    files = _test_files(root)
-    if configured or declared:
-        return "pytest"
-    if not files:
-        return None
-    heads = [path.read_bytes()[:SCANNED_BYTES].decode("utf-8", "replace") for path in files]
-    if any("pytest" in head for head in heads):
-        return "pytest"
-    if all("unittest" in head for head in heads):
-        return "unittest"
-    return "pytest"
-
-
-def _test_files(root: Path) -> list[Path]:
-    """Python test files (`test_*.py`, `*_test.py`), at most `MAX_SCANNED`, outside hidden
-    folders, virtualenvs and installed packages."""
-    found: list[Path] = []
-    for folder, dirs, files in os.walk(root):
-        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in PRUNED)
-        found += [
-            Path(folder, name)
-            for name in sorted(files)
-            if name.endswith(".py") and (name.startswith("test_") or name.endswith("_test.py"))
-        ]
-        if len(found) >= MAX_SCANNED:
-            return found[:MAX_SCANNED]
-    return found
-
-
-def _unittest_command(root: Path) -> str:
-    if (root / "tests" / "__init__.py").is_file():
-        return "python3 -m unittest discover -s tests -t ."
-    return "python3 -m unittest discover"
 
 
 def _quote(argument: str) -> str:

@@ -143,7 +143,8 @@ def prune(days: float, dry_run: bool) -> None:
     """Remove environment images (and their records) not used for a while."""
     settings = WorkerSettings()
     environments = _environments(settings)
-    removed = environments.prune(older_than_s=days * 86_400, dry_run=dry_run)
+    with _reported(settings):
+        removed = environments.prune(older_than_s=days * 86_400, dry_run=dry_run)
     for key in removed:
         click.echo(("would remove " if dry_run else "removed ") + key)
     err.print(f"{len(removed)} environments {'to remove' if dry_run else 'removed'}")
@@ -161,18 +162,21 @@ def shell(repo: str, ref: str) -> None:
     environments = _environments(settings)
     with _reported(settings, repo, commit):
         found = environments.prepare(repo_source(repo), commit, progress=_stamped(time.monotonic()))
-    config = agent_config(settings.sandbox_config(), found.tag, found.spec)
-    uid, gid = config.uid_gid
-    tree = environments.mirrors.archive(repo_source(repo), commit, uid=uid, gid=gid)
-    shown = {"baton.shell": repo_key(repo_source(repo))}
-    with sandbox.DockerSandbox.start(config, labels=shown, env=dict(found.spec.env)) as box:
-        box.put_archive(config.workspace, tree)
-        err.print(f"{found.tag}, {commit[:12]} in {config.workspace}; exit to leave")
-        interactive = ["-it"] if sys.stdin.isatty() else ["-i"]
-        docker_cli = {k: v for k, v in os.environ.items() if k == "PATH" or k.startswith("DOCKER_")}
-        status = subprocess.call(  # the docker CLI for the terminal; nothing of ours goes in
-            ["docker", "exec", *interactive, "-w", config.workspace, box.id, "sh"], env=docker_cli
-        )
+        config = agent_config(settings.sandbox_config(), found.tag, found.spec)
+        uid, gid = config.uid_gid
+        tree = environments.mirrors.archive(repo_source(repo), commit, uid=uid, gid=gid)
+        shown = {"baton.shell": repo_key(repo_source(repo))}
+        with sandbox.DockerSandbox.start(config, labels=shown, env=dict(found.spec.env)) as box:
+            box.put_archive(config.workspace, tree)
+            err.print(f"{found.tag}, {commit[:12]} in {config.workspace}; exit to leave")
+            interactive = ["-it"] if sys.stdin.isatty() else ["-i"]
+            docker_cli = {
+                k: v for k, v in os.environ.items() if k == "PATH" or k.startswith("DOCKER_")
+            }
+            status = subprocess.call(  # the docker CLI for the terminal; nothing of ours goes in
+                ["docker", "exec", *interactive, "-w", config.workspace, box.id, "sh"],
+                env=docker_cli,
+            )
     sys.exit(status)
 
 
@@ -208,13 +212,13 @@ def detect_spec(repo: str, ref: str, as_json: bool) -> None:
 
 
 @contextmanager
-def _reported(settings: WorkerSettings, repo: str, commit: str) -> Iterator[None]:
+def _reported(settings: WorkerSettings, repo: str = "", commit: str = "") -> Iterator[None]:
     """Ends the command on a sandbox failure as the module docstring says: its message, the
-    tail, the log's location, and the exit status."""
+    tail, the log's location (named for `repo` and `commit`), and the exit status."""
     try:
         yield
     except (EnvironmentBuildError, EnvironmentValidationError) as exc:
-        name = f"{repo_key(repo_source(repo))}-{commit[:12]}.log"
+        name = f"{repo_key(repo_source(repo))}-{commit[:12]}.log" if repo else "env.log"
         path = _write_log(settings.repo_cache_dir / LOG_FOLDER / name, exc)
         said, _, tail = str(exc).partition("\n")
         _say(said, tail=tail, more=f"the whole log: {path}")

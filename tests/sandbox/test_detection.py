@@ -357,3 +357,21 @@ def test_a_noxfile_nested_past_the_parser_is_read_as_none(tmp_path: Path) -> Non
     spec = detect(tree(tmp_path, files))
 
     assert spec.setup[-1] == "python -m pip install -e ."
+
+
+def test_a_prepare_script_installing_git_hooks_is_skipped_but_dependencies_build(
+    tmp_path: Path,
+) -> None:
+    # uuid 9.0.1: husky from `prepare`, which needs the .git the build container has not.
+    manifest = (
+        '{"name": "uuid", "scripts": {"prepare": "cd $( git rev-parse --show-toplevel ) && '
+        'husky install", "build": "./scripts/build.sh", "test": "jest test/unit/"}}'
+    )
+    files = {"package.json": manifest, "package-lock.json": "{}"}
+
+    spec = detect(tree(tmp_path, files))
+
+    assert spec.setup == (
+        "npm ci --no-audit --no-fund --ignore-scripts && npm rebuild",
+        "npm run build",
+    )
