@@ -128,17 +128,21 @@ def load(path: Path, *, root: Path | None = None) -> EnvironmentSpec:
     """The spec in a TOML file (`SPEC_FILE` in a repository, or `--env FILE`).
 
     Raises:
-        EnvironmentSpecError: the file is not TOML or not a valid spec; the message names it.
+        EnvironmentSpecError: the file is not TOML or not a valid spec; the message names it
+            (from the repository's root, for a file in `root`: the checkout may be temporary).
     """
+    own = None
+    if root is not None and path.resolve().is_relative_to(root.resolve()):
+        own = path.resolve().relative_to(root.resolve()).as_posix()
+    named = own or str(path)
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise EnvironmentSpecError(f"{path}: not a readable TOML file: {exc}") from exc
-    if root is not None and path.resolve().is_relative_to(root.resolve()):
-        own = path.resolve().relative_to(root.resolve()).as_posix()
+        raise EnvironmentSpecError(f"{named}: not a readable TOML file: {exc}") from exc
+    if own is not None:
         inputs = data.get("inputs", [])
         data["inputs"] = [own, *(inputs if isinstance(inputs, list) else [inputs])]
-    return from_table(data, origin=str(path))
+    return from_table(data, origin=named)
 
 
 def from_table(data: Mapping[str, Any], *, origin: str) -> EnvironmentSpec:

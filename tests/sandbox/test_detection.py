@@ -375,3 +375,55 @@ def test_a_prepare_script_installing_git_hooks_is_skipped_but_dependencies_build
         "npm ci --no-audit --no-fund --ignore-scripts && npm rebuild",
         "npm run build",
     )
+
+
+@pytest.mark.parametrize(
+    ("build_system", "sources", "packages"),
+    [
+        (
+            '[build-system]\nrequires = ["scikit-build-core"]\n'
+            'build-backend = "scikit_build_core.build"\n',
+            {"src/fast.cpp": ""},
+            (*COMPILER, "cmake", "ninja-build"),
+        ),
+        (
+            '[build-system]\nrequires = ["setuptools", "setuptools-rust"]\n'
+            'build-backend = "setuptools.build_meta"\n',
+            {"Cargo.toml": "", "src/lib.rs": ""},
+            (*COMPILER, "cargo", "rustc"),
+        ),
+    ],
+)
+def test_backends_that_rebuild_into_the_venv_get_their_tools_and_no_build(
+    tmp_path: Path, build_system: str, sources: dict[str, str], packages: tuple[str, ...]
+) -> None:
+    files = {"pyproject.toml": '[project]\nname = "n"\nversion = "1"\n' + build_system, **sources}
+
+    spec = detect(tree(tmp_path, files))
+
+    assert (spec.packages, spec.build) == (packages, ())
+    assert "python -m pip install -e ." in spec.setup
+
+
+def test_pyproject_extensions_without_setup_py_rebuild_through_setuptools(tmp_path: Path) -> None:
+    pyproject = (
+        '[project]\nname = "n"\nversion = "1"\n'
+        '[build-system]\nrequires = ["setuptools>=74.1"]\nbuild-backend = "setuptools.build_meta"\n'
+        '[tool.setuptools]\next-modules = [{name = "n._c", sources = ["n/_c.c"], '
+        'libraries = ["z"]}]\n'
+    )
+    spec = detect(tree(tmp_path, {"pyproject.toml": pyproject, "n/_c.c": "#include <zlib.h>\n"}))
+
+    assert spec.build == ('python -c "from setuptools import setup; setup()" build_ext --inplace',)
+    assert spec.build_inputs == ("*.c", "*.h", "pyproject.toml")
+    assert spec.packages == (*COMPILER, "zlib1g-dev")
+
+
+def test_libraries_named_in_setup_py_are_installed(tmp_path: Path) -> None:
+    setup_py = (
+        "from setuptools import Extension, setup\n"
+        "setup(ext_modules=[Extension('x', ['x.c'], libraries=['yaml', 'm', 'crypto'])])\n"
+    )
+    spec = detect(tree(tmp_path, {"setup.py": setup_py, "x.c": ""}))
+
+    assert spec.packages == (*COMPILER, "libssl-dev", "libyaml-dev")  # libm is libc's

@@ -151,3 +151,17 @@ def test_the_exit_statuses_are_batons_own() -> None:
         messages.EXIT_BAD_INPUT,
         messages.EXIT_UNREACHABLE,
     )
+
+
+def test_a_bad_spec_in_the_repository_is_one_line_and_exit_2(
+    make_upstream: Callable[[], Upstream], tmp_path: Path
+) -> None:
+    upstream = make_upstream()
+    upstream.commit({**PROJECT, ".baton/environment.toml": 'test = ["not", "one"]\n'})
+
+    done = baton(tmp_path, "detect", str(upstream.bare))
+
+    assert done.exit_code == 2
+    assert done.stderr.splitlines() == [
+        "error: .baton/environment.toml: test must be one command (a string)"
+    ]
