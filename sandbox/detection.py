@@ -47,7 +47,7 @@ SCM_VERSION_VARIABLE = "SETUPTOOLS_SCM_PRETEND_VERSION"
 use setuptools-scm, so it serves them too)."""
 UNKNOWN_VERSION = "0.0.0"
 """The version given when the tree has no PKG-INFO saying its own."""
-PYTHON_INPUTS = ("pyproject.toml", "setup.py", "setup.cfg", "tox.ini", "noxfile.py")
+PYTHON_INPUTS = ("pyproject.toml", "setup.py", "setup.cfg", "tox.ini", "tox.toml", "noxfile.py")
 """Files whose contents key a Python environment, when the repository has them."""
 
 

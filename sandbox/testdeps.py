@@ -3,12 +3,12 @@
 A project declares sets in several places: PEP 735 `[dependency-groups]`, extras
 (`[project.optional-dependencies]`, setup.cfg's `extras_require`, a literal `extras_require` in
 setup.py), requirements files (`requirements/tests.txt`, `requirements-test.txt`,
-`test-requirements.txt`), tox's test environment (`deps`, `extras`; in tox.ini or pyproject's
-`[tool.tox] legacy_tox_ini`) and nox sessions (the string literals a test session passes to
-`session.install`, read with `ast`: the noxfile is never run). The first of those sources, in
-that order, that has a set named like tests (`test`, `tests`, `testing`, `test-*`) is the one
-installed; a development set (`dev`…) only when there is no test set; docs, lint and typing
-sets never.
+`test-requirements.txt`), tox's test environment (`deps`, `extras`; in tox.ini, pyproject's
+`[tool.tox] legacy_tox_ini`, or tox 4's TOML) and nox sessions (the string literals a test
+session passes to `session.install`, read with `ast`: the noxfile is never run). The first of
+those sources, in that order, that has a set named like tests (`test`, `tests`, `testing`,
+`test-*`) is the one installed; a development set (`dev`…) only when there is no test set; docs,
+lint and typing sets never.
 
     chosen = test_set(root, pyproject, setup_cfg, tox)
     chosen.origin, chosen.requirements, chosen.files, chosen.extras
@@ -21,7 +21,8 @@ from __future__ import annotations
 import ast
 import configparser
 import re
-from collections.abc import Iterable, Iterator, Mapping
+import tomllib
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,7 @@ REQUIREMENTS_FILE = re.compile(
 )
 """A requirements file named for a set; the name is the part that is not `requirements`."""
 MAX_NOXFILE_BYTES = 200_000
+"""Most bytes of a noxfile, setup.py or tox.toml parsed (a larger one is read as none)."""
 
 
 @dataclass(frozen=True)
@@ -67,14 +69,14 @@ def test_set(
     """The set the tests need: the first source's test set, else its development set, else
     None (the project declares neither)."""
     sources = list(_sources(root, pyproject, setup_cfg, tox))
-    every = [found.origin for _, sets in sources for found in sets.values()]
+    every = [found.origin for sets in sources for found in sets.values()]
     for wanted, fallback in ((TEST_NAME, False), (DEV_NAME, True)):
-        for describe, sets in sources:
+        for sets in sources:
             names = [n for n in sets if wanted.fullmatch(n)]
             exact = [n for n in names if n.lower() in EXACT_TEST]
             if names:
                 chosen = (exact or names)[:1] if fallback else (exact or names)
-                found = _merged([sets[n] for n in chosen], describe(chosen))
+                found = _merged([sets[n] for n in chosen])
                 kept = {sets[n].origin for n in chosen}
                 left = tuple(dict.fromkeys(o for o in every if o not in kept))
                 return TestSet(
@@ -101,31 +103,25 @@ def _sources(
     pyproject: Mapping[str, Any],
     setup_cfg: configparser.ConfigParser,
     tox: configparser.ConfigParser,
-) -> Iterator[tuple[Any, Sets]]:
+) -> Iterator[Sets]:
     """Each source's sets by name, in the order they are preferred."""
     groups = _dependency_groups(pyproject)
-    yield (
-        lambda names: f"[dependency-groups] {', '.join(names)}",
-        {n: TestSet(f"group {n}", requirements=tuple(r)) for n, r in groups.items()},
-    )
-    yield (
-        lambda names: f"extra [{','.join(names)}]",
-        {n: TestSet(f"extra {n}", extras=(n,)) for n in _extras(root, pyproject, setup_cfg)},
-    )
+    yield {n: TestSet(f"group {n}", requirements=tuple(r)) for n, r in groups.items()}
+    yield {n: TestSet(f"extra {n}", extras=(n,)) for n in _extras(root, pyproject, setup_cfg)}
     files: Sets = {}
     for path in _requirement_files(root):
         name = requirement_set_name(path)
         if name is not None:
             files.setdefault(name, TestSet(path, files=(path,)))
-    yield lambda names: ", ".join(files[n].origin for n in names), files
-    yield lambda names: "tox [testenv] deps", _tox_sets(root, pyproject, tox)
-    yield lambda names: f"noxfile.py session {', '.join(names)}", _nox_sets(root)
+    yield files
+    yield _tox_sets(root, pyproject, tox)
+    yield _nox_sets(root)
 
 
-def _merged(sets: Iterable[TestSet], origin: str) -> TestSet:
-    sets = list(sets)
+def _merged(sets: list[TestSet]) -> TestSet:
+    """One set of all of `sets`, named for each of them (`extra test, extra testing`)."""
     return TestSet(
-        origin,
+        ", ".join(s.origin for s in sets),
         requirements=tuple(dict.fromkeys(r for s in sets for r in s.requirements)),
         files=tuple(dict.fromkeys(f for s in sets for f in s.files)),
         extras=tuple(dict.fromkeys(e for s in sets for e in s.extras)),
@@ -191,29 +187,50 @@ def _setup_py_extras(path: Path) -> list[str]:
 
 
 def _tox_sets(root: Path, pyproject: Mapping[str, Any], tox: configparser.ConfigParser) -> Sets:
-    """tox's test environment (`[testenv]`, the base of `py3x`), as the set `tests`."""
-    config = tox
-    if not config.sections():
-        legacy = ((pyproject.get("tool") or {}).get("tox") or {}).get("legacy_tox_ini")
-        config = configparser.ConfigParser(interpolation=None, strict=False)
-        if isinstance(legacy, str):
-            try:
-                config.read_string(legacy, source="pyproject.toml [tool.tox]")
-            except configparser.Error:
-                return {}
-    if not config.has_section("testenv"):
+    """tox's test environment (the base every `py3x` environment extends), as the set `tests`."""
+    found = _tox_base(root, pyproject, tox)
+    if found is None:
         return {}
-    lines = config.get("testenv", "deps", fallback="").splitlines()
-    found = _install_arguments(root, [w for line in lines for w in _tox_words(line)])
-    extras = re.split(r"[\s,]+", config.get("testenv", "extras", fallback="").strip())
-    found = TestSet(
-        "tox [testenv]",
-        found.requirements,
-        found.files,
-        tuple(dict.fromkeys([*found.extras, *(e for e in extras if re.fullmatch(r"[\w.-]+", e))])),
+    origin, lines, extras = found
+    words = _install_arguments(root, [w for line in lines for w in _tox_words(line)])
+    named = [e for e in extras if re.fullmatch(r"[\w.-]+", e)]
+    chosen = TestSet(
+        origin, words.requirements, words.files, tuple(dict.fromkeys([*words.extras, *named]))
     )
-    empty = not (found.requirements or found.files or found.extras)
-    return {} if empty else {"tests": found}
+    return {"tests": chosen} if chosen.requirements or chosen.files or chosen.extras else {}
+
+
+def _tox_base(
+    root: Path, pyproject: Mapping[str, Any], tox: configparser.ConfigParser
+) -> tuple[str, list[str], list[str]] | None:
+    """Where tox's base environment is declared, its `deps` lines and its `extras`: tox.ini's
+    `[testenv]`, pyproject's `[tool.tox] legacy_tox_ini` (the same INI in a string), or tox 4's
+    TOML (`env_run_base` in tox.toml, or `[tool.tox.env_run_base]` in pyproject)."""
+    table = (pyproject.get("tool") or {}).get("tox") or {}
+    config = tox
+    if not config.sections() and isinstance(table.get("legacy_tox_ini"), str):
+        config = configparser.ConfigParser(interpolation=None, strict=False)
+        try:
+            config.read_string(table["legacy_tox_ini"], source="pyproject.toml [tool.tox]")
+        except configparser.Error:
+            return None
+    if config.has_section("testenv"):
+        extras = re.split(r"[\s,]+", config.get("testenv", "extras", fallback="").strip())
+        return "tox [testenv]", config.get("testenv", "deps", fallback="").splitlines(), extras
+    base = table.get("env_run_base") or _toml_table(root / "tox.toml").get("env_run_base")
+    if not isinstance(base, dict):
+        return None
+    strings = [[v for v in base.get(key) or [] if isinstance(v, str)] for key in ("deps", "extras")]
+    return "tox env_run_base", strings[0], strings[1]
+
+
+def _toml_table(path: Path) -> dict[str, Any]:
+    if not path.is_file() or path.is_symlink() or path.stat().st_size > MAX_NOXFILE_BYTES:
+        return {}
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return {}
 
 
 def _tox_words(line: str) -> list[str]:

@@ -427,3 +427,23 @@ def test_libraries_named_in_setup_py_are_installed(tmp_path: Path) -> None:
     spec = detect(tree(tmp_path, {"setup.py": setup_py, "x.c": ""}))
 
     assert spec.packages == (*COMPILER, "libssl-dev", "libyaml-dev")  # libm is libc's
+
+
+def test_tox_4_toml_deps_and_extras_are_read(tmp_path: Path) -> None:
+    tox_toml = (
+        '[env_run_base]\ndeps = ["pytest-xdist", "-r requirements/base.txt"]\nextras = ["test"]\n'
+    )
+    files = {
+        "pyproject.toml": '[project]\nname = "t"\nversion = "0"\n',
+        "tox.toml": tox_toml,
+        "requirements/base.txt": "pytest\n",
+    }
+
+    spec = detect(tree(tmp_path, files))
+
+    assert spec.setup[2:] == (
+        "python -m pip install -r requirements/base.txt",
+        "python -m pip install -e '.[test]'",
+        "python -m pip install pytest-xdist",
+    )
+    assert "tox.toml" in spec.inputs
