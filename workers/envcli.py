@@ -68,8 +68,11 @@ def _environments(settings: WorkerSettings) -> Environments:
 
 
 def _stamped(started: float) -> Any:
+    """Progress lines with the seconds since `started`; a line is never read as markup (a
+    command's `.[test]` would be taken for a tag and vanish)."""
+
     def say(line: str) -> None:
-        err.print(f"[dim]{time.monotonic() - started:6.1f}s[/] {line}", highlight=False)
+        err.print(f"[dim]{time.monotonic() - started:6.1f}s[/] {escape(line)}", highlight=False)
 
     return say
 

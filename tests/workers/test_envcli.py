@@ -165,3 +165,11 @@ def test_a_bad_spec_in_the_repository_is_one_line_and_exit_2(
     assert done.stderr.splitlines() == [
         "error: .baton/environment.toml: test must be one command (a string)"
     ]
+
+
+def test_progress_shows_a_command_with_brackets_as_it_is(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    envcli._stamped(0.0)("[5/6] python -m pip install -e '.[test]'")
+
+    assert capsys.readouterr().err.rstrip().endswith("[5/6] python -m pip install -e '.[test]'")
