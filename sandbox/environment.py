@@ -2,9 +2,10 @@
 image built from it.
 
 A repository says it in `.baton/environment.toml`; otherwise the spec is detected from what the
-repository holds: Python (`pyproject.toml`, `setup.py`/`setup.cfg`, `requirements*.txt`, test
-extras and dependency groups, `tox.ini`), Node (`package.json`, with `npm ci` when it has a
-lockfile), or nothing to install. The key hashes the base image, the repository, the spec and
+repository holds (`sandbox.detection`): Python (`pyproject.toml`, `setup.py`/`setup.cfg`,
+`requirements.txt`, the set of dependencies declared for the tests, its native build), Node
+(`package.json`, with `npm ci` when it has a lockfile and `npm run build` when it has that
+script), or nothing to install. The key hashes the base image, the repository, the spec and
 the contents of the files the spec was read from (`EnvironmentSpec.inputs`): a change to a
 dependency file makes a new environment, a change to any other file reuses the one there is.
 The repository is part of it because its build runs the repository's own code (`setup.py`, the
@@ -19,10 +20,8 @@ Pure: reads files, runs nothing.
 
 from __future__ import annotations
 
-import configparser
 import hashlib
 import json
-import os
 import re
 import tomllib
 from collections.abc import Iterable, Mapping
@@ -46,36 +45,6 @@ KEY_CHARS = 16
 
 MAX_INPUT_BYTES = 8_000_000
 """A dependency file larger than this is refused: the key reads every one in full."""
-
-TEST_EXTRAS = ("test", "tests", "testing")
-"""Optional-dependency extras and dependency groups that hold what the tests need."""
-DEV_EXTRAS = ("dev", "develop", "development")
-"""Used when there is no test extra: a development extra usually holds the test runner."""
-
-REQUIREMENTS_GLOBS = (
-    "requirements.txt",
-    "requirements-*.txt",
-    "requirements_*.txt",
-    "*-requirements.txt",
-    "*_requirements.txt",
-    "requirements/*.txt",
-)
-"""Requirements files installed for the tests (those named for docs or linting are left out:
-`SKIPPED_REQUIREMENTS`)."""
-SKIPPED_REQUIREMENTS = re.compile(r"doc|lint|typ|mypy|release|publish|bench", re.IGNORECASE)
-
-MAX_SCANNED = 200
-"""Most test files read to tell pytest from unittest."""
-SCANNED_BYTES = 20_000
-PRUNED = frozenset(
-    {"node_modules", "venv", "env", "site-packages", "build", "dist", "__pycache__", "docs"}
-)
-"""Folders that hold no test of the repository's own."""
-
-NODE_LOCKFILES = ("package-lock.json", "npm-shrinkwrap.json")
-"""Lockfiles `npm ci` installs from exactly."""
-NPM_PLACEHOLDER_TEST = 'echo "Error: no test specified" && exit 1'
-"""The `test` script `npm init` writes: not a test command."""
 
 SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH", re.IGNORECASE)
 """Environment variable names a spec may not set: they would reach the agent phase."""
@@ -159,17 +128,21 @@ def load(path: Path, *, root: Path | None = None) -> EnvironmentSpec:
     """The spec in a TOML file (`SPEC_FILE` in a repository, or `--env FILE`).
 
     Raises:
-        EnvironmentSpecError: the file is not TOML or not a valid spec; the message names it.
+        EnvironmentSpecError: the file is not TOML or not a valid spec; the message names it
+            (from the repository's root, for a file in `root`: the checkout may be temporary).
     """
+    own = None
+    if root is not None and path.resolve().is_relative_to(root.resolve()):
+        own = path.resolve().relative_to(root.resolve()).as_posix()
+    named = own or str(path)
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise EnvironmentSpecError(f"{path}: not a readable TOML file: {exc}") from exc
-    if root is not None and path.resolve().is_relative_to(root.resolve()):
-        own = path.resolve().relative_to(root.resolve()).as_posix()
+        raise EnvironmentSpecError(f"{named}: not a readable TOML file: {exc}") from exc
+    if own is not None:
         inputs = data.get("inputs", [])
         data["inputs"] = [own, *(inputs if isinstance(inputs, list) else [inputs])]
-    return from_table(data, origin=str(path))
+    return from_table(data, origin=named)
 
 
 def from_table(data: Mapping[str, Any], *, origin: str) -> EnvironmentSpec:
@@ -197,6 +170,36 @@ def from_table(data: Mapping[str, Any], *, origin: str) -> EnvironmentSpec:
         raise EnvironmentSpecError(f"{origin}: {problems}") from exc
 
 
+LISTED_FIELDS = ("languages", "packages", "setup", "build", "build_inputs", "inputs")
+"""The list fields `to_toml` writes, in the order a person reads them."""
+
+
+def to_toml(spec: EnvironmentSpec, comments: Iterable[str] = ()) -> str:
+    """`spec` as the TOML of a spec file (`load` reads it back to the same spec, but for
+    `source`), after `comments` as `#` lines: what `baton env detect` prints for a person to
+    save as `SPEC_FILE` and edit."""
+    lines = [f"# {' '.join(comment.split())}" for comment in comments]
+    for name in LISTED_FIELDS:
+        values: tuple[str, ...] = getattr(spec, name)
+        if len(values) > 1:
+            lines += [f"{name} = [", *(f"    {_toml_string(v)}," for v in values), "]"]
+        elif values:
+            lines.append(f"{name} = [{_toml_string(values[0])}]")
+    if spec.test is not None:
+        lines.append(f"test = {_toml_string(spec.test)}")
+    if spec.env:
+        lines += ["", "[env]", *(f"{k} = {_toml_string(v)}" for k, v in spec.env.items())]
+    limits = spec.limits.model_dump(exclude_none=True)
+    if limits:
+        lines += ["", "[limits]", *(f"{k} = {v}" for k, v in limits.items())]
+    return "\n".join(lines) + "\n"
+
+
+def _toml_string(value: str) -> str:
+    """A TOML basic string: JSON's escapes are TOML's, but for DEL, which TOML wants escaped."""
+    return json.dumps(value).replace("\x7f", "\\u007f")
+
+
 def detect(root: Path) -> EnvironmentSpec:
     """The repository's spec: its `SPEC_FILE` if it has one, else what its files say.
 
@@ -206,18 +209,9 @@ def detect(root: Path) -> EnvironmentSpec:
     own = root / SPEC_FILE
     if own.is_file():
         return load(own, root=root)
-    python, node = _python(root), _node(root)
-    found = [part for part in (python, node) if part is not None]
-    env: dict[str, str] = {}
-    if python is not None:
-        env = {"VIRTUAL_ENV": VENV, "PATH": f"{VENV}/bin:{BASE_PATH}", "PIP_NO_INPUT": "1"}
-    return EnvironmentSpec(
-        languages=tuple(part.language for part in found),
-        setup=tuple(command for part in found for command in part.setup),
-        test=next((part.test for part in found if part.test), None),
-        env=env,
-        inputs=tuple(sorted({path for part in found for path in part.inputs})),
-    )
+    from sandbox.detection import detection  # it builds on this module's spec
+
+    return detection(root).spec
 
 
 def environment_key(
@@ -255,218 +249,3 @@ def input_files(spec: EnvironmentSpec, root: Path) -> list[str]:
             if path.is_file() and path.resolve().is_relative_to(top):
                 found.add(path.relative_to(root).as_posix())
     return sorted(found)
-
-
-# -- detection ---------------------------------------------------------------------------------
-
-
-class _Part(BaseModel):
-    language: Language
-    setup: list[str]
-    test: str | None
-    inputs: list[str]
-
-
-def _python(root: Path) -> _Part | None:
-    pyproject = _toml(root / "pyproject.toml")
-    setup_cfg = _ini(root / "setup.cfg")
-    tox = _ini(root / "tox.ini")
-    installable = (root / "setup.py").is_file() or bool(
-        pyproject.get("project") or pyproject.get("build-system")
-    )
-    requirements = _requirements_files(root)
-    has_python = installable or requirements or any(root.glob("*.py")) or _test_files(root)
-    if not has_python:
-        return None
-    inputs = [
-        name
-        for name in ("pyproject.toml", "setup.py", "setup.cfg", "tox.ini")
-        if (root / name).is_file()
-    ] + requirements
-    extras = _extras(pyproject, setup_cfg)
-    wanted = [e for e in TEST_EXTRAS if e in extras] or [e for e in DEV_EXTRAS if e in extras][:1]
-    groups = _dependency_groups(pyproject)
-    group_names = [g for g in TEST_EXTRAS if g in groups] or [g for g in DEV_EXTRAS if g in groups][
-        :1
-    ]
-    extra_requirements = [req for name in group_names for req in groups[name]]
-    extra_requirements += _tox_deps(tox)
-    setup = [f"python3 -m venv {VENV}", "python -m pip install --upgrade pip setuptools wheel"]
-    setup += [f"python -m pip install -r {_quote(path)}" for path in requirements]
-    if installable:
-        target = f".[{','.join(wanted)}]" if wanted else "."
-        setup.append(f"python -m pip install -e {_quote(target)}")
-    declared = _declares_pytest(root, pyproject, setup_cfg, extra_requirements, requirements)
-    runner = _test_runner(root, pyproject, setup_cfg, tox, declared=declared)
-    missing = ["pytest"] if runner == "pytest" and not declared else []
-    if extra_requirements or missing:
-        wanted_packages = list(dict.fromkeys([*extra_requirements, *missing]))
-        setup.append("python -m pip install " + " ".join(_quote(r) for r in wanted_packages))
-    if not installable and not requirements and not extra_requirements and not missing:
-        setup = []  # the standard library is all it needs
-    test = {"pytest": "python -m pytest", "unittest": _unittest_command(root), None: None}[runner]
-    return _Part(language="python", setup=setup, test=test, inputs=inputs)
-
-
-def _node(root: Path) -> _Part | None:
-    manifest_path = root / "package.json"
-    if not manifest_path.is_file():
-        return None
-    try:
-        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise EnvironmentSpecError(f"package.json: not valid JSON: {exc}") from exc
-    lockfiles = [name for name in NODE_LOCKFILES if (root / name).is_file()]
-    install = "npm ci --no-audit --no-fund" if lockfiles else "npm install --no-audit --no-fund"
-    scripts = manifest.get("scripts") if isinstance(manifest, dict) else None
-    script = scripts.get("test") if isinstance(scripts, dict) else None
-    test = (
-        "npm test" if isinstance(script, str) and script.strip() != NPM_PLACEHOLDER_TEST else None
-    )
-    return _Part(language="node", setup=[install], test=test, inputs=["package.json", *lockfiles])
-
-
-def _toml(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        return {}
-    try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise EnvironmentSpecError(f"{path.name}: not valid TOML: {exc}") from exc
-
-
-def _ini(path: Path) -> configparser.ConfigParser:
-    parser = configparser.ConfigParser(interpolation=None, strict=False)
-    if path.is_file():
-        try:
-            parser.read_string(path.read_text(encoding="utf-8"), source=path.name)
-        except (UnicodeDecodeError, configparser.Error) as exc:
-            raise EnvironmentSpecError(f"{path.name}: not a valid INI file: {exc}") from exc
-    return parser
-
-
-def _requirements_files(root: Path) -> list[str]:
-    found: set[str] = set()
-    for pattern in REQUIREMENTS_GLOBS:
-        for path in root.glob(pattern):
-            relative = path.relative_to(root).as_posix()
-            if path.is_file() and not SKIPPED_REQUIREMENTS.search(relative):
-                found.add(relative)
-    return sorted(found)
-
-
-def _extras(pyproject: Mapping[str, Any], setup_cfg: configparser.ConfigParser) -> set[str]:
-    extras = set((pyproject.get("project") or {}).get("optional-dependencies") or {})
-    if setup_cfg.has_section("options.extras_require"):
-        extras |= set(setup_cfg.options("options.extras_require"))
-    return extras
-
-
-def _dependency_groups(pyproject: Mapping[str, Any]) -> dict[str, list[str]]:
-    """PEP 735 groups, with `{include-group = …}` entries expanded."""
-    raw = pyproject.get("dependency-groups") or {}
-
-    def expand(name: str, seen: frozenset[str]) -> list[str]:
-        out: list[str] = []
-        for item in raw.get(name) or []:
-            if isinstance(item, str):
-                out.append(item)
-            elif isinstance(item, dict) and item.get("include-group") not in seen:
-                included = str(item.get("include-group"))
-                out += expand(included, seen | {included})
-        return out
-
-    return {name: expand(name, frozenset({name})) for name in raw}
-
-
-def _tox_deps(tox: configparser.ConfigParser) -> list[str]:
-    """The plain requirements of tox's `[testenv] deps` (no `-r` lines, no factors)."""
-    if not tox.has_option("testenv", "deps"):
-        return []
-    lines = (line.strip() for line in tox.get("testenv", "deps").splitlines())
-    return [
-        line
-        for line in lines
-        if line and not line.startswith(("-", "#")) and "{" not in line and ":" not in line
-    ]
-
-
-def _declares_pytest(
-    root: Path,
-    pyproject: Mapping[str, Any],
-    setup_cfg: configparser.ConfigParser,
-    requirements: Iterable[str],
-    requirement_files: Iterable[str],
-) -> bool:
-    """pytest is among what the setup installs (a requirements file, an extra, a group)."""
-    texts = [*requirements]
-    texts += [
-        (root / path).read_text(encoding="utf-8", errors="replace") for path in requirement_files
-    ]
-    project = pyproject.get("project") or {}
-    for extra in (project.get("optional-dependencies") or {}).values():
-        texts += [str(req) for req in extra]
-    if setup_cfg.has_section("options.extras_require"):
-        texts += [
-            setup_cfg.get("options.extras_require", name)
-            for name in setup_cfg.options("options.extras_require")
-        ]
-    return any(re.search(r"(^|[\s\"'\[,])pytest\b", text.lower()) for text in texts)
-
-
-def _test_runner(
-    root: Path,
-    pyproject: Mapping[str, Any],
-    setup_cfg: configparser.ConfigParser,
-    tox: configparser.ConfigParser,
-    *,
-    declared: bool,
-) -> Literal["pytest", "unittest"] | None:
-    """pytest where the repository configures or uses it, or has plain test functions;
-    unittest where every test file imports it and nothing asks for pytest; None: no tests."""
-    configured = (
-        any((root / name).is_file() for name in ("pytest.ini", "conftest.py", "tests/conftest.py"))
-        or "pytest" in (pyproject.get("tool") or {})
-        or setup_cfg.has_section("tool:pytest")
-        or tox.has_section("pytest")
-    )
-    files = _test_files(root)
-    if configured or declared:
-        return "pytest"
-    if not files:
-        return None
-    heads = [path.read_bytes()[:SCANNED_BYTES].decode("utf-8", "replace") for path in files]
-    if any("pytest" in head for head in heads):
-        return "pytest"
-    if all("unittest" in head for head in heads):
-        return "unittest"
-    return "pytest"
-
-
-def _test_files(root: Path) -> list[Path]:
-    """Python test files (`test_*.py`, `*_test.py`), at most `MAX_SCANNED`, outside hidden
-    folders, virtualenvs and installed packages."""
-    found: list[Path] = []
-    for folder, dirs, files in os.walk(root):
-        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in PRUNED)
-        found += [
-            Path(folder, name)
-            for name in sorted(files)
-            if name.endswith(".py") and (name.startswith("test_") or name.endswith("_test.py"))
-        ]
-        if len(found) >= MAX_SCANNED:
-            return found[:MAX_SCANNED]
-    return found
-
-
-def _unittest_command(root: Path) -> str:
-    if (root / "tests" / "__init__.py").is_file():
-        return "python3 -m unittest discover -s tests -t ."
-    return "python3 -m unittest discover"
-
-
-def _quote(argument: str) -> str:
-    """One shell word (the setup commands run through `sh -c`)."""
-    if re.fullmatch(r"[A-Za-z0-9_@%+=:,./\-]+", argument):
-        return argument
-    return "'" + argument.replace("'", "'\"'\"'") + "'"

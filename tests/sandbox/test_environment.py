@@ -54,7 +54,7 @@ def test_a_python_project_installs_itself_with_its_test_extra_and_runs_pytest(
     assert spec.inputs == ("pyproject.toml",)
 
 
-def test_requirements_files_are_installed_but_not_those_for_docs(tmp_path: Path) -> None:
+def test_the_test_requirements_file_is_installed_but_not_the_docs_one(tmp_path: Path) -> None:
     root = tree(
         tmp_path,
         {
@@ -69,14 +69,14 @@ def test_requirements_files_are_installed_but_not_those_for_docs(tmp_path: Path)
 
     installs = [c for c in spec.setup if " -r " in c]
     assert installs == [
-        "python -m pip install -r requirements-test.txt",
         "python -m pip install -r requirements.txt",
+        "python -m pip install -r requirements-test.txt",
     ]
     assert spec.inputs == ("requirements-test.txt", "requirements.txt")
     assert spec.test == "python -m pytest"  # pytest is in a requirements file
 
 
-def test_setup_cfg_extras_and_tox_deps_are_found(tmp_path: Path) -> None:
+def test_a_setup_cfg_test_extra_is_preferred_to_tox_deps(tmp_path: Path) -> None:
     root = tree(
         tmp_path,
         {
@@ -88,8 +88,7 @@ def test_setup_cfg_extras_and_tox_deps_are_found(tmp_path: Path) -> None:
 
     spec = detect(root)
 
-    assert "python -m pip install -e '.[testing]'" in spec.setup
-    assert spec.setup[-1] == "python -m pip install mock"  # pytest comes with the extra
+    assert spec.setup[-1] == "python -m pip install -e '.[testing]'"  # pytest comes with it
     assert spec.inputs == ("setup.cfg", "setup.py", "tox.ini")
 
 
