@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from bench import (
+    anatomy,
     compaction,
     delegation,
     docs,
@@ -54,6 +55,7 @@ BENCHMARKS = {
     "delegation": delegation,
     "fanout": fanout,
     "graph": graph,
+    "anatomy": anatomy,
 }
 
 

@@ -54,6 +54,8 @@ from workers.publish import Publisher
 from workers.sandboxes import Sandboxes
 from workers.spending import RunSpending, count_handoff
 from workers.stage import StageOutput, StageSinks, execute_stage
+from workers.subsessions import BRANCH, SESSION
+from workers.timings import ENVIRONMENT, Timings, recording, timed
 
 logger = logging.getLogger(__name__)
 
@@ -171,8 +173,21 @@ class Execution:
         return self.holding.owner
 
     async def execute(self) -> StageOutput:
-        """Resolve the inputs and run the stage; raises an `ExecutionError` if it has no
-        output."""
+        """Resolve the inputs and run the stage, timing its phases (`workers.timings`: on the
+        audit log as it ends); raises an `ExecutionError` if it has no output."""
+        with recording() as spent:
+            try:
+                return await self._execute()
+            finally:
+                self.audit([self._timings_entry(spent)])
+
+    def _timings_entry(self, spent: Timings) -> dict[str, Any]:
+        held, record = self.holding.held, self.run.stages.get(self.spec.name)
+        labels = {"stage": held.stage, BRANCH: held.label(self.pipeline.name),
+                  SESSION: held.session_id(self.attempt)}  # fmt: skip
+        return spent.entry(labels, iteration=record.iteration if record is not None else 1)
+
+    async def _execute(self) -> StageOutput:
         sinks = StageSinks(
             artifacts=self.artifacts,
             audit=self.audit,
@@ -238,9 +253,10 @@ class Execution:
         environments = self.services.environments
         if environments is None or not environments.settings.enabled:
             return None
-        env = await asyncio.to_thread(
-            environments.prepare, self.run.repo, self.run.commit, spec=given_spec(self.run)
-        )
+        with timed(ENVIRONMENT):
+            env = await asyncio.to_thread(
+                environments.prepare, self.run.repo, self.run.commit, spec=given_spec(self.run)
+            )
         self.environment = env.key
         if env.build_log:
             self.artifacts.save(ENV_BUILD_ARTIFACT, env.build_log.encode())

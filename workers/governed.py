@@ -45,6 +45,7 @@ from workers.budget import request_tokens
 from workers.errors import ExecutionError, ModelUnavailableError, RateLimitedError
 from workers.governor import JITTER_S, REASONS, Governor, Permit, WaitCallback
 from workers.spending import RunSpending
+from workers.timings import MODEL, timed_iteration
 
 logger = logging.getLogger(__name__)
 
@@ -160,7 +161,8 @@ class GovernedLlm(BaseLlm):
                     permit = await self._acquire(llm_request)
                     metrics.model_call(self.model, self.stage)
                     sent = True
-                    async for response in self.send(llm_request, stream):
+                    replies = timed_iteration(MODEL, self.send(llm_request, stream))
+                    async for response in replies:
                         started = True
                         if response.usage_metadata is not None and not response.partial:
                             final = response

@@ -22,6 +22,7 @@ from workers import metrics
 from workers.environments import Environment
 from workers.mirrors import RepoCache
 from workers.rebuild import BuildRun, Rebuild, collisions, excluded
+from workers.timings import COPY_IN, SANDBOX_START, SANDBOX_STOP, Entered, timed
 from workers.tools.container import ContainerWorkspace
 from workers.tools.workspace import Workspace
 
@@ -91,7 +92,8 @@ class DockerSandboxes:
             )
         uid, gid = config.uid_gid
         over = env.commit if env is not None and env.products else None
-        tree = self.mirrors.archive(request.repo, request.commit, uid=uid, gid=gid, over=over)
+        with timed(COPY_IN):
+            tree = self.mirrors.archive(request.repo, request.commit, uid=uid, gid=gid, over=over)
         variables = dict(env.spec.env) if env is not None else {}
         if self.pool is not None:
             started = self.pool.start(config, labels=dict(request.labels), env=variables)
@@ -99,16 +101,18 @@ class DockerSandboxes:
             started = sandbox.DockerSandbox.start(
                 config, labels=dict(request.labels), env=variables
             )
-        with metrics.sandbox_lifetime(request.stage, started) as box:
-            tracked, products = tree_paths(tree), env.products if env is not None else ()
-            in_the_way = collisions(products, tracked)
-            if in_the_way:
-                box.exec(["rm", "-rf", "--", *(f"{config.workspace}/{p}" for p in in_the_way)])
-            box.put_archive(config.workspace, tree)
-            workspace = ContainerWorkspace(
-                box, root=config.workspace, rebuild=self._rebuild(request)
-            )
-            workspace.commit_baseline(*excluded(products, tracked))
+        timed_start = Entered(started, start=SANDBOX_START, stop=SANDBOX_STOP)
+        with metrics.sandbox_lifetime(request.stage, timed_start) as box:
+            with timed(COPY_IN):
+                tracked, products = tree_paths(tree), env.products if env is not None else ()
+                in_the_way = collisions(products, tracked)
+                if in_the_way:
+                    box.exec(["rm", "-rf", "--", *(f"{config.workspace}/{p}" for p in in_the_way)])
+                box.put_archive(config.workspace, tree)
+                workspace = ContainerWorkspace(
+                    box, root=config.workspace, rebuild=self._rebuild(request)
+                )
+                workspace.commit_baseline(*excluded(products, tracked))
             logger.info(
                 "sandbox %s ready for %s (%d bytes of tree)", box.id[:12], request.stage, len(tree)
             )

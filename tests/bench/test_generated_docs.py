@@ -48,6 +48,7 @@ def test_the_docs_have_the_sections_the_task_asks_for() -> None:
     assert ("docs/eval.md", "eval.report", "eval/results/eval.json") in found
     assert ("docs/upstream.md", "upstream.walks", "bench/results/upstream.json") in found
     assert ("docs/pipelines.md", "compaction.latest", "bench/results/compaction.json") in found
+    assert ("docs/benchmarks.md", "anatomy.latest", "bench/results/anatomy.json") in found
     history = "bench/results/history/compaction.jsonl"
     assert ("docs/benchmarks.md", "compaction.history", history) in found
     for name in ("isolation", "overhead", "sandbox", "environment", "governor", "throughput",

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from orchestrator.core.tools import BUILTIN_TOOLS
+from workers.timings import TOOLS, timed
 from workers.tools.artifacts import ArtifactSink
 from workers.tools.errors import ToolError
 from workers.tools.workspace import Workspace
@@ -74,7 +75,8 @@ def _model_facing(tool: Tool) -> Tool:
     @functools.wraps(tool)
     def call(*args: Any, **kwargs: Any) -> dict[str, Any]:
         try:
-            return tool(*args, **kwargs)
+            with timed(TOOLS):
+                return tool(*args, **kwargs)
         except ToolError as exc:
             return {"error": exc.message}
 

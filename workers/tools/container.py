@@ -13,6 +13,7 @@ from pathlib import PurePosixPath
 from orchestrator.core.git import COMMITTER, LOCAL_GIT_TIMEOUT_S, git_config_env
 from sandbox import DockerSandbox, SandboxError
 from workers.rebuild import Rebuild, ignore_pattern
+from workers.timings import BUILD, CHANGES, COMMANDS, timed
 from workers.tools.errors import ToolError
 from workers.tools.workspace import (
     APPLY_FLAGS,
@@ -108,12 +109,22 @@ class ContainerWorkspace:
         if not argv:
             raise ToolError("the command is empty")
         if self.rebuild is not None:
-            self.rebuild.ensure(
-                lambda command, limit_s: self._exec(command, timeout_s=limit_s), self.exclude
-            )
-        return self._exec(argv, timeout_s=timeout_s, env=env)
+            with timed(BUILD):
+                self.rebuild.ensure(
+                    lambda command, limit_s: self._exec(command, timeout_s=limit_s), self.exclude
+                )
+        with timed(COMMANDS):
+            return self._exec(argv, timeout_s=timeout_s, env=env)
 
     def diff(self) -> str:
+        with timed(CHANGES):
+            return self._diff()
+
+    def apply_patch(self, patch: str) -> None:
+        with timed(CHANGES):
+            self._apply_patch(patch)
+
+    def _diff(self) -> str:
         self._git("add", "--intent-to-add", "--all")
         result = self._run_git(*DIFF_ARGS, max_output_bytes=MAX_DIFF_BYTES)
         if result.exit_code != 0:
@@ -122,7 +133,7 @@ class ContainerWorkspace:
             raise ToolError(f"the diff is over {MAX_DIFF_BYTES} bytes; make a smaller change")
         return result.output
 
-    def apply_patch(self, patch: str) -> None:
+    def _apply_patch(self, patch: str) -> None:
         if not patch.strip():
             raise ToolError("the patch is empty")
         self.box.write_file(PATCH_PATH, (patch if patch.endswith("\n") else patch + "\n").encode())
