@@ -32,10 +32,15 @@ from workers.tools.workspace import (
 
 MAX_DIFF_BYTES = 8_000_000
 """A diff larger than this is refused rather than handed on cut."""
-PATCH_PATH = "/tmp/.baton-patch.diff"
-"""Where `apply_patch` puts a patch inside the sandbox for git to read."""
 PATHS_PATH = "/tmp/.baton-tracked"
 """Where `commit_baseline` puts the paths it adds by name."""
+BASELINE = (
+    'git init -q && cat > "$1" && git add --all && '
+    '{ [ -z "$2" ] || git --literal-pathspecs add --force --pathspec-file-nul '
+    '--pathspec-from-file="$2"; } && git commit -q --no-verify -m baseline'
+)
+"""`commit_baseline` in one shell: init, the exclude file from stdin ($1), add everything not
+ignored, add the paths listed in $2 (if any) whatever ignores them, commit."""
 EXCLUDE_FILE = ".git/info/exclude"
 
 
@@ -125,8 +130,11 @@ class ContainerWorkspace:
             self._apply_patch(patch)
 
     def _diff(self) -> str:
-        self._git("add", "--intent-to-add", "--all")
-        result = self._run_git(*DIFF_ARGS, max_output_bytes=MAX_DIFF_BYTES)
+        # One exec: every round trip into the sandbox costs more than git's own work here.
+        result = self._exec(
+            ["sh", "-c", 'git add --intent-to-add --all && exec git "$@"', "sh", *DIFF_ARGS],
+            timeout_s=LOCAL_GIT_TIMEOUT_S, max_output_bytes=MAX_DIFF_BYTES,
+        )  # fmt: skip
         if result.exit_code != 0:
             raise ToolError(f"git diff failed: {result.output.strip()[-500:]}")
         if result.truncated:
@@ -134,16 +142,19 @@ class ContainerWorkspace:
         return result.output
 
     def _apply_patch(self, patch: str) -> None:
+        """`git apply` reading the patch from its stdin: one exec per set of flags tried, and
+        git applies all of a patch or nothing, so a failed try changed nothing."""
         if not patch.strip():
             raise ToolError("the patch is empty")
-        self.box.write_file(PATCH_PATH, (patch if patch.endswith("\n") else patch + "\n").encode())
+        data = (patch if patch.endswith("\n") else patch + "\n").encode()
         failures = []
         for flags in APPLY_FLAGS:
-            check = self._run_git("apply", *flags, "--check", PATCH_PATH)
-            if check.exit_code == 0:
-                self._git("apply", *flags, PATCH_PATH)
+            applied = self._run_git("apply", *flags, stdin=data)
+            if applied.timed_out:
+                raise ToolError(f"git apply took over {LOCAL_GIT_TIMEOUT_S:g} s")
+            if applied.exit_code == 0:
                 return
-            failures.append(check.output.strip()[-500:])
+            failures.append(applied.output.strip()[-500:])
         raise ToolError(f"the patch does not apply; nothing changed: {failures[0]}")
 
     def commit_baseline(self, ignored: Sequence[str] = (), tracked: Sequence[str] = ()) -> None:
@@ -151,17 +162,19 @@ class ContainerWorkspace:
         tests leave behind (`TEST_BYPRODUCTS`) and what `ignored` matches (`.gitignore` lines:
         the build products, `workers.rebuild.excluded`) is never part of a diff, except the
         `tracked` paths, which are added whatever ignores them."""
-        self._git("init", "-q")
         exclude = "".join(f"{pattern}\n" for pattern in (*TEST_BYPRODUCTS, *ignored))
-        self.box.write_file(f"{self._root}/{EXCLUDE_FILE}", exclude.encode())
-        self._git("add", "--all")
         if tracked:
             self.box.write_file(PATHS_PATH, b"".join(p.encode() + b"\0" for p in tracked))
-            self._git(
-                "--literal-pathspecs", "add", "--force", "--pathspec-file-nul",
-                f"--pathspec-from-file={PATHS_PATH}",
-            )  # fmt: skip
-        self._git("commit", "-q", "--no-verify", "-m", "baseline", env=git_config_env(COMMITTER))
+        # One exec (the exclude file on its stdin): each round trip into a gVisor sandbox costs
+        # more than the git commands themselves (bench/anatomy.py measured it).
+        result = self._exec(
+            ["sh", "-c", BASELINE, "sh", EXCLUDE_FILE, PATHS_PATH if tracked else ""],
+            timeout_s=LOCAL_GIT_TIMEOUT_S, env=git_config_env(COMMITTER),
+            stdin=exclude.encode(),
+        )  # fmt: skip
+        if result.timed_out or result.exit_code != 0:
+            how = "timed out" if result.timed_out else result.output.strip()[-500:]
+            raise ToolError(f"the workspace's baseline commit failed: {how}")
 
     def exclude(self, paths: Iterable[str]) -> None:
         """Hide `paths` (new build products) from the change: git ignores them from now on."""
@@ -222,12 +235,14 @@ class ContainerWorkspace:
         *args: str,
         env: Mapping[str, str] | None = None,
         max_output_bytes: int | None = None,
+        stdin: bytes | None = None,
     ) -> CommandResult:
         """`git *args` in the workspace, within the time limit of all local git."""
         argv = ["git", *args]
         return self._exec(
-            argv, timeout_s=LOCAL_GIT_TIMEOUT_S, env=env, max_output_bytes=max_output_bytes
-        )
+            argv, timeout_s=LOCAL_GIT_TIMEOUT_S, env=env, max_output_bytes=max_output_bytes,
+            stdin=stdin,
+        )  # fmt: skip
 
     def _exec(
         self,
@@ -236,10 +251,11 @@ class ContainerWorkspace:
         timeout_s: float | None = None,
         env: Mapping[str, str] | None = None,
         max_output_bytes: int | None = None,
+        stdin: bytes | None = None,
     ) -> CommandResult:
         result = self.box.exec(
             list(argv), timeout_s=timeout_s, workdir=self._root, env=env,
-            max_output_bytes=max_output_bytes,
+            max_output_bytes=max_output_bytes, stdin=stdin,
         )  # fmt: skip
         return CommandResult(
             exit_code=-9 if result.exit_code is None else result.exit_code,
