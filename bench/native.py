@@ -25,6 +25,7 @@ import io
 import re
 import tarfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -87,6 +88,9 @@ PROJECTS = [
         "generated `_version.py` (hatch-vcs), from git",
         "execnet._version",
         git=MIRRORS / "pytest-dev+execnet" / "repo",
+        note="its gateway tests run over threads, subprocesses and sockets, and which of its "
+        "`test_remote_exec_module_is_removed` cases pass changes from run to run, here and by "
+        "hand alike",
     ),
 ]
 
@@ -170,7 +174,6 @@ def _one(client: docker.DockerClient, project: Project, work: Path) -> dict[str,
             "failed_ids": parse(plain).failed[:MAX_IDS],
         },
         "note": project.note,
-        "baseline_is_by_hand": (len(outcomes.passed), len(outcomes.failed)) == by_hand,
     }
 
 
@@ -234,9 +237,19 @@ def row(source: Source) -> list[str]:
         str(len(projects)),
         str(sum(p["built"] for p in projects)),
         str(sum(p.get("compiled_imports", False) for p in projects)),
-        str(sum(p.get("baseline_is_by_hand", False) for p in projects)),
+        str(sum(p["built"] and same_as_by_hand(p) for p in projects)),
         str(sum(p.get("skipped", 0) for p in projects)),
     ]
+
+
+def same_as_by_hand(project: Mapping[str, Any]) -> bool:
+    """The baseline counts what the runner counted by hand: the same failures, and as many
+    passes once each repeated id is counted as often as the runner counts it."""
+    hand = project["by_hand"]
+    repeated = project.get("repeated_ids", 0)
+    return bool(
+        project["failed"] == hand["failed"] and project["passed"] + repeated == hand["passed"]
+    )
 
 
 def latest(source: Source) -> str:
@@ -248,8 +261,9 @@ def latest(source: Source) -> str:
                          "", "", "", ""])  # fmt: skip
             continue
         reasons = "; ".join(p["skip_reasons"]) or "none"
-        if p.get("note"):
-            reasons += f" — {p['note']}"
+        note = next((q.note for q in PROJECTS if q.name == p["project"]), "") or p.get("note")
+        if note:
+            reasons += f" — {note}"
         rows.append([
             f"{p['project']} {p['version']}", p["kind"],
             "yes" if p["compiled_imports"] else "NO",

@@ -9,21 +9,25 @@ from bench.docs import Source
 BUILT = {
     "project": "MarkupSafe", "version": "2.1.5", "kind": "C extension", "built": True,
     "compiled_imports": True, "passed": 53, "failed": 0, "skipped": 0, "skip_reasons": [],
-    "by_hand": {"passed": 53, "failed": 0}, "baseline_is_by_hand": True,
+    "by_hand": {"passed": 53, "failed": 0}, 
     "build": ["python setup.py build_ext --inplace"],
 }  # fmt: skip
 MISSING = {
     **BUILT, "project": "simplejson", "version": "3.19.3", "compiled_imports": False,
-    "skipped": 2, "skip_reasons": ["_speedups.so is missing!"], "baseline_is_by_hand": False,
+    "by_hand": {"passed": 51, "failed": 0},
+    "skipped": 2, "skip_reasons": ["_speedups.so is missing!"], 
     "build": [],
 }  # fmt: skip
+REPEATED = {**BUILT, "project": "PyYAML", "version": "6.0.2", "passed": 2606, "repeated_ids": 2,
+            "by_hand": {"passed": 2608, "failed": 0}}  # fmt: skip
+"""Two parametrized ids the runner counts twice each: the baseline is still the runner's."""
 FAILED = {"project": "frozenlist", "version": "1.5.0", "kind": "Cython", "built": False,
           "error": "setup command 'x' exited with 1"}  # fmt: skip
 
 
 def _source() -> Source:
     data = {"date": "2026-12-02 11:00", "commit": "abc1234", "took_s": 300,
-            "projects": [BUILT, MISSING, FAILED]}  # fmt: skip
+            "projects": [BUILT, MISSING, REPEATED, FAILED]}  # fmt: skip
     return Source("bench/results/native.json", data)
 
 
@@ -37,11 +41,12 @@ def test_each_project_row_says_what_its_environment_showed() -> None:
         in (rows["MarkupSafe 2.1.5"])
     )
     assert (
-        "| NO | 53 / 0 | 53 / 0 | 2 (_speedups.so is missing!) | none |"
+        "| NO | 53 / 0 | 51 / 0 | 2 (_speedups.so is missing!) | none |"
         in rows["simplejson 3.19.3"]
     )
+    assert "| yes | 2606 / 0 (2 ids repeated) | 2608 / 0 |" in rows["PyYAML 6.0.2"]
     assert "no: setup command 'x' exited with 1" in rows["frozenlist 1.5.0"]
 
 
 def test_the_history_row_counts_what_held_for_each_project() -> None:
-    assert native.row(_source()) == ["3", "2", "1", "1", "2"]
+    assert native.row(_source()) == ["4", "3", "2", "2", "2"]
