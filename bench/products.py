@@ -54,9 +54,9 @@ from workers.rebuild import BuildRun
 from workers.sandboxes import DockerSandboxes, WorkspaceRequest
 from workers.tools.container import ContainerWorkspace
 
-ROUNDS = 15
+ROUNDS = 12
 WARMUP = 2
-BUILD_ROUNDS = 8
+BUILD_ROUNDS = 6
 RUNTIMES: dict[str, str | None] = {"runsc": "runsc", "runc": None}
 VARIANTS = ("overlay", "copy-in")
 TREES = ("unchanged", "one line of C")
