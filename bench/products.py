@@ -106,12 +106,18 @@ def prepare(client: docker.DockerClient, folder: Path, say: Callable[[str], None
 
 
 def open_and_test(sandboxes: DockerSandboxes, request: WorkspaceRequest) -> tuple[float, float]:
-    """Seconds from asking for the workspace to holding it, and of its first test command."""
+    """Seconds from asking for the workspace to holding it, and of its first test command
+    (which must build nothing: the tree is the image's own)."""
+    builds: list[BuildRun] = []
+    request = dataclasses.replace(request, on_build=builds.append)
     started = time.perf_counter()
     with sandboxes.open(request) as workspace:
         held = time.perf_counter()
         result = workspace.run(["sh", "-c", SPEC.test or ""], timeout_s=TEST_TIMEOUT_S)
         tested = time.perf_counter()
+    if builds:
+        raise RuntimeError(f"the first command ran the build step on the image's own tree:\n"
+                           f"{builds[0].log[-2000:]}")  # fmt: skip
     if result.exit_code != 0:
         raise RuntimeError(f"the test command failed in the sandbox:\n{result.output[-2000:]}")
     return held - started, tested - held
