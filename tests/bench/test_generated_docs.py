@@ -51,6 +51,9 @@ def test_the_docs_have_the_sections_the_task_asks_for() -> None:
     assert ("docs/benchmarks.md", "anatomy.latest", "bench/results/anatomy.json") in found
     history = "bench/results/history/compaction.jsonl"
     assert ("docs/benchmarks.md", "compaction.history", history) in found
+    assert ("docs/environments.md", "products.latest", "bench/results/products.json") in found
+    history = "bench/results/history/products.jsonl"
+    assert ("docs/benchmarks.md", "products.history", history) in found
     for name in ("isolation", "overhead", "sandbox", "environment", "governor", "throughput",
                  "saturation", "soak", "inspection"):  # fmt: skip
         assert ("docs/benchmarks.md", f"{name}.latest", f"bench/results/{name}.json") in found
@@ -139,7 +142,7 @@ def test_ids_words_and_enumerators_are_not_figures() -> None:
 
 @pytest.mark.parametrize("name", ["isolation", "overhead", "sandbox", "environment", "governor",
                                   "throughput", "saturation", "soak", "inspection",
-                                  "upstream"])  # fmt: skip
+                                  "upstream", "products"])  # fmt: skip
 def test_each_history_ends_with_its_latest_results_file(name: str) -> None:
     results = docs.ROOT / "bench" / "results"
     lines = (results / "history" / f"{name}.jsonl").read_text().splitlines()

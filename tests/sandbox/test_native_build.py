@@ -11,7 +11,6 @@ passes. One environment image, built at `buggy`, serves every test here."""
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -19,10 +18,9 @@ from pathlib import Path
 import docker
 import pytest
 
-from orchestrator.core.git import COMMITTER
 from sandbox import SandboxConfig
 from sandbox.build import build_environment, environment_tag, validate_environment
-from sandbox.environment import BASE_PATH, VENV, EnvironmentSpec
+from testkit.native import PROJECT, RIGHT, SPEC, SPEEDUPS, WRONG, commit_speedups, git
 from testkit.projects import as_git_repo, python_sdist, summary_counts
 from testkit.sinks import MemoryArtifacts
 from tests.sandbox.conftest import TEST_LABEL
@@ -34,21 +32,6 @@ from workers.outcomes import parse, with_ids
 from workers.rebuild import BuildRun
 from workers.sandboxes import DockerSandboxes, WorkspaceRequest
 
-SPEEDUPS = "src/markupsafe/_speedups.c"
-RIGHT = "\t\t\t\t*outp++ = 'g'; \\\n\t\t\t\t*outp++ = 't'; \\\n"
-WRONG = "\t\t\t\t*outp++ = 'g'; \\\n\t\t\t\t*outp++ = 'r'; \\\n"
-SPEC = EnvironmentSpec(
-    packages=("build-essential", "python3-dev"),
-    setup=(
-        f"python3 -m venv {VENV}",
-        "python -m pip install setuptools wheel pytest",
-        "python -m pip install --no-build-isolation -e .",
-    ),
-    build=("python setup.py build_ext --inplace",),
-    build_inputs=("*.c", "*.h", "setup.py"),
-    test="python -m pytest -q tests",
-    env={"VIRTUAL_ENV": VENV, "PATH": f"{VENV}/bin:{BASE_PATH}"},
-)
 REPRO = "tests/test_gt_speedups.py"
 REPRO_TEST = """\
 from markupsafe import _speedups
@@ -69,30 +52,13 @@ class Built:
     output: str
 
 
-def _git(repo: Path, *args: str) -> str:
-    env = {"GIT_AUTHOR_NAME": COMMITTER["user.name"], "GIT_AUTHOR_EMAIL": COMMITTER["user.email"],
-           "GIT_COMMITTER_NAME": COMMITTER["user.name"],
-           "GIT_COMMITTER_EMAIL": COMMITTER["user.email"], "PATH": "/usr/bin:/bin"}  # fmt: skip
-    done = subprocess.run(["git", "-C", str(repo), *args], env=env, capture_output=True, check=True)
-    return done.stdout.decode().strip()
-
-
-def _commit_speedups(repo: Path, old: str, new: str, message: str) -> str:
-    path = repo / SPEEDUPS
-    text = path.read_text()
-    assert text.count(old) == 1, "the injected line is not where it was in 2.1.5"
-    path.write_text(text.replace(old, new))
-    _git(repo, "commit", "-qam", message)
-    return _git(repo, "rev-parse", "HEAD")
-
-
 @pytest.fixture(scope="module")
 def built(
     docker_client: docker.DockerClient, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Built]:
-    root = python_sdist("MarkupSafe", "2.1.5", DOWNLOADS)
+    root = python_sdist(*PROJECT, DOWNLOADS)
     repo = as_git_repo(root, tmp_path_factory.mktemp("markupsafe") / "repo")
-    buggy = _commit_speedups(repo, RIGHT, WRONG, "speedups: escape > (wrongly)")
+    buggy = commit_speedups(repo, RIGHT, WRONG, "speedups: escape > (wrongly)")
     tree = RepoCache(tmp_path_factory.mktemp("mirrors")).archive(
         str(repo), buggy, uid=1000, gid=1000
     )
@@ -182,8 +148,8 @@ def test_a_commit_that_makes_the_kept_module_stale_gets_it_rebuilt_and_the_build
     built: Built, tmp_path: Path
 ) -> None:
     repo = Path(built.repo)
-    _git(repo, "checkout", "-q", "-b", "upstream-fix", built.buggy)
-    upstream_fix = _commit_speedups(repo, WRONG, RIGHT, "speedups: escape > as &gt;")
+    git(repo, "checkout", "-q", "-b", "upstream-fix", built.buggy)
+    upstream_fix = commit_speedups(repo, WRONG, RIGHT, "speedups: escape > as &gt;")
     builds: list[BuildRun] = []
 
     sandboxes = _sandboxes(tmp_path, runtime="runsc")  # as the workers run them
@@ -204,10 +170,10 @@ def test_a_commit_that_makes_the_kept_module_stale_gets_it_rebuilt_and_the_build
 def _change(built: Built, files: dict[str, str]) -> str:
     """The diff from the buggy commit that writes `files`, as a stage would hand it on."""
     repo = Path(built.repo)
-    _git(repo, "checkout", "-q", built.buggy)
+    git(repo, "checkout", "-q", built.buggy)
     for name, text in files.items():
         (repo / name).write_text(text)
-    _git(repo, "add", "--all")
-    diff = _git(repo, "diff", "--cached", "--binary", "HEAD")
-    _git(repo, "reset", "-q", "--hard", built.buggy)
+    git(repo, "add", "--all")
+    diff = git(repo, "diff", "--cached", "--binary", "HEAD")
+    git(repo, "reset", "-q", "--hard", built.buggy)
     return diff + "\n"
