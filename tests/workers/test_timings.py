@@ -194,8 +194,8 @@ def test_a_workspace_times_its_build_step_its_commands_and_its_patches_apart(
     with timings.recording() as recorded:
         workspace.run(["pytest"], timeout_s=10)
         build_calls = box.calls - 1  # all but the command itself
-        workspace.apply_patch("--- a/x\n+++ b/x\n")  # the patch written, checked, applied
-        workspace.diff()  # intent to add, then the diff
+        workspace.apply_patch("--- a/x\n+++ b/x\n")  # one exec: git apply reads it on stdin
+        workspace.diff()  # one exec: intent to add, then the diff
 
     assert build_calls >= 2  # at least the check and the build command
-    assert spent(recorded) == {BUILD: build_calls, COMMANDS: 1.0, CHANGES: 5.0}
+    assert spent(recorded) == {BUILD: build_calls, COMMANDS: 1.0, CHANGES: 2.0}
