@@ -34,6 +34,10 @@ from sandbox.testrunner import SCANNED_BYTES, declares_pytest, test_command, tes
 NODE_LOCKFILES = ("package-lock.json", "npm-shrinkwrap.json")
 """Lockfiles `npm ci` installs from exactly."""
 NPM_PLACEHOLDER_TEST = 'echo "Error: no test specified" && exit 1'
+JEST = re.compile(r"(^|[\s/])jest(\s|$)")
+"""A test script that runs jest (`jest`, `node_modules/.bin/jest …`)."""
+CHAINED = re.compile(r"&&|\|\||;|\|")
+"""A script of several commands: arguments after `--` would reach only the last."""
 """The `test` script `npm init` writes: not a test command."""
 
 GIT_HOOKS = re.compile(r"\b(husky|lefthook|simple-git-hooks|pre-commit|git rev-parse)\b")
@@ -171,6 +175,8 @@ def _node(root: Path) -> _Part | None:
     test = (
         "npm test" if isinstance(script, str) and script.strip() != NPM_PLACEHOLDER_TEST else None
     )
+    if test and JEST.search(str(script)) and not CHAINED.search(str(script)):
+        test = "npm test -- --verbose"  # jest names each test only when verbose
     builds = isinstance(scripts.get("build"), str)
     build = ("npm run build",) if builds else ()
     native = node_build(root, manifest)
@@ -182,7 +188,8 @@ def _node(root: Path) -> _Part | None:
            if hooks else ""),
         "build: npm run build (package.json has a build script; every file is its input)"
         if builds else "build: none (package.json has no build script)",
-        f"test: {test or 'none found'} (package.json scripts.test)",
+        f"test: {test or 'none found'} (package.json scripts.test"
+        + (", which runs jest: --verbose names each test)" if "verbose" in (test or "") else ")"),
     ]  # fmt: skip
     if native is not None:
         reasons.insert(0, f"packages: {', '.join(native.packages)}: {native.reason}")
