@@ -31,10 +31,11 @@ For each instance it:
     FAIL_TO_PASS test must fail and every PASS_TO_PASS test pass;
  3. applies gold.patch (and runs `build` likewise: a fix to compiled code is compiled before
     the runs); base + test.patch + gold.patch must be the published source up to
-    whitespace (so break.patch reversed is the change); in two runs of the whole suite every
-    FAIL_TO_PASS and every PASS_TO_PASS test must pass, and PASS_TO_PASS must list every test
-    that passed in all three runs (a test that passes in one run and not in another is flaky
-    and must not be listed);
+    whitespace (so break.patch reversed is the change); the FAIL_TO_PASS tests run alone must
+    pass and their command exit 0 (as a pipeline's proof runs them); in two runs of the whole
+    suite every FAIL_TO_PASS and every PASS_TO_PASS test must pass, and PASS_TO_PASS must list
+    every test that passed in all three runs (a test that passes in one run and not in another
+    is flaky and must not be listed);
  4. gold.patch may touch no test file, and test.patch only test files.
 
 A run of the whole suite is the instance's `test` command as the harness runs it: with `-rA`
@@ -117,6 +118,7 @@ class Run:
 
     outcomes: dict[str, Outcome]
     seconds: float
+    exit_code: int
 
     def passed(self) -> set[str]:
         return {i for i, o in self.outcomes.items() if o == Outcome.PASSED}
@@ -284,7 +286,7 @@ def tests(instance: Instance, repo: Path, venv: Path, log: Path, ids: tuple[str,
     outcomes = parse(done.stdout)
     if outcomes.runner is None and not ids:
         raise Problem(f"the test command named no test (see {log})")
-    return Run(outcomes.by_id, seconds)
+    return Run(outcomes.by_id, seconds, done.returncode)
 
 
 def expect(report: Report, run: Run, ids: tuple[str, ...], wanted: Outcome, when: str) -> None:
@@ -370,6 +372,13 @@ def verify(instance: Instance, *, reuse_venv: bool) -> Report:
         if differ := unlike_published(repo, published):
             shown = ", ".join(differ[:5])
             report.problems.append(f"base+test+gold is not the published source: {shown}")
+        alone = tests(instance, repo, venv, place / "3-fail-to-pass-alone-fixed.log", f2p)
+        expect(report, alone, f2p, Outcome.PASSED, "base+test+gold, run alone")
+        if alone.exit_code != 0:  # a pipeline's proof runs them so, and needs the exit code 0
+            report.problems.append(
+                f"base+test+gold: the FAIL_TO_PASS tests alone pass but the command exits "
+                f"{alone.exit_code} (see {place / '3-fail-to-pass-alone-fixed.log'})"
+            )
         golds = [
             tests(instance, repo, venv, place / f"3-gold-{n}.log") for n in range(1, GOLD_RUNS + 1)
         ]
