@@ -150,11 +150,11 @@ def test_the_policies_script_every_stage_per_instance_with_real_tools(tmp_path: 
     reproduce = oracle["reproduce"]["variants"][0]["steps"]
     assert reproduce[0]["call"]["args"]["patch"] == TESTS
     assert reproduce[1]["json"]["test_command"] == (
-        "python -m pytest -p no:cacheprovider tests/test_core.py::test_mean_of_nothing"
+        "python -m pytest -q -p no:cacheprovider tests/test_core.py::test_mean_of_nothing"
     )
     stale = scenario([instance], "stale")["agents"]["reproduce"]["variants"][0]["steps"]
     assert stale[1]["json"]["test_command"] == (  # a test that passes already
-        "python -m pytest -p no:cacheprovider tests/test_core.py::test_mean"
+        "python -m pytest -q -p no:cacheprovider tests/test_core.py::test_mean"
     )
     saboteur = scenario([instance], "saboteur")["agents"]
     wrong = saboteur["fix"]["variants"][0]["steps"][0]["call"]["args"]["patch"]
