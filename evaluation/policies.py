@@ -98,12 +98,15 @@ def script(instance: Instance, mode: Mode) -> dict[str, list[dict[str, Any]]]:
 
 
 def command_for(instance: Instance, ids: list[str]) -> str:
-    """A command that runs just `ids`: pytest given their node ids, or the instance's own
-    unittest command told to keep only them (`-k`, which matches a test's dotted name)."""
+    """A command that runs just `ids`: the instance's own test command given their node ids
+    (pytest; its options stay, such as a `--no-cov` that keeps a coverage threshold from failing
+    a run of a few tests), or told to keep only them (unittest: `-k`, which matches a test's
+    dotted name)."""
     if instance.tests.runner == "unittest":
         own = str(instance.environment.get("test") or "python -m unittest")
         return own + "".join(f" -k {shlex.quote(i)}" for i in ids)
-    return "python -m pytest -p no:cacheprovider " + " ".join(shlex.quote(i) for i in ids)
+    own = str(instance.environment.get("test") or "python -m pytest")
+    return f"{own} -p no:cacheprovider " + " ".join(shlex.quote(i) for i in ids)
 
 
 def _reproduction(instance: Instance, mode: Mode, first: str) -> dict[str, Any]:

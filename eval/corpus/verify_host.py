@@ -20,16 +20,22 @@ For each instance it:
     project that has none of its own that would be Baton's pyproject.toml (a run whose pytest
     reports another rootdir than the repository is a problem);
  1. makes build/corpus-work/venvs/ID with `/usr/bin/python3 -m venv` and runs the instance's
-    `[environment].setup` commands at the repository's root, the venv's bin first on PATH;
- 2. applies test.patch; then each FAIL_TO_PASS test, run alone (the test command with the ids
-    appended, so a pytest command names no test path of its own; for unittest, `-k ID` each),
-    must fail, and in a run of the whole suite every FAIL_TO_PASS test must fail and every
-    PASS_TO_PASS test pass;
- 3. applies gold.patch; base + test.patch + gold.patch must be the published source up to
-    whitespace (so break.patch reversed is the change); in two runs of the whole suite every
-    FAIL_TO_PASS and every PASS_TO_PASS test must pass, and PASS_TO_PASS must list every test
-    that passed in all three runs (a test that passes in one run and not in another is flaky
-    and must not be listed);
+    `[environment].setup` commands at the repository's root, the venv's bin first on PATH (the
+    spec's Debian `packages` are not installed here: an instance that compiles C needs this
+    host to have a C compiler and Python's headers, `apt-get install build-essential
+    python3-dev`);
+ 2. applies test.patch (and runs the spec's `build` commands if it changed a file that
+    `build_inputs` names, as a sandbox does before a command); then each FAIL_TO_PASS test, run
+    alone (the test command with the ids appended, so a pytest command names no test path of its
+    own; for unittest, `-k ID` each), must fail, and in a run of the whole suite every
+    FAIL_TO_PASS test must fail and every PASS_TO_PASS test pass;
+ 3. applies gold.patch (and runs `build` likewise: a fix to compiled code is compiled before
+    the runs); base + test.patch + gold.patch must be the published source up to
+    whitespace (so break.patch reversed is the change); the FAIL_TO_PASS tests run alone must
+    pass and their command exit 0 (as a pipeline's proof runs them); in two runs of the whole
+    suite every FAIL_TO_PASS and every PASS_TO_PASS test must pass, and PASS_TO_PASS must list
+    every test that passed in all three runs (a test that passes in one run and not in another
+    is flaky and must not be listed);
  4. gold.patch may touch no test file, and test.patch only test files.
 
 A run of the whole suite is the instance's `test` command as the harness runs it: with `-rA`
@@ -112,6 +118,7 @@ class Run:
 
     outcomes: dict[str, Outcome]
     seconds: float
+    exit_code: int
 
     def passed(self) -> set[str]:
         return {i for i, o in self.outcomes.items() if o == Outcome.PASSED}
@@ -213,11 +220,17 @@ def set_up(instance: Instance, repo: Path, venv: Path, *, reuse: bool, log: Path
     if not (reuse and (venv / "bin" / "python").exists()):
         shutil.rmtree(venv, ignore_errors=True)
         run([BASE_PYTHON, "-m", "venv", str(venv)], WORK)
+    setup = [c for c in instance.environment.get("setup", []) if c != SANDBOX_VENV]
+    commands("setup", setup, instance, repo, venv, log)  # the venv is made above, on this host
+
+
+def commands(
+    what: str, argvs: list[str], instance: Instance, repo: Path, venv: Path, log: Path
+) -> None:
+    """Runs shell commands in order at the repository's root, their output in `log`."""
     env = environ(venv, instance)
     with log.open("w") as out:
-        for command in instance.environment.get("setup", []):
-            if command == SANDBOX_VENV:  # made above, in this host's scratch space
-                continue
+        for command in argvs:
             out.write(f"$ {command}\n")
             out.flush()
             done = subprocess.run(
@@ -229,7 +242,20 @@ def set_up(instance: Instance, repo: Path, venv: Path, *, reuse: bool, log: Path
                 timeout=SETUP_TIMEOUT_S,
             )
             if done.returncode != 0:
-                raise Problem(f"setup `{command}` exited {done.returncode} (see {log})")
+                raise Problem(f"{what} `{command}` exited {done.returncode} (see {log})")
+
+
+def rebuild(instance: Instance, repo: Path, venv: Path, patch: str, log: Path) -> bool:
+    """The spec's build step, as a sandbox runs it before a command, after `patch` was applied:
+    run when the patch changed a file the spec's `build_inputs` name (git pathspecs, matched
+    by git; none: every file). Returns whether it ran."""
+    build = instance.environment.get("build", [])
+    pathspecs = instance.environment.get("build_inputs", [])
+    listed = run([*GIT, "ls-files", "-z", "--", *pathspecs], repo).stdout.split("\0")
+    if not build or not set(instance.files(patch)) & set(listed):
+        return False
+    commands("build", build, instance, repo, venv, log)
+    return True
 
 
 def tests(instance: Instance, repo: Path, venv: Path, log: Path, ids: tuple[str, ...] = ()) -> Run:
@@ -260,7 +286,7 @@ def tests(instance: Instance, repo: Path, venv: Path, log: Path, ids: tuple[str,
     outcomes = parse(done.stdout)
     if outcomes.runner is None and not ids:
         raise Problem(f"the test command named no test (see {log})")
-    return Run(outcomes.by_id, seconds)
+    return Run(outcomes.by_id, seconds, done.returncode)
 
 
 def expect(report: Report, run: Run, ids: tuple[str, ...], wanted: Outcome, when: str) -> None:
@@ -334,6 +360,7 @@ def verify(instance: Instance, *, reuse_venv: bool) -> Report:
         set_up(instance, repo, venv, reuse=reuse_venv, log=place / "setup.log")
 
         apply(repo, instance.folder / "test.patch")
+        rebuild(instance, repo, venv, "test.patch", place / "build-test.log")
         alone = tests(instance, repo, venv, place / "1-fail-to-pass-alone.log", f2p)
         expect(report, alone, f2p, Outcome.FAILED, "base+test, run alone")
         base = tests(instance, repo, venv, place / "2-base-with-tests.log")
@@ -341,9 +368,17 @@ def verify(instance: Instance, *, reuse_venv: bool) -> Report:
         expect(report, base, p2p, Outcome.PASSED, "base+test")
 
         apply(repo, instance.folder / "gold.patch")
+        rebuild(instance, repo, venv, "gold.patch", place / "build-gold.log")
         if differ := unlike_published(repo, published):
             shown = ", ".join(differ[:5])
             report.problems.append(f"base+test+gold is not the published source: {shown}")
+        alone = tests(instance, repo, venv, place / "3-fail-to-pass-alone-fixed.log", f2p)
+        expect(report, alone, f2p, Outcome.PASSED, "base+test+gold, run alone")
+        if alone.exit_code != 0:  # a pipeline's proof runs them so, and needs the exit code 0
+            report.problems.append(
+                f"base+test+gold: the FAIL_TO_PASS tests alone pass but the command exits "
+                f"{alone.exit_code} (see {place / '3-fail-to-pass-alone-fixed.log'})"
+            )
         golds = [
             tests(instance, repo, venv, place / f"3-gold-{n}.log") for n in range(1, GOLD_RUNS + 1)
         ]

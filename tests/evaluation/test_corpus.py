@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+from fnmatch import fnmatch
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from evaluation.harness import Evaluation, Result
 from evaluation.policies import SABOTEUR_MARK, command_for, scenario
 from evaluation.report import ResultsFile, markdown, proof, results_file, tables
 from orchestrator.core.pipeline import load_pipeline
+from sandbox.environment import from_table
 from testkit.gemini.scenario import Scenario
 
 GOLD = """diff --git a/calc/core.py b/calc/core.py
@@ -48,6 +50,14 @@ runner = "pytest"
 fail_to_pass = ["tests/test_core.py::test_mean_of_nothing"]
 pass_to_pass = ["tests/test_core.py::test_mean"]
 """
+SHIPPED = Path(__file__).resolve().parents[2] / "eval" / "corpus"
+NATIVE = {
+    "markupsafe-3.0.2-str-subclass": "src/markupsafe/_speedups.c",
+    "msgpack-1.2.4-header-prealloc": "msgpack/unpack.h",
+    "propcache-0.5.3-lookup-error": "src/propcache/_helpers_c.pyx",
+    "simplejson-4.3.0-allow-nan-message": "simplejson/_speedups.c",
+}
+"""The shipped instances whose fix is to compiled code, and the compiled file it changes."""
 ISSUE = {"number": 7, "title": "mean() of an empty list crashes", "body": "ZeroDivisionError"}
 
 
@@ -90,6 +100,21 @@ def test_a_bad_instance_is_refused_naming_the_file(
         load_instance(make(tmp_path, **replace))
 
 
+def test_each_shipped_environment_is_a_spec_and_a_native_fix_is_rebuilt() -> None:
+    """Every shipped instance's [environment] is a valid spec; for a fix to compiled code it
+    installs a compiler and Python's headers, and its build step rebuilds on that file."""
+    instances = {i.id: i for i in load_corpus(SHIPPED)}
+    specs = {i: from_table(e.environment, origin=i) for i, e in instances.items()}
+
+    assert set(NATIVE) <= set(instances)
+    for name, fixed in NATIVE.items():
+        spec = specs[name]
+        assert fixed in instances[name].files("gold.patch"), name
+        assert {"build-essential", "python3-dev"} <= set(spec.packages), name
+        assert spec.build, name
+        assert any(fnmatch(fixed, pattern) for pattern in spec.build_inputs), name
+
+
 def test_a_missing_file_and_an_unknown_id_are_named(tmp_path: Path) -> None:
     folder = make(tmp_path)
     (folder / "gold.patch").unlink()
@@ -125,11 +150,11 @@ def test_the_policies_script_every_stage_per_instance_with_real_tools(tmp_path: 
     reproduce = oracle["reproduce"]["variants"][0]["steps"]
     assert reproduce[0]["call"]["args"]["patch"] == TESTS
     assert reproduce[1]["json"]["test_command"] == (
-        "python -m pytest -p no:cacheprovider tests/test_core.py::test_mean_of_nothing"
+        "python -m pytest -q -p no:cacheprovider tests/test_core.py::test_mean_of_nothing"
     )
     stale = scenario([instance], "stale")["agents"]["reproduce"]["variants"][0]["steps"]
     assert stale[1]["json"]["test_command"] == (  # a test that passes already
-        "python -m pytest -p no:cacheprovider tests/test_core.py::test_mean"
+        "python -m pytest -q -p no:cacheprovider tests/test_core.py::test_mean"
     )
     saboteur = scenario([instance], "saboteur")["agents"]
     wrong = saboteur["fix"]["variants"][0]["steps"][0]["call"]["args"]["patch"]
