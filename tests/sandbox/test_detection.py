@@ -4,6 +4,7 @@ cases. No Docker: files only."""
 
 from __future__ import annotations
 
+import json
 import tomllib
 from pathlib import Path
 
@@ -242,7 +243,27 @@ def test_a_node_addon_and_a_build_script(tmp_path: Path) -> None:
 
     assert spec.packages == ("build-essential", "pkg-config", "python3")
     assert spec.setup == ("npm ci --no-audit --no-fund", "npm run build")
-    assert (spec.build, spec.build_inputs, spec.test) == (("npm run build",), (), "npm test")
+    assert (spec.build, spec.build_inputs) == (("npm run build",), ())
+    assert spec.test == "npm test -- --verbose"  # jest names each test only when verbose
+
+
+@pytest.mark.parametrize(
+    ("script", "test"),
+    [
+        ("node --throw-deprecation node_modules/.bin/jest test/unit/", "npm test -- --verbose"),
+        ("jest --coverage", "npm test -- --verbose"),
+        ("npm run build && jest", "npm test"),  # `--verbose` would reach only the last command
+        ("tap test/*.js", "npm test"),
+        ("node --test", "npm test"),
+        ("jester", "npm test"),
+    ],
+)
+def test_only_a_test_script_that_is_one_jest_command_is_made_verbose(
+    tmp_path: Path, script: str, test: str
+) -> None:
+    manifest = json.dumps({"name": "a", "scripts": {"test": script}})
+
+    assert detect(tree(tmp_path, {"package.json": manifest})).test == test
 
 
 # -- test sets -------------------------------------------------------------------------------
