@@ -7,7 +7,8 @@ would: the spec detected from the repository's files (`sandbox.environment.detec
 environment built and validated (`build_environment`, `validate_environment`), then
 
 - **compiled**: in a sandbox of the image with the tree laid over its products, as a stage's,
-  the project's compiled module imports (`COMPILED`), from the workspace;
+  the project's compiled module imports from the workspace (for the npm package: the file its
+  build writes is there);
 - **baseline = by hand**: Baton's per-test parse of the validating run against the test
   runner's own summary line, from the same command run by hand (`docker run` of the image, the
   tree copied over the workspace);
@@ -62,6 +63,9 @@ class Project:
     git: Path | None = None
     """A clone of the project's public repository to take tag `version` from, instead of the
     PyPI sdist (an sdist ships the files a build generates; a repository does not)."""
+    made_file: str = ""
+    """For a project that is not Python: the file its build makes, checked instead of an
+    import."""
 
 
 MIRRORS = Path("/work/.mirror")
@@ -91,6 +95,14 @@ PROJECTS = [
         note="its gateway tests run over threads, subprocesses and sockets, and which of its "
         "`test_remote_exec_module_is_removed` cases pass changes from run to run, here and by "
         "hand alike",
+    ),
+    Project(
+        "uuid",
+        "v9.0.1",
+        "npm: a lockfile, `npm run build` (babel) writing `dist/`, jest, from git",
+        "",
+        git=MIRRORS / "uuidjs+uuid" / "repo",
+        made_file="dist/index.js",
     ),
 ]
 
@@ -151,7 +163,7 @@ def _one(client: docker.DockerClient, project: Project, work: Path) -> dict[str,
             key=tag, tag=tag, spec=spec, test_command=command, baseline=outcomes,
             commit=commit, products=built.products,
         )  # fmt: skip
-        imported = _imports(mirrors, str(repo), commit, env, project.compiled)
+        imported = _made(mirrors, str(repo), commit, env, project)
         plain = _by_hand(client, tag, repo, spec.test or "")
         by_hand = summary_counts(plain)
     finally:
@@ -190,14 +202,17 @@ def _source(project: Project, work: Path) -> Path:
     return tree
 
 
-def _imports(mirrors: RepoCache, repo: str, commit: str, env: Environment, module: str) -> bool:
-    """Whether `module` imports, from the workspace, in a stage's sandbox of `env`."""
+def _made(mirrors: RepoCache, repo: str, commit: str, env: Environment, project: Project) -> bool:
+    """Whether what the project's setup makes is there, in a stage's sandbox of `env`: its
+    compiled module imports from the workspace, or the file its build writes exists."""
     sandboxes = DockerSandboxes(mirrors, SandboxConfig(runtime="runsc"))
     request = WorkspaceRequest(repo=repo, commit=commit, stage="bench", labels=LABEL,
                                environment=env)  # fmt: skip
+    module = project.compiled
     script = f"import {module} as m; assert m.__file__.startswith('/workspace/'), m.__file__"
+    argv = ["test", "-f", project.made_file] if project.made_file else ["python", "-c", script]
     with sandboxes.open(request) as workspace:
-        result = workspace.run(["python", "-c", script], timeout_s=120)
+        result = workspace.run(argv, timeout_s=120)
     return result.exit_code == 0
 
 
@@ -205,7 +220,10 @@ def _by_hand(client: docker.DockerClient, tag: str, repo: Path, command: str) ->
     """`command` as a person would run it in the image: the tree copied over the workspace,
     no network; pytest's whole summary (not `-q`), with the skip reasons (`-rs`)."""
     plain = re.sub(r"\s-q\b", "", command)
-    plain += " -rA" if "pytest" in plain else " -v"
+    if "pytest" in plain:
+        plain += " -rA"
+    elif "unittest" in plain:
+        plain += " -v"
     script = f"cp -r /src/. /workspace/ && rm -rf /workspace/.git && cd /workspace && {plain}"
     output: bytes = client.containers.run(
         tag, ["sh", "-c", script + "; true"], remove=True, network_mode="none",
@@ -273,7 +291,7 @@ def latest(source: Source) -> str:
             f"{p['skipped']} ({reasons})",
             " ".join(f"`{c}`" for c in p["build"]) or "none",
         ])  # fmt: skip
-    header = ["project", "builds", "compiled module there", "baseline passed / failed",
+    header = ["project", "builds", "what it builds is there", "baseline passed / failed",
               "by hand passed / failed", "skipped (why)", "build step"]  # fmt: skip
     return f"{latest_run(source)}:\n\n{table(header, rows)}\n"
 

@@ -108,7 +108,8 @@ def _unpack(archive: Path, dest: Path) -> None:
 
 def summary_counts(output: str) -> tuple[int, int]:
     """(passed, failed) from the runner's own last summary line: pytest's `=== 3 passed, 1
-    failed ===`, unittest's `Ran 5 tests` with `FAILED (failures=1, errors=1, skipped=2)`."""
+    failed ===`, unittest's `Ran 5 tests` with `FAILED (failures=1, errors=1, skipped=2)`,
+    jest's `Tests: 1 failed, 48 passed, 49 total`."""
     ran = re.findall(r"^Ran (\d+) tests?", output, re.MULTILINE)
     if ran:
         status = re.findall(r"^(OK|FAILED)(?: \((.*)\))?$", output, re.MULTILINE)[-1]
@@ -116,6 +117,10 @@ def summary_counts(output: str) -> tuple[int, int]:
         failed = int(parts.get("failures", 0)) + int(parts.get("errors", 0))
         skipped = int(parts.get("skipped", 0)) + int(parts.get("expected failures", 0))
         return int(ran[-1]) - failed - skipped, failed
+    jest = re.findall(r"^Tests:\s+(.*\d+ total)$", output, re.MULTILINE)
+    if jest:
+        counted = {kind: int(n) for n, kind in re.findall(r"(\d+) (passed|failed)", jest[-1])}
+        return counted.get("passed", 0), counted.get("failed", 0)
     line = [ln for ln in output.splitlines() if re.match(r"^=+ .*\d+ (passed|failed)", ln)][-1]
     found = {kind: int(n) for n, kind in re.findall(r"(\d+) (passed|failed|errors?)", line)}
     return found.get("passed", 0), found.get("failed", 0) + found.get("error", 0) + found.get(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from bench import native
 from bench.docs import Source
+from testkit.projects import summary_counts
 
 BUILT = {
     "project": "MarkupSafe", "version": "2.1.5", "kind": "C extension", "built": True,
@@ -50,3 +51,13 @@ def test_each_project_row_says_what_its_environment_showed() -> None:
 
 def test_the_history_row_counts_what_held_for_each_project() -> None:
     assert native.row(_source()) == ["4", "3", "2", "2", "2"]
+
+
+def test_the_by_hand_count_reads_each_runners_own_summary() -> None:
+    jest = "PASS test/unit/v4.test.js\nTests:       1 failed, 2 skipped, 46 passed, 49 total\n"
+    pytest = "==== 2 failed, 51 passed, 1 skipped in 0.21s ====\n"
+    unittest = "Ran 144 tests in 0.1s\n\nOK (skipped=1)\n"
+
+    assert summary_counts(jest) == (46, 1)
+    assert summary_counts(pytest) == (51, 2)
+    assert summary_counts(unittest) == (143, 0)
