@@ -40,7 +40,7 @@ from sandbox.build import EnvironmentBuildError, EnvironmentValidationError, age
 from sandbox.detection import detection
 from sandbox.environment import SPEC_FILE, load, to_toml
 from sandbox.errors import EnvironmentSpecError, SandboxStartError, SandboxUnavailableError
-from workers.environments import Environments, _unpack_files
+from workers.environments import Environments, unpack_files
 from workers.mirrors import RepoCache, repo_key
 from workers.settings import WorkerSettings
 
@@ -199,7 +199,7 @@ def detect_spec(repo: str, ref: str, as_json: bool) -> None:
         )
         with tempfile.TemporaryDirectory(prefix="baton-detect-") as folder:
             root = Path(folder)
-            _unpack_files(tree, root)
+            unpack_files(tree, root)
             reasons: tuple[str, ...]
             if (root / SPEC_FILE).is_file():
                 spec, reasons = load(root / SPEC_FILE, root=root), (f"read from {SPEC_FILE}",)

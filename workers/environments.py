@@ -405,12 +405,12 @@ def _spec_and_key(
     files only (symlinks are not followed, so nothing outside the tree is read)."""
     with tempfile.TemporaryDirectory(prefix="baton-env-") as folder:
         root = Path(folder)
-        _unpack_files(tree, root)
+        unpack_files(tree, root)
         spec = spec or detect(root)
         return spec, environment_key(spec, root, base_id, repository=repository)
 
 
-def _unpack_files(tree: bytes, dest: Path) -> None:
+def unpack_files(tree: bytes, dest: Path) -> None:
     """The tree's regular files and folders under `dest` (a git tree holds no absolute path
     and no `..`; the `data` filter checks it again where Python has it, from 3.11.4)."""
     with tarfile.open(fileobj=io.BytesIO(tree)) as archive:
