@@ -4,6 +4,7 @@ products git ignores, what the image keeps, when the step runs, and what a faili
 from __future__ import annotations
 
 import io
+import re
 import subprocess
 import tarfile
 import time
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from sandbox.build import MAX_PRODUCTS, EnvironmentBuildError, _checked_products
 from sandbox.products import keep_products
 from tests.repos import Git, Upstream
 from workers.mirrors import UNCHANGED_MTIME, RepoCache
@@ -209,3 +211,25 @@ def test_the_tree_laid_over_products_dates_only_the_changed_files_now(
     everything = cache.archive(str(upstream.bare), run, uid=1000, gid=1000, over="0" * 40)
     with tarfile.open(fileobj=io.BytesIO(everything)) as archive:
         assert all(m.mtime >= before for m in archive.getmembers() if m.isfile())
+
+
+@pytest.mark.parametrize(
+    ("printed", "says"),
+    [
+        ({"build/": 1}, "not a list of paths"),
+        (["build/", 3], "not a list of paths"),
+        (["/etc/passwd"], "holds '/etc/passwd'"),
+        (["pkg/../../etc"], "holds 'pkg/../../etc'"),
+        ([""], "holds ''"),
+        ([f"p{n}.so" for n in range(MAX_PRODUCTS + 1)], "more than 20000"),
+    ],
+)
+def test_a_products_list_a_hostile_setup_printed_is_refused(printed: object, says: str) -> None:
+    with pytest.raises(EnvironmentBuildError, match=re.escape(says)):
+        _checked_products(printed)
+
+
+def test_a_products_list_of_paths_inside_the_workspace_is_kept_as_it_is() -> None:
+    printed = ["build/", "pkg/_x.cpython-311-x86_64-linux-gnu.so", "node_modules", "a b/c..d"]
+
+    assert _checked_products(printed) == tuple(printed)
