@@ -72,8 +72,12 @@ _UNITTEST_KIND = {
 }
 _TAP = re.compile(r"^\s*(not ok|ok) \d+(?: -)? (.+?)\s*(#\s*(?:SKIP|TODO)\b.*)?$", re.MULTILINE)
 _TAP_SUBTEST = re.compile(r"^(\s*)# Subtest: (.+)$", re.MULTILINE)
-_SPEC_PASS = re.compile(r"^\s+[✓✔√] (.+?)(?: \(\d+(?:\.\d+)? ?m?s\))?$", re.MULTILINE)
-_SPEC_FAIL = re.compile(r"^\s+(?:[✕✖×]|\d+\)) (.+?)(?: \(\d+(?:\.\d+)? ?m?s\))?$", re.MULTILINE)
+_SPEC_PASS = re.compile(r"^\s+[✓✔√] (.+?)(?: \(\d+(?:\.\d+)? ?m?s\))?$")
+_SPEC_FAIL = re.compile(r"^\s+(?:[✕✖×]|\d+\)) (.+?)(?: \(\d+(?:\.\d+)? ?m?s\))?$")
+_SPEC_FILE = re.compile(r"^(?:PASS|FAIL) (\S+)")
+"""jest's line before a test file's results."""
+_SPEC_END = re.compile(r"^\s*\d+ (?:passing|failing|pending)\b|^Tests:\s")
+"""The summary after which a spec reporter details its failures (not tests of their own)."""
 
 _WORSE = [Outcome.SKIPPED, Outcome.PASSED, Outcome.FAILED]
 
@@ -175,9 +179,28 @@ def _indent(line: str) -> int:
 
 
 def _spec(output: str) -> dict[str, Outcome]:
+    """Check marks of mocha's and jest's spec reporters, each test named by its file (jest's
+    `PASS path` line), the groups it is indented under and its own name, `>` between: two
+    tests of one name in two groups or files are two tests."""
     found: dict[str, Outcome] = {}
-    for name in _SPEC_PASS.findall(output):
-        _keep(found, name.strip(), Outcome.PASSED)
-    for name in _SPEC_FAIL.findall(output):
-        _keep(found, name.strip(), Outcome.FAILED)
+    file: list[str] = []
+    groups: list[tuple[int, str]] = []
+    for line in output.splitlines():
+        if _SPEC_END.match(line):
+            break
+        header = _SPEC_FILE.match(line)
+        if header:
+            file, groups = [header.group(1)], []
+            continue
+        if not line.strip() or not line[0].isspace():
+            continue
+        indent = _indent(line)
+        while groups and groups[-1][0] >= indent:
+            groups.pop()
+        mark = _SPEC_PASS.match(line) or _SPEC_FAIL.match(line)
+        if mark is None:
+            groups.append((indent, line.strip()))
+            continue
+        outcome = Outcome.PASSED if mark.re is _SPEC_PASS else Outcome.FAILED
+        _keep(found, " > ".join([*file, *(g for _, g in groups), mark.group(1).strip()]), outcome)
     return found

@@ -147,9 +147,35 @@ def test_spec_reporters_check_marks_are_read() -> None:
 
     assert (outcomes.runner, outcomes.passed, outcomes.failed) == (
         "spec",
-        ["adds", "totals"],
-        ["divides"],
+        ["cart > adds", "cart > totals"],
+        ["cart > divides"],
     )
+
+
+def test_mochas_failure_details_after_its_summary_name_no_test_of_their_own() -> None:
+    mocha = (
+        "\n  cart\n    ✔ adds\n    1) divides\n\n  1 passing (4ms)\n  1 failing\n\n"
+        "  1) cart\n       divides:\n     AssertionError: expected 1 to equal 2\n"
+    )
+
+    assert parse(mocha).by_id == {"cart > adds": Outcome.PASSED, "cart > divides": Outcome.FAILED}
+
+
+def test_jest_tests_of_one_name_in_two_files_or_groups_are_two_tests() -> None:
+    jest = (
+        "PASS test/unit/v1.test.js\n  v1\n    ✓ explicit options (3 ms)\n"
+        "    nested\n      ✓ explicit options\n"
+        "FAIL test/unit/v4.test.js\n  v4\n    ✓ explicit options (1 ms)\n    ✕ rng (2 ms)\n\n"
+        "  ● v4 › rng\n\n    expect(received).toBe(expected)\n\n"
+        "Tests:       1 failed, 3 passed, 4 total\n"
+    )
+
+    assert parse(jest).by_id == {
+        "test/unit/v1.test.js > v1 > explicit options": Outcome.PASSED,
+        "test/unit/v1.test.js > v1 > nested > explicit options": Outcome.PASSED,
+        "test/unit/v4.test.js > v4 > explicit options": Outcome.PASSED,
+        "test/unit/v4.test.js > v4 > rng": Outcome.FAILED,
+    }
 
 
 def test_output_that_names_no_test_has_no_outcomes() -> None:
