@@ -39,7 +39,7 @@ from orchestrator.core.git import run_git
 from sandbox import SandboxConfig, ensure_image
 from sandbox.build import build_environment, environment_tag, validate_environment
 from sandbox.environment import detect
-from testkit.projects import as_git_repo, python_sdist, summary_counts
+from testkit.projects import as_git_repo, by_hand, python_sdist, summary_counts
 from workers.environments import Environment
 from workers.mirrors import RepoCache
 from workers.outcomes import Outcomes, parse, with_ids
@@ -217,20 +217,14 @@ def _made(mirrors: RepoCache, repo: str, commit: str, env: Environment, project:
 
 
 def _by_hand(client: docker.DockerClient, tag: str, repo: Path, command: str) -> str:
-    """`command` as a person would run it in the image: the tree copied over the workspace,
-    no network; pytest's whole summary (not `-q`), with the skip reasons (`-rs`)."""
+    """`command` as a person would run it in the image (`testkit.projects.by_hand`), asked
+    for the runner's whole summary (not `-q`) and each test's outcome (`-rA`, `-v`)."""
     plain = re.sub(r"\s-q\b", "", command)
     if "pytest" in plain:
         plain += " -rA"
     elif "unittest" in plain:
         plain += " -v"
-    script = f"cp -r /src/. /workspace/ && rm -rf /workspace/.git && cd /workspace && {plain}"
-    output: bytes = client.containers.run(
-        tag, ["sh", "-c", script + "; true"], remove=True, network_mode="none",
-        volumes={str(repo): {"bind": "/src", "mode": "ro"}}, user="1000:1000", labels=LABEL,
-        stderr=True,
-    )  # fmt: skip
-    return output.decode(errors="replace")
+    return by_hand(client, tag, repo, plain, LABEL)
 
 
 def _repeated(output: str, outcomes: Outcomes) -> int:

@@ -16,7 +16,10 @@ import shutil
 import subprocess
 import sys
 import tarfile
+from collections.abc import Mapping
 from pathlib import Path
+
+import docker
 
 from orchestrator.core.git import COMMITTER
 
@@ -126,3 +129,18 @@ def summary_counts(output: str) -> tuple[int, int]:
     return found.get("passed", 0), found.get("failed", 0) + found.get("error", 0) + found.get(
         "errors", 0
     )
+
+
+def by_hand(
+    client: docker.DockerClient, tag: str, root: Path, command: str, labels: Mapping[str, str]
+) -> str:
+    """`command` run in image `tag` as a person would: `docker run` with `root` mounted
+    read-only and copied over /workspace first (its `.git` left out), as the sandbox's user, no
+    network; what it printed."""
+    script = f"cp -r /src/. /workspace/ && rm -rf /workspace/.git && cd /workspace && {command}"
+    output: bytes = client.containers.run(
+        tag, ["sh", "-c", script + "; true"], remove=True, network_mode="none",
+        volumes={str(root): {"bind": "/src", "mode": "ro"}}, user="1000:1000",
+        labels=dict(labels), stderr=True,
+    )  # fmt: skip
+    return output.decode(errors="replace")

@@ -103,3 +103,12 @@ class Upstream:
     def branches(self) -> list[str]:
         """The origin's branches, as full ref names."""
         return self.git("for-each-ref", "--format=%(refname)", "refs/heads/", cwd=self.bare).split()
+
+
+def tree(root: Path, files: Mapping[str, str]) -> Path:
+    """`root` with `files` (path: text) written under it, folders made; `root`."""
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return root

@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
+from sandbox.products import tracked_folders
 from workers.tools.errors import ToolError
 from workers.tools.workspace import CommandResult
 
@@ -170,11 +171,7 @@ def collisions(products: Iterable[str], tracked: Iterable[str]) -> list[str]:
     commit has a file, a product file where it has a folder): removed before the commit is laid
     over them, since a file git tracks always wins."""
     files = set(tracked)
-    folders = {name.rsplit("/", 1)[0] for name in files if "/" in name}
-    for name in list(folders):
-        while "/" in name:
-            name = name.rsplit("/", 1)[0]
-            folders.add(name)
+    folders = tracked_folders(files)
     found = []
     for product in products:
         bare = product.rstrip("/")

@@ -26,6 +26,7 @@ from sandbox.build import (
     validate_environment,
 )
 from sandbox.environment import EnvironmentSpec, detect, environment_key
+from testkit.projects import by_hand as run_by_hand
 from testkit.projects import npm_package, python_sdist, summary_counts, tree_tar
 from tests.sandbox.conftest import TEST_LABEL
 from workers.outcomes import parse, with_ids
@@ -78,15 +79,8 @@ def build(
 
 
 def by_hand(client: docker.DockerClient, tag: str, root: Path, command: str) -> str:
-    """`command` run in `tag` as a person would: `docker run` with the tree mounted read-only
-    and copied to /workspace first, no network."""
-    script = f"cp -r /src/. /workspace/ && cd /workspace && {command}"
-    output: bytes = client.containers.run(
-        tag, ["sh", "-c", script + "; true"], remove=True, network_mode="none",
-        volumes={str(root): {"bind": "/src", "mode": "ro"}}, user="1000:1000",
-        labels={TEST_LABEL: "by-hand"}, stderr=True,
-    )  # fmt: skip
-    return output.decode(errors="replace")
+    """`command` run in `tag` as a person would (`testkit.projects.by_hand`)."""
+    return run_by_hand(client, tag, root, command, {TEST_LABEL: "by-hand"})
 
 
 @pytest.mark.timeout(600)

@@ -12,20 +12,13 @@ import pytest
 
 from sandbox.detection import detection
 from sandbox.environment import EnvironmentSpec, detect, from_table, to_toml
+from tests.repos import tree
 
 VENV_SETUP = [
     "python3 -m venv /opt/baton/venv",
     "python -m pip install --upgrade pip setuptools wheel",
 ]
 COMPILER = ("build-essential", "pkg-config", "python3-dev")
-
-
-def tree(root: Path, files: dict[str, str]) -> Path:
-    for name, text in files.items():
-        path = root / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-    return root
 
 
 # markupsafe 3.0.2: a C speedup declared in setup.py, pip-compiled requirements per purpose.

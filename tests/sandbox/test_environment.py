@@ -10,17 +10,10 @@ import pytest
 
 from sandbox.environment import VENV, EnvironmentSpec, detect, environment_key, load
 from sandbox.errors import EnvironmentSpecError
+from tests.repos import tree
 
 BASE = "sha256:" + "b" * 64
 REPO = "0123456789abcdef"
-
-
-def tree(root: Path, files: dict[str, str]) -> Path:
-    for name, text in files.items():
-        path = root / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-    return root
 
 
 PYPROJECT = """

@@ -180,9 +180,9 @@ class ContainerWorkspace:
         """Hide `paths` (new build products) from the change: git ignores them from now on."""
         lines = "".join(f"{ignore_pattern(path)}\n" for path in paths)
         if lines:
-            appended = self.box.exec(
-                ["sh", "-c", 'cat >> "$1"', "sh", f"{self._root}/{EXCLUDE_FILE}"],
-                stdin=lines.encode(), timeout_s=LOCAL_GIT_TIMEOUT_S,
+            appended = self._exec(
+                ["sh", "-c", 'cat >> "$1"', "sh", EXCLUDE_FILE],
+                timeout_s=LOCAL_GIT_TIMEOUT_S, stdin=lines.encode(),
             )  # fmt: skip
             if appended.exit_code != 0:
                 raise ToolError(f"could not hide the build's products: {appended.output[-300:]}")
