@@ -53,6 +53,11 @@ class RepoCache:
         """Where the mirror of `repo` lives (whether or not it exists yet)."""
         return self.root / f"{repo_key(repo)}.git"
 
+    def objects(self, repo: str) -> Path:
+        """The object folder of `repo`'s mirror, for a repository made on this host to borrow
+        from (`workers.baseline`)."""
+        return self.mirror_path(repo) / "objects"
+
     def mirror(self, repo: str) -> Path:
         """Clone `repo` as a bare mirror, or refresh its mirror; returns the mirror's path."""
         source, mirror = repo_source(repo), self.mirror_path(repo)

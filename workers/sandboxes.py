@@ -19,12 +19,13 @@ from orchestrator.core.execution import Held
 from sandbox.build import agent_config, tree_paths
 from sandbox.pool import WarmPool
 from workers import metrics
+from workers.baseline import with_baseline
 from workers.environments import Environment
 from workers.mirrors import RepoCache
 from workers.rebuild import BuildRun, Rebuild, collisions, excluded
 from workers.timings import COPY_IN, SANDBOX_START, SANDBOX_STOP, Entered, timed
 from workers.tools.container import ContainerWorkspace
-from workers.tools.workspace import Workspace
+from workers.tools.workspace import TEST_BYPRODUCTS, Workspace
 
 logger = logging.getLogger(__name__)
 
@@ -92,8 +93,15 @@ class DockerSandboxes:
             )
         uid, gid = config.uid_gid
         over = env.commit if env is not None and env.products else None
+        products = env.products if env is not None else ()
         with timed(COPY_IN):
             tree = self.mirrors.archive(request.repo, request.commit, uid=uid, gid=gid, over=over)
+            tracked = tree_paths(tree)
+            ignored, forced = excluded(products, tracked)
+            tree = with_baseline(
+                tree, ignored=(*TEST_BYPRODUCTS, *ignored), tracked=forced,
+                objects=self.mirrors.objects(request.repo), uid=uid, gid=gid,
+            )  # fmt: skip
         variables = dict(env.spec.env) if env is not None else {}
         if self.pool is not None:
             started = self.pool.start(config, labels=dict(request.labels), env=variables)
@@ -104,15 +112,13 @@ class DockerSandboxes:
         timed_start = Entered(started, start=SANDBOX_START, stop=SANDBOX_STOP)
         with metrics.sandbox_lifetime(request.stage, timed_start) as box:
             with timed(COPY_IN):
-                tracked, products = tree_paths(tree), env.products if env is not None else ()
                 in_the_way = collisions(products, tracked)
                 if in_the_way:
                     box.exec(["rm", "-rf", "--", *(f"{config.workspace}/{p}" for p in in_the_way)])
                 box.put_archive(config.workspace, tree)
-                workspace = ContainerWorkspace(
-                    box, root=config.workspace, rebuild=self._rebuild(request)
-                )
-                workspace.commit_baseline(*excluded(products, tracked))
+            workspace = ContainerWorkspace(
+                box, root=config.workspace, rebuild=self._rebuild(request)
+            )
             logger.info(
                 "sandbox %s ready for %s (%d bytes of tree)", box.id[:12], request.stage, len(tree)
             )

@@ -70,13 +70,15 @@ def run_git(
     timeout_s: float = LOCAL_GIT_TIMEOUT_S,
     stdin: bytes | str = b"",
     config: Mapping[str, str] | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> subprocess.CompletedProcess[bytes]:
-    """Run `git *args` without a shell in `git_env()`, with `config` in its environment; its
-    output is bytes. A failing command is returned, not raised.
+    """Run `git *args` without a shell in `git_env()` and `env` (git's own variables: a date,
+    a folder), with `config` in its environment; its output is bytes. A failing command is
+    returned, not raised.
 
     Raises `subprocess.TimeoutExpired` after `timeout_s` and `FileNotFoundError` without git.
     """
-    env = {**git_env(), **(git_config_env(config) if config else {})}
+    env = {**git_env(), **(env or {}), **(git_config_env(config) if config else {})}
     return subprocess.run(
         ["git", *args],
         input=stdin.encode() if isinstance(stdin, str) else stdin,
@@ -100,6 +102,7 @@ def git_output_bytes(
     timeout_s: float = LOCAL_GIT_TIMEOUT_S,
     stdin: bytes | str = b"",
     config: Mapping[str, str] | None = None,
+    env: Mapping[str, str] | None = None,
     failed: str = "",
 ) -> bytes:
     """The stdout of `git *args`, a command on repository `source` that must succeed.
@@ -109,7 +112,7 @@ def git_output_bytes(
     """
     command = _command(args)
     try:
-        result = run_git(args, timeout_s=timeout_s, stdin=stdin, config=config)
+        result = run_git(args, timeout_s=timeout_s, stdin=stdin, config=config, env=env)
     except FileNotFoundError as exc:
         raise RepoError(GIT_MISSING) from exc
     except subprocess.TimeoutExpired as exc:
@@ -127,11 +130,12 @@ def git_output(
     timeout_s: float = LOCAL_GIT_TIMEOUT_S,
     stdin: bytes | str = b"",
     config: Mapping[str, str] | None = None,
+    env: Mapping[str, str] | None = None,
     failed: str = "",
 ) -> str:
     """`git_output_bytes` as text, stripped."""
     out = git_output_bytes(
-        source, args, timeout_s=timeout_s, stdin=stdin, config=config, failed=failed
+        source, args, timeout_s=timeout_s, stdin=stdin, config=config, env=env, failed=failed
     )
     return out.decode(errors="replace").strip()
 

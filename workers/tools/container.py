@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import PurePosixPath
 
-from orchestrator.core.git import COMMITTER, LOCAL_GIT_TIMEOUT_S, git_config_env
+from orchestrator.core.git import LOCAL_GIT_TIMEOUT_S
 from sandbox import DockerSandbox, SandboxError
 from workers.rebuild import Rebuild, ignore_pattern
 from workers.timings import BUILD, CHANGES, COMMANDS, timed
@@ -23,7 +23,6 @@ from workers.tools.workspace import (
     MAX_READ_BYTES,
     SEARCH_LIMIT,
     SEARCH_TIMEOUT_S,
-    TEST_BYPRODUCTS,
     CommandResult,
     checked_path,
     listed_files,
@@ -32,15 +31,6 @@ from workers.tools.workspace import (
 
 MAX_DIFF_BYTES = 8_000_000
 """A diff larger than this is refused rather than handed on cut."""
-PATHS_PATH = "/tmp/.baton-tracked"
-"""Where `commit_baseline` puts the paths it adds by name."""
-BASELINE = (
-    'git init -q && cat > "$1" && git add --all && '
-    '{ [ -z "$2" ] || git --literal-pathspecs add --force --pathspec-file-nul '
-    '--pathspec-from-file="$2"; } && git commit -q --no-verify -m baseline'
-)
-"""`commit_baseline` in one shell: init, the exclude file from stdin ($1), add everything not
-ignored, add the paths listed in $2 (if any) whatever ignores them, commit."""
 EXCLUDE_FILE = ".git/info/exclude"
 
 
@@ -156,25 +146,6 @@ class ContainerWorkspace:
                 return
             failures.append(applied.output.strip()[-500:])
         raise ToolError(f"the patch does not apply; nothing changed: {failures[0]}")
-
-    def commit_baseline(self, ignored: Sequence[str] = (), tracked: Sequence[str] = ()) -> None:
-        """Make the files now in the workspace the `HEAD` that diffs are taken against; what
-        tests leave behind (`TEST_BYPRODUCTS`) and what `ignored` matches (`.gitignore` lines:
-        the build products, `workers.rebuild.excluded`) is never part of a diff, except the
-        `tracked` paths, which are added whatever ignores them."""
-        exclude = "".join(f"{pattern}\n" for pattern in (*TEST_BYPRODUCTS, *ignored))
-        if tracked:
-            self.box.write_file(PATHS_PATH, b"".join(p.encode() + b"\0" for p in tracked))
-        # One exec (the exclude file on its stdin): each round trip into a gVisor sandbox costs
-        # more than the git commands themselves (bench/anatomy.py measured it).
-        result = self._exec(
-            ["sh", "-c", BASELINE, "sh", EXCLUDE_FILE, PATHS_PATH if tracked else ""],
-            timeout_s=LOCAL_GIT_TIMEOUT_S, env=git_config_env(COMMITTER),
-            stdin=exclude.encode(),
-        )  # fmt: skip
-        if result.timed_out or result.exit_code != 0:
-            how = "timed out" if result.timed_out else result.output.strip()[-500:]
-            raise ToolError(f"the workspace's baseline commit failed: {how}")
 
     def exclude(self, paths: Iterable[str]) -> None:
         """Hide `paths` (new build products) from the change: git ignores them from now on."""
