@@ -24,6 +24,8 @@ from __future__ import annotations
 import io
 import tarfile
 import tempfile
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
 
@@ -49,6 +51,46 @@ CONFIG = (
 alternates), and only size and time compared against the index."""
 
 
+class Baselines:
+    """The baselines this process made last, kept by what they were made from. A run's stages
+    open its commit again and again (seven sandboxes a fixer run), and a baseline's index is
+    only a cache of file sizes and times: one made for an earlier opening of the same commit
+    serves a later one, whose files dated differently (the changed sources, dated at each
+    opening) are hashed again in the sandbox, nothing more."""
+
+    def __init__(self, keep: int = 4) -> None:
+        self.keep = keep
+        self._made: OrderedDict[tuple[object, ...], bytes] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def with_baseline(
+        self,
+        tree: bytes,
+        *,
+        commit: str,
+        ignored: Sequence[str] = (),
+        tracked: Sequence[str] = (),
+        objects: Path | None = None,
+        uid: int,
+        gid: int,
+    ) -> bytes:
+        """`with_baseline` of `tree`, the archive of `commit`; the baseline made once."""
+        key = (str(objects), commit, tuple(ignored), tuple(tracked), uid, gid)
+        with self._lock:
+            made = self._made.get(key)
+            if made is not None:
+                self._made.move_to_end(key)
+        if made is None:
+            made = baseline(
+                tree, ignored=ignored, tracked=tracked, objects=objects, uid=uid, gid=gid
+            )
+            with self._lock:
+                self._made[key] = made
+                while len(self._made) > self.keep:
+                    self._made.popitem(last=False)
+        return beside(tree, made)
+
+
 def with_baseline(
     tree: bytes,
     *,
@@ -67,14 +109,28 @@ def with_baseline(
     Raises:
         RepoError: git could not make the baseline.
     """
+    made = baseline(tree, ignored=ignored, tracked=tracked, objects=objects, uid=uid, gid=gid)
+    return beside(tree, made)
+
+
+def baseline(
+    tree: bytes,
+    *,
+    ignored: Sequence[str],
+    tracked: Sequence[str],
+    objects: Path | None,
+    uid: int,
+    gid: int,
+) -> bytes:
+    """An archive of only the `.git` that `with_baseline` puts beside `tree`."""
     with tempfile.TemporaryDirectory(prefix="baton-baseline-") as folder:
         work, git_dir = Path(folder) / "tree", Path(folder) / "git"
         with tarfile.open(fileobj=io.BytesIO(tree)) as archive:
             archive.extractall(work, filter="data")
         _commit(work, git_dir, ignored, tracked, objects)
         (git_dir / "config").write_text(CONFIG)
-        out = io.BytesIO(tree)
-        with tarfile.open(fileobj=out, mode="a") as archive:
+        out = io.BytesIO()
+        with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as archive:
             for path in [git_dir, *sorted(git_dir.rglob("*"))]:
                 member = archive.gettarinfo(path, str(GIT_DIR / path.relative_to(git_dir)))
                 member.uid, member.gid, member.uname, member.gname = uid, gid, "", ""
@@ -84,6 +140,18 @@ def with_baseline(
                 else:
                     archive.addfile(member)
         return out.getvalue()
+
+
+def beside(tree: bytes, extra: bytes) -> bytes:
+    """One archive of `tree`'s entries and then `extra`'s."""
+    out = io.BytesIO(tree)
+    with (
+        tarfile.open(fileobj=io.BytesIO(extra)) as source,
+        tarfile.open(fileobj=out, mode="a") as target,
+    ):
+        for member in source:
+            target.addfile(member, source.extractfile(member) if member.isfile() else None)
+    return out.getvalue()
 
 
 def _commit(
@@ -119,6 +187,8 @@ def _commit(
     dated = {"GIT_AUTHOR_DATE": BASELINE_DATE, "GIT_COMMITTER_DATE": BASELINE_DATE}
     commit = git("commit-tree", "-m", "baseline", git("write-tree"), env=dated)
     git("update-ref", "HEAD", commit)
-    git("repack", "-a", "-d", "-q")  # every object into one pack, the borrowed ones too
+    git(
+        "repack", "-a", "-d", "-q", "--window=0"
+    )  # every object into one pack, the borrowed ones too
     if objects is not None:
         (git_dir / "objects" / "info" / "alternates").unlink()

@@ -19,7 +19,7 @@ from orchestrator.core.execution import Held
 from sandbox.build import agent_config, tree_paths
 from sandbox.pool import WarmPool
 from workers import metrics
-from workers.baseline import with_baseline
+from workers.baseline import Baselines
 from workers.environments import Environment
 from workers.mirrors import RepoCache
 from workers.rebuild import BuildRun, Rebuild, collisions, excluded
@@ -81,6 +81,8 @@ class DockerSandboxes:
         """Ready containers to take instead of starting one (None: each is started cold)."""
         self.build_timeout_s = build_timeout_s
         """Most time one command of the environment's build step may take."""
+        self.baselines = Baselines()
+        """The workspaces' baseline commits, made on this host (`workers.baseline`)."""
 
     @contextmanager
     def open(self, request: WorkspaceRequest) -> Iterator[Workspace]:
@@ -98,8 +100,8 @@ class DockerSandboxes:
             tree = self.mirrors.archive(request.repo, request.commit, uid=uid, gid=gid, over=over)
             tracked = tree_paths(tree)
             ignored, forced = excluded(products, tracked)
-            tree = with_baseline(
-                tree, ignored=(*TEST_BYPRODUCTS, *ignored), tracked=forced,
+            tree = self.baselines.with_baseline(
+                tree, commit=request.commit, ignored=(*TEST_BYPRODUCTS, *ignored), tracked=forced,
                 objects=self.mirrors.objects(request.repo), uid=uid, gid=gid,
             )  # fmt: skip
         variables = dict(env.spec.env) if env is not None else {}

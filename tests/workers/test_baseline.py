@@ -7,15 +7,19 @@ same files in place, the way sandboxes did before, holds, and git must see every
 
 from __future__ import annotations
 
+import io
 import os
 import subprocess
+import tarfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from sandbox.build import tree_paths
 from tests.repos import Git, Upstream
+from workers import baseline
 from workers.baseline import with_baseline
 from workers.mirrors import RepoCache
 from workers.rebuild import excluded
@@ -135,3 +139,53 @@ def test_the_hosts_own_git_configuration_changes_nothing(
     root, _, _ = laid(home=home)
 
     assert {"app.py", "alias.py"} <= set(git("ls-files", cwd=root).splitlines())
+
+
+def redated(tree: bytes, name: str, mtime: int) -> bytes:
+    """`tree` with `name` dated `mtime`, as a later opening of the same commit dates it."""
+    out = io.BytesIO()
+    with (
+        tarfile.open(fileobj=io.BytesIO(tree)) as source,
+        tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as target,
+    ):
+        for member in source:
+            if member.name == name:
+                member.mtime = mtime
+            target.addfile(member, source.extractfile(member) if member.isfile() else None)
+    return out.getvalue()
+
+
+def test_a_later_opening_of_the_same_commit_reuses_the_baseline_and_its_redated_files_are_no_change(
+    make_upstream: Callable[[], Upstream],
+    git: Git,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    upstream = make_upstream()
+    commit = upstream.commit({"app.py": "TOTAL = 1\n", "lib.py": "x = 1\n"})
+    cache = RepoCache(tmp_path / "mirrors")
+    first = cache.archive(str(upstream.bare), commit, uid=os.getuid(), gid=os.getgid())
+    later = redated(first, "app.py", 2_000_000_000)  # the file changed since the image's commit
+    made: list[bytes] = []
+    real = baseline.baseline
+
+    def counted(tree: bytes, **how: Any) -> bytes:
+        made.append(tree)
+        return real(tree, **how)
+
+    monkeypatch.setattr(baseline, "baseline", counted)
+    baselines = baseline.Baselines()
+    how = {"commit": commit, "objects": cache.objects(str(upstream.bare)),
+           "uid": os.getuid(), "gid": os.getgid()}  # fmt: skip
+
+    baselines.with_baseline(first, **how)
+    laid = baselines.with_baseline(later, **how)
+
+    assert made == [first]  # made once
+    root = tmp_path / "workspace"
+    root.mkdir()
+    subprocess.run(["tar", "-xf", "-", "-C", root], input=laid, check=True)
+    assert (root / "app.py").stat().st_mtime == 2_000_000_000
+    assert git("status", "--porcelain", cwd=root) == ""
+    (root / "lib.py").write_text("x = 2\n")
+    assert git("diff", "--name-only", cwd=root) == "lib.py"
