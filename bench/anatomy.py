@@ -157,9 +157,14 @@ def one_run(case: Case, settings: Settings, store: RunStore, order: list[str]) -
             **anatomy(run, store.audit_log(run_id), order)}  # fmt: skip
 
 
+RUNTIMES = ("runc", "runsc")
+"""Docker's default runtime, then gVisor's (`BATON_SANDBOX__RUNTIME`), a fresh worker each."""
+
+
 def run(progress: Any) -> dict[str, Any]:
+    per_pass = 1 + WARM_RUNS + 2 * len(CORPUS)
     task = progress.add_task("anatomy: fixer runs, one at a time",
-                             total=1 + WARM_RUNS + 2 * len(CORPUS))  # fmt: skip
+                             total=per_pass * len(RUNTIMES))  # fmt: skip
     order = [stage.name for stage in load_pipeline(PIPELINE).stages]
     with ExitStack() as stack:
         work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="baton-bench-")))
@@ -170,37 +175,53 @@ def run(progress: Any) -> dict[str, Any]:
         store = RunStore.from_url(settings.redis_section())
         stack.callback(store.redis.close)
         demo = Case("demo", str(make_sample_repo(work / "shopcart.git")), SENTRY_EVENT.read_bytes())
-        queues = [stage.queue for stage in load_pipeline(PIPELINE).stages]
-        stack.enter_context(
-            services.worker(worker_env(settings), queues, logfile=work / "worker.log")
-        )
-        first = one_run(demo, settings, store, order)
-        progress.advance(task)
-        warm = []
-        for _ in range(WARM_RUNS):
-            warm.append(one_run(demo, settings, store, order))
-            progress.advance(task)
-        median = sorted(warm, key=lambda r: r["wall_s"])[len(warm) // 2]
-        runs = [
-            {"label": "demo, first run on a fresh worker (`make demo`)", **first},
-            {"label": f"demo, the median of {WARM_RUNS} runs on a warm worker", **median},
-        ]
-        for instance in load_corpus(CORPUS_ROOT, CORPUS):
-            fake.set_scenario(_instant(scenario([instance], "oracle")))
-            checkout = materialize(instance, work / "repos", DOWNLOADS.resolve())
-            case = Case(instance.id, str(checkout.remote), instance.issue, ref=checkout.commit,
-                        environment=instance.environment)  # fmt: skip
-            one_run(case, settings, store, order)  # builds the environment image if need be
-            progress.advance(task)
-            again = one_run(case, settings, store, order)
-            runs.append({"label": f"{instance.id}, its second run (oracle policy)", **again})
-            progress.advance(task)
-    return {
-        "latency_ms": 0,
-        "warm_runs": WARM_RUNS,
-        "warm_walls_s": [r["wall_s"] for r in warm],
-        "runs": runs,
-    }
+        passes = []
+        for runtime in RUNTIMES:
+            with services.worker(
+                {**worker_env(settings), "BATON_SANDBOX__RUNTIME": runtime},
+                [stage.queue for stage in load_pipeline(PIPELINE).stages],
+                logfile=work / f"worker-{runtime}.log",
+            ):
+                fake.set_scenario(_instant(json.loads(SCENARIO.read_text())))
+                passes.append(_one_pass(runtime, demo, settings, store, order, fake, work,
+                                        lambda: progress.advance(task)))  # fmt: skip
+    return {"latency_ms": 0, "warm_runs": WARM_RUNS, "passes": passes}
+
+
+def _one_pass(
+    runtime: str,
+    demo: Case,
+    settings: Settings,
+    store: RunStore,
+    order: list[str],
+    fake: FakeGemini,
+    work: Path,
+    advance: Any,
+) -> dict[str, Any]:
+    """The demo's first run on a fresh worker and the median of its warm runs, then each corpus
+    instance's second run, on a worker whose sandboxes run under `runtime`."""
+    first = one_run(demo, settings, store, order)
+    advance()
+    warm = []
+    for _ in range(WARM_RUNS):
+        warm.append(one_run(demo, settings, store, order))
+        advance()
+    median = sorted(warm, key=lambda r: r["wall_s"])[len(warm) // 2]
+    runs = [
+        {"label": "demo, first run on a fresh worker (`make demo`)", **first},
+        {"label": f"demo, the median of {WARM_RUNS} runs on a warm worker", **median},
+    ]
+    for instance in load_corpus(CORPUS_ROOT, CORPUS):
+        fake.set_scenario(_instant(scenario([instance], "oracle")))
+        checkout = materialize(instance, work / "repos", DOWNLOADS.resolve())
+        case = Case(instance.id, str(checkout.remote), instance.issue, ref=checkout.commit,
+                    environment=instance.environment)  # fmt: skip
+        one_run(case, settings, store, order)  # builds the environment image if need be
+        advance()
+        again = one_run(case, settings, store, order)
+        runs.append({"label": f"{instance.id}, its second run (oracle policy)", **again})
+        advance()
+    return {"runtime": runtime, "warm_walls_s": [r["wall_s"] for r in warm], "runs": runs}
 
 
 def _instant(scenario: dict[str, Any]) -> dict[str, Any]:
@@ -228,12 +249,36 @@ def run_table(source: Source, run: Mapping[str, Any]) -> str:
     return f"{caption}\n\n{table(HEADER, rows)}"
 
 
+OVERHEAD = (REST, timings.SANDBOX_START, timings.COPY_IN)
+"""What the issue's target adds up: Baton's own, sandbox start and copy-in."""
+TARGET_HEADER = ["sandboxes", "run", "Baton's own + sandbox start + copy-in (s)",
+                 "test runs (s)", "under the test runs"]  # fmt: skip
+RUNTIME_NAMES = {"runc": "runc (Docker's default)", "runsc": "runsc (gVisor)"}
+
+
+def target_table(source: Source) -> str:
+    """Per run: Baton's own time, sandbox start and copy-in together against its test runs."""
+    rows = []
+    for one in source["passes"]:
+        for run in one["runs"]:
+            overhead = source.derive(round(sum(run["totals"][c] for c in OVERHEAD), 3))
+            tests = run["totals"][timings.COMMANDS]
+            rows.append([one["runtime"], run["label"], f"{overhead:.2f}", f"{tests:.2f}",
+                         "yes" if overhead < tests else "no"])  # fmt: skip
+    return table(TARGET_HEADER, rows)
+
+
 def latest(source: Source) -> str:
-    """Every run of the latest recorded benchmark, a table each (seconds, and shares)."""
-    walls = ", ".join(f"{w:.2f}" for w in source["warm_walls_s"])
-    setup = f"fake model at latency {source['latency_ms']} ms; warm runs' walls: {walls} s"
-    tables = "\n\n".join(run_table(source, run) for run in source["runs"])
-    return f"{latest_run(source, setup)}:\n\n{tables}"
+    """The target's table, then every run of the latest recorded benchmark, a table each
+    (seconds, and shares), by runtime."""
+    setup = f"fake model at latency {source['latency_ms']} ms"
+    parts = [f"{latest_run(source, setup)}:", target_table(source)]
+    for one in source["passes"]:
+        walls = ", ".join(f"{w:.2f}" for w in one["warm_walls_s"])
+        parts.append(f"**Sandboxes under {RUNTIME_NAMES.get(one['runtime'], one['runtime'])}** "
+                     f"(warm runs' walls: {walls} s)")  # fmt: skip
+        parts += [run_table(source, run) for run in one["runs"]]
+    return "\n\n".join(parts)
 
 
 SECTIONS = {"latest": latest}

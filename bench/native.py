@@ -97,6 +97,13 @@ PROJECTS = [
         "hand alike",
     ),
     Project(
+        "pluggy",
+        "1.6.0",
+        "generated `_version.py` (setuptools-scm), which `pluggy/__init__.py` imports, from git",
+        "pluggy._version",
+        git=MIRRORS / "pytest-dev+pluggy" / "repo",
+    ),
+    Project(
         "uuid",
         "v9.0.1",
         "npm: a lockfile, `npm run build` (babel) writing `dist/`, jest, from git",

@@ -75,32 +75,45 @@ RESULTS = {
     "took_s": 61,
     "latency_ms": 0,
     "warm_runs": 2,
-    "warm_walls_s": [9.5, 10.25],
-    "runs": [
+    "passes": [
         {
-            "label": "demo, first run",
-            "case": "demo",
-            "run_id": "r-x",
-            "caller_wall_s": 10.4,
-            "wall_s": 10.0,
-            "between_s": 0.5,
-            "stages": [
+            "runtime": "runsc",
+            "warm_walls_s": [9.5, 10.25],
+            "runs": [
                 {
-                    "stage": "fix",
-                    **columns(
+                    "label": "demo, first run",
+                    "case": "demo",
+                    "run_id": "r-x",
+                    "caller_wall_s": 10.4,
+                    "wall_s": 10.0,
+                    "between_s": 0.5,
+                    "stages": [
+                        {
+                            "stage": "fix",
+                            **columns(
+                                queue_wait_s=0.25,
+                                copy_in_s=2.0,
+                                commands_s=1.5,
+                                model_s=0.75,
+                                rest_s=5.0,
+                            ),
+                        },
+                    ],
+                    "totals": columns(
                         queue_wait_s=0.25, copy_in_s=2.0, commands_s=1.5, model_s=0.75, rest_s=5.0
                     ),
-                },
+                    "shares": {
+                        **columns(
+                            queue_wait_s=0.025,
+                            copy_in_s=0.2,
+                            commands_s=0.15,
+                            model_s=0.075,
+                            rest_s=0.5,
+                        ),
+                        "between_s": 0.05,
+                    },
+                }
             ],
-            "totals": columns(
-                queue_wait_s=0.25, copy_in_s=2.0, commands_s=1.5, model_s=0.75, rest_s=5.0
-            ),
-            "shares": {
-                **columns(
-                    queue_wait_s=0.025, copy_in_s=0.2, commands_s=0.15, model_s=0.075, rest_s=0.5
-                ),
-                "between_s": 0.05,
-            },
         }
     ],
 }
@@ -113,8 +126,9 @@ def test_the_section_shows_each_run_as_a_table_of_seconds_and_shares() -> None:
 
     assert text.startswith(
         "Latest run (`bench/results/anatomy.json`, commit abc1234, 2026-12-02 11:30; it took "
-        "61 s; fake model at latency 0 ms; warm runs' walls: 9.50, 10.25 s):"
+        "61 s; fake model at latency 0 ms):"
     )
+    assert "**Sandboxes under runsc (gVisor)** (warm runs' walls: 9.50, 10.25 s)" in text
     assert (
         "**demo, first run** (run r-x): 10.00 s from the run's creation to its last stage's "
         "end; 10.40 s from the enqueue call to the end as the caller saw it"
@@ -147,3 +161,12 @@ def test_every_figure_of_the_section_is_traced_to_the_results_file() -> None:
 
     assert claims.untraced(text, [source]) == []
     assert claims.untraced(text.replace("9.50 |", "9.40 |"), [source]) == ["9.40"]
+
+
+def test_the_target_sets_baton_and_sandbox_start_and_copy_in_against_the_test_runs() -> None:
+    source = docs.Source("bench/results/anatomy.json", RESULTS)
+
+    lines = anatomy.latest(source).splitlines()
+
+    # own 5.0 + sandbox start 0 + copy-in 2.0 = 7.0 against test runs 1.5
+    assert "| runsc | demo, first run | 7.00 | 1.50 | no |" in lines
