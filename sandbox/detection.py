@@ -76,13 +76,15 @@ class _Part:
     reasons: tuple[str, ...] = ()
 
 
-def detection(root: Path) -> Detection:
-    """What `root`'s files imply (its own spec file is not read here).
+def detection(root: Path, *, version: str | None = None) -> Detection:
+    """What `root`'s files imply (its own spec file is not read here); `version`: the release
+    the tree is, from its repository's tags (`RepoCache.version`), for a build that would read
+    it from git.
 
     Raises:
         EnvironmentSpecError: a manifest (pyproject.toml, package.json, …) does not parse.
     """
-    found = [part for part in (_python(root), _node(root)) if part is not None]
+    found = [part for part in (_python(root, version), _node(root)) if part is not None]
     env: dict[str, str] = {}
     for part in found:
         env.update(part.env or {})
@@ -100,7 +102,7 @@ def detection(root: Path) -> Detection:
     return Detection(spec, reasons or ("nothing to install: no Python or Node project found",))
 
 
-def _python(root: Path) -> _Part | None:
+def _python(root: Path, version: str | None) -> _Part | None:
     pyproject = _toml(root / "pyproject.toml")
     setup_cfg = _ini(root / "setup.cfg")
     tox = _ini(root / "tox.ini")
@@ -135,7 +137,7 @@ def _python(root: Path) -> _Part | None:
         setup = []  # the standard library is all it needs
     env = {"VIRTUAL_ENV": VENV, "PATH": f"{VENV}/bin:{BASE_PATH}", "PIP_NO_INPUT": "1"}
     reasons = [_test_reason(chosen, base, missing)]
-    scm = _scm_version(root, pyproject)
+    scm = _scm_version(root, pyproject, version)
     if scm is not None:
         env[SCM_VERSION_VARIABLE] = scm
         reasons.append(
@@ -251,9 +253,10 @@ def _build_requires(pyproject: Mapping[str, Any], root: Path) -> list[str]:
     return [r for r in requires if re.match(r"[A-Za-z0-9]", r)]
 
 
-def _scm_version(root: Path, pyproject: Mapping[str, Any]) -> str | None:
+def _scm_version(root: Path, pyproject: Mapping[str, Any], version: str | None) -> str | None:
     """The version to give setuptools-scm when the build names it: the tree's PKG-INFO's (an
-    sdist's), else `UNKNOWN_VERSION`."""
+    sdist's), else `version` (its repository's tag), else `UNKNOWN_VERSION` (which a test
+    dependency that needs the project itself, a pytest plugin's pytest, cannot accept)."""
     system = pyproject.get("build-system") or {}
     requires = " ".join(str(r) for r in system.get("requires") or [])
     setup_py = root / "setup.py"
@@ -264,7 +267,7 @@ def _scm_version(root: Path, pyproject: Mapping[str, Any]) -> str | None:
     readable = info.is_file() and not info.is_symlink()
     text = info.read_bytes()[:SCANNED_BYTES].decode("utf-8", "replace") if readable else ""
     match = re.search(r"^Version:\s*([A-Za-z0-9.+!_-]+)\s*$", text, re.MULTILINE)
-    return match.group(1) if match else UNKNOWN_VERSION
+    return match.group(1) if match else version or UNKNOWN_VERSION
 
 
 def _toml(path: Path) -> dict[str, Any]:

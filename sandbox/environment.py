@@ -200,8 +200,9 @@ def _toml_string(value: str) -> str:
     return json.dumps(value).replace("\x7f", "\\u007f")
 
 
-def detect(root: Path) -> EnvironmentSpec:
-    """The repository's spec: its `SPEC_FILE` if it has one, else what its files say.
+def detect(root: Path, *, version: str | None = None) -> EnvironmentSpec:
+    """The repository's spec: its `SPEC_FILE` if it has one, else what its files say
+    (`version`: the release its repository's tags say the tree is, `sandbox.detection`).
 
     Raises:
         EnvironmentSpecError: the repository's spec file is not valid.
@@ -211,7 +212,7 @@ def detect(root: Path) -> EnvironmentSpec:
         return load(own, root=root)
     from sandbox.detection import detection  # it builds on this module's spec
 
-    return detection(root).spec
+    return detection(root, version=version).spec
 
 
 def environment_key(

@@ -194,9 +194,9 @@ def detect_spec(repo: str, ref: str, as_json: bool) -> None:
     settings = WorkerSettings()
     commit = resolve_commit(repo, ref)
     with _reported(settings, repo, commit):
-        tree = RepoCache(settings.repo_cache_dir).archive(
-            repo_source(repo), commit, uid=os.getuid(), gid=os.getgid()
-        )
+        mirrors = RepoCache(settings.repo_cache_dir)
+        tree = mirrors.archive(repo_source(repo), commit, uid=os.getuid(), gid=os.getgid())
+        version = mirrors.version(repo_source(repo), commit)
         with tempfile.TemporaryDirectory(prefix="baton-detect-") as folder:
             root = Path(folder)
             unpack_files(tree, root)
@@ -204,7 +204,7 @@ def detect_spec(repo: str, ref: str, as_json: bool) -> None:
             if (root / SPEC_FILE).is_file():
                 spec, reasons = load(root / SPEC_FILE, root=root), (f"read from {SPEC_FILE}",)
             else:
-                found = detection(root)
+                found = detection(root, version=version)
                 spec, reasons = found.spec, found.reasons
     if as_json:
         shown = {"commit": commit, "spec": spec.model_dump(mode="json"), "reasons": reasons}

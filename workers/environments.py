@@ -197,7 +197,8 @@ class Environments:
             tree = self.mirrors.archive(repo, commit, uid=uid, gid=gid)
             base_id = _image_id(client, self.settings.base_image) or ""
             given = spec
-            spec, key = _spec_and_key(tree, spec, base_id, repo_key(repo))
+            version = self.mirrors.version(repo, commit) if spec is None else None
+            spec, key = _spec_and_key(tree, spec, base_id, repo_key(repo), version)
             self.redis.set(key_of, key, ex=KEY_OF_TTL_S)
             found = self._found(client, key)
             if found is not None:
@@ -399,14 +400,18 @@ def _key_of(repo: str, commit: str, spec: EnvironmentSpec | None) -> str:
 
 
 def _spec_and_key(
-    tree: bytes, spec: EnvironmentSpec | None, base_id: str, repository: str
+    tree: bytes,
+    spec: EnvironmentSpec | None,
+    base_id: str,
+    repository: str,
+    version: str | None = None,
 ) -> tuple[EnvironmentSpec, str]:
     """`spec`, or the one the tree holds or implies, and its key; read from the tree's regular
     files only (symlinks are not followed, so nothing outside the tree is read)."""
     with tempfile.TemporaryDirectory(prefix="baton-env-") as folder:
         root = Path(folder)
         unpack_files(tree, root)
-        spec = spec or detect(root)
+        spec = spec or detect(root, version=version)
         return spec, environment_key(spec, root, base_id, repository=repository)
 
 

@@ -22,6 +22,8 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+from packaging.version import InvalidVersion, Version
+
 from orchestrator.core.errors import RepoError
 from orchestrator.core.git import (
     COMMITTER,
@@ -146,6 +148,18 @@ class RepoCache:
             name.decode(errors="surrogateescape") for name in names.split(b"\0") if name
         )
 
+    def version(self, repo: str, commit: str) -> str | None:
+        """The release `commit` is, or follows: its nearest tag that reads as a version
+        (`v1.6.0` and `1.6.0` are 1.6.0), as setuptools-scm would start from; None without
+        one. A build reads it where the tree, without `.git`, cannot say
+        (`sandbox.detection`)."""
+        source, mirror = repo_source(repo), self.mirror_path(repo)
+        with self._locked(mirror):
+            self._ensure_commit(source, mirror, commit)
+        found = run_git(["-C", str(mirror), "describe", "--tags", "--abbrev=0",
+                         "--match", "*[0-9]*", commit])  # fmt: skip
+        return release_version(found.stdout.decode(errors="replace").strip())
+
     def diff(self, repo: str, base: str, head: str) -> str:
         """The change from `base` to `head` as a unified diff, the way a pull request shows it:
         from their merge base (`git diff base...head`), renames found, no external diff or
@@ -200,6 +214,15 @@ class RepoCache:
         # Working copies borrow the mirror's objects: gc must never prune one of them.
         git_output(source, ["-C", str(partial), "config", "gc.auto", "0"])
         partial.rename(mirror)
+
+
+def release_version(tag: str) -> str | None:
+    """The version a release tag names, in its normal form (`v1.6.0` and `1.6.0` name 1.6.0);
+    None when it names none (`nightly`)."""
+    try:
+        return str(Version(tag.removeprefix("v").removeprefix("V")))
+    except InvalidVersion:
+        return None
 
 
 def repo_key(repo: str) -> str:

@@ -255,3 +255,20 @@ def test_the_diff_fetches_a_head_pushed_after_the_mirror_was_made(
     head = upstream.commit({"cart.py": "a = 3\n"})
 
     assert "+a = 3\n" in cache.diff(str(upstream.bare), base, head)
+
+
+def test_a_commits_version_is_its_nearest_release_tag(
+    make_upstream: Callable[[], Upstream], cache: RepoCache, git: Git
+) -> None:
+    upstream = make_upstream()
+    released = upstream.commit({"a.txt": "one\n"})
+    git("tag", "v1.6.0", released, cwd=upstream.work)
+    later = upstream.commit({"a.txt": "two\n"})
+    git("tag", "nightly", later, cwd=upstream.work)
+    untagged = make_upstream()
+    alone = untagged.commit({"a.txt": "one\n"})
+    git("push", "-q", "--tags", "origin", cwd=upstream.work)
+
+    assert cache.version(str(upstream.bare), released) == "1.6.0"
+    assert cache.version(str(upstream.bare), later) == "1.6.0"  # `nightly` names no version
+    assert cache.version(str(untagged.bare), alone) is None
