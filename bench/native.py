@@ -146,10 +146,11 @@ def _one(client: docker.DockerClient, project: Project, work: Path) -> dict[str,
         }
     if not (repo / ".git").is_dir():
         as_git_repo(_source(project, work), repo)
-        if project.git is not None:  # its tree is that tag's, as in the project's repository
-            run_git(["-C", str(repo), "tag", project.version])
+    if project.git is not None:  # its tree is that tag's, as in the project's repository
+        run_git(["-C", str(repo), "tag", "--force", project.version])
     commit = run_git(["-C", str(repo), "rev-parse", "HEAD"]).stdout.decode().strip()
     mirrors = RepoCache(work / "mirrors")
+    mirrors.mirror(str(repo))  # refreshed: the tag may be newer than the mirror
     spec = detect(repo, version=mirrors.version(str(repo), commit))  # as a worker reads it
     tree = mirrors.archive(str(repo), commit, uid=1000, gid=1000)
     tag = environment_tag(f"bench-{project.name.lower()}-{project.version}")

@@ -1,10 +1,11 @@
 """The git repository a sandbox's workspace starts with, made on the host and shipped in.
 
 Every diff a code stage takes is against a baseline: a commit of exactly the files the workspace
-was given. Committing them inside a gVisor sandbox reads and hashes every file through its
-gofer, once per sandbox (1.3 s for a 418-file project, seven sandboxes a run:
-`bench/anatomy.py`). Here git does the same work natively, in a temporary folder, and the
-finished `.git` goes into the sandbox in the same archive as the tree:
+was given. Committing them inside a gVisor sandbox read and hashed every file through its
+gofer, in each of a run's seven sandboxes: most of a run's copy-in, and more than its test runs
+for a project of a few hundred files (`bench/anatomy.py`). Here git does the same work natively,
+in a temporary folder, and the finished `.git` goes into the sandbox in the same archive as the
+tree:
 
 * the same commit as before: everything in the tree that `.gitignore`, the test by-products and
   the hidden build products do not match, plus the tracked paths that are added whatever ignores
@@ -187,8 +188,8 @@ def _commit(
     dated = {"GIT_AUTHOR_DATE": BASELINE_DATE, "GIT_COMMITTER_DATE": BASELINE_DATE}
     commit = git("commit-tree", "-m", "baseline", git("write-tree"), env=dated)
     git("update-ref", "HEAD", commit)
-    git(
-        "repack", "-a", "-d", "-q", "--window=0"
-    )  # every object into one pack, the borrowed ones too
+    # Every object into one pack, the borrowed ones too; no delta search (it would cost more
+    # time than the smaller pack saves).
+    git("repack", "-a", "-d", "-q", "--window=0")
     if objects is not None:
         (git_dir / "objects" / "info" / "alternates").unlink()
