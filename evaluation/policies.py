@@ -5,9 +5,10 @@
 * **stale**: a reproduction by tests that already pass (the instance's first PASS_TO_PASS
   test), then the gold patch: Baton must refuse the reproduction, so nothing is published.
 * **saboteur**: a plausible wrong fix. Its reproduction is a test of its own that the "fix"
-  satisfies (a marker in the file the gold patch changes), so the pipeline's own proof passes
-  and the change is published; the bug stays. The harness's independent measurement, with the
-  instance's hidden tests, must find it unresolved: proof that the harness can fail.
+  satisfies (a marker comment in the file the gold patch changes); the bug stays. The proof
+  must refuse it (a comment changes no code that runs, `workers.substance`), so nothing is
+  published; the harness's independent measurement, with the instance's hidden tests, must
+  find it unresolved either way: proof that the harness can fail.
 
 The fake server plays one scenario for the whole fleet, so each instance's steps are a script
 *variant* chosen by the instance's issue title, which every stage's instruction holds (the

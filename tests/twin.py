@@ -271,7 +271,10 @@ class _Renaming:
         if key == "verify":
             return {**value, "command_from": self.source(value["command_from"])}
         if key == "proof":
-            return {**value, "reproduction_from": self.stages[value["reproduction_from"]]}
+            named = {"reproduction_from": self.stages[value["reproduction_from"]]}
+            if "publishable_by" in value:
+                named["publishable_by"] = self.stages[value["publishable_by"]]
+            return {**value, **named}
         if key == "loop":
             paths = ("until", "reason_from", "summary_from")
             return {k: self.path(schema, v) if k in paths else v for k, v in value.items()}

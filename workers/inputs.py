@@ -26,9 +26,11 @@ from orchestrator.core.pipeline import (
     Pipeline,
     StageSpec,
 )
+from orchestrator.core.reported import ReportedFailure, reported_failure
 from orchestrator.core.store import RunStore
 from orchestrator.core.tools import BUILTIN_TOOLS, CommandTool, ToolDeclaration, ToolRun
 from workers import proof
+from workers.changes import ChangePolicy
 from workers.environments import Environment
 from workers.errors import StageError
 from workers.tools.code import DIFF_ARTIFACT
@@ -75,6 +77,12 @@ class StageInputs:
     suite_command: str | None = None
     """The repository's own test command, which a proof runs before and after the change; the
     worker takes it from the run's environment."""
+    publishable: ChangePolicy | None = None
+    """What the stage's proof holds its change to besides its tests: the `publish` rule of the
+    stage its `proof.publishable_by` names, with the planned files resolved; None: nothing."""
+    reported: ReportedFailure | None = None
+    """The failure the run's report shows (its exception type and where it was raised), which a
+    reproducing test's failure is held to; None: the report shows none."""
     tools: Mapping[str, ToolDeclaration] = field(default_factory=dict)
     """The declarations of the pipeline's tools this stage names (built-in ones have none)."""
     branch: str | None = None
@@ -167,7 +175,9 @@ def resolve(
         upstream_diff=_upstream_diff(run, pipeline, spec, store),
         evidence=_evidence(run, pipeline, spec, store),
         planned_files=_planned_files(run, spec, store),
+        publishable=_publishable(run, pipeline, spec, store),
         iteration=iteration,
+        reported=reported_failure(run.issue) if spec.reproduce is not None else None,
         reproduction=_reproduction(run, pipeline, spec, store),
         tools={name: pipeline.tools[name] for name in spec.tools if name in pipeline.tools},
         branch=branch,
@@ -208,6 +218,16 @@ def _verify_command(run: RunRecord, spec: StageSpec, store: RunStore) -> str | N
     if not isinstance(command, str) or not command.strip():
         raise StageError(f"stage {key!r} gave no {name!r} to verify {spec.name!r} with")
     return command
+
+
+def _publishable(
+    run: RunRecord, pipeline: Pipeline, spec: StageSpec, store: RunStore
+) -> ChangePolicy | None:
+    name = spec.proof.publishable_by if spec.proof is not None else None
+    if name is None:
+        return None
+    publishing = pipeline.stage(name)
+    return ChangePolicy.of(_planned_files(run, publishing, store), publishing.publish.allow)
 
 
 def _planned_files(run: RunRecord, spec: StageSpec, store: RunStore) -> tuple[str, ...] | None:

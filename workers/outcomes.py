@@ -107,6 +107,15 @@ def with_ids(command: str) -> str:
     return command
 
 
+def with_tracebacks(command: str) -> str:
+    """The test command, asked for Python's own tracebacks, which name every function on the
+    stack (`--tb=native` for pytest, unless it chose a form); any other command as it is."""
+    words = shlex.split(command)
+    if _runs("pytest", words) and not any(w.startswith("--tb") for w in words):
+        return command + " --tb=native"
+    return command
+
+
 def _runs(module: str, words: list[str]) -> bool:
     if not words:
         return False

@@ -6,7 +6,9 @@
   files applied, must fail, and show the failure the stage named.
 * `prove`: the reproducing tests fail with only the change's test files applied and pass with
   the whole change, and no test of the repository's suite that passed before fails after; each
-  measured in a clean workspace of the run's environment, by test id (`workers.outcomes`).
+  measured in a clean workspace of the run's environment, by test id (`workers.outcomes`). A
+  change whose code files differ only in comments, whitespace or docstrings
+  (`workers.substance`) is not proven, whatever its tests say.
 * `evidence`: what a pull request body says of it.
 """
 
@@ -21,8 +23,11 @@ from typing import Any
 from pydantic import BaseModel
 
 from orchestrator.core.facts import Fact, Proof, Reproduced, TestCounts, TestRun, recorded
+from orchestrator.core.reported import ReportedFailure
 from workers.errors import NotReproducedError, StageError
-from workers.outcomes import Outcome, Outcomes, parse, with_ids
+from workers.failures import on_stack, raised_types
+from workers.outcomes import Outcome, Outcomes, parse, with_ids, with_tracebacks
+from workers.substance import only_inert
 from workers.tools.artifacts import ArtifactSink
 from workers.tools.code import TEST_ENV, split_command
 from workers.tools.errors import ToolError
@@ -123,6 +128,8 @@ def _proof_lines(verdict: Proof) -> list[str]:
         "Proven by Baton in clean sandboxes:",
         f"- `{verdict.reproducing_command}`: {f2p} fail without the change's code and pass with it",
     ]
+    if verdict.report_check:
+        lines.append(f"- the reproduction held to the report: {verdict.report_check}")
     if verdict.suite_before is not None and verdict.suite_after is not None:
         lines.append(
             f"- `{verdict.suite_command}`: {verdict.suite_before.passed} passed, "
@@ -236,13 +243,15 @@ def check_reproduction(
     test_files: Iterable[str],
     timeout_s: float,
     artifacts: ArtifactSink,
+    reported: ReportedFailure | None = None,
 ) -> Reproduced:
     """Run the reproducing `command` on the unchanged code with `change` (test files only)
     applied, in a clean workspace; the measured result.
 
     Raises:
         NotReproducedError: the change touches more than tests, or the tests do not fail with
-            `expected_failure` in their output.
+            `expected_failure` in their output, or (when the report shows it, `reported`) not
+            with the report's exception type raised through the function that raised it there.
     """
     for what, paths in (("changes", split_diff(change)), ("names", test_files)):
         others = sorted({path for path in paths if not is_test_file(path)})
@@ -254,8 +263,9 @@ def check_reproduction(
             )
     with open_clean() as workspace:
         _applied(workspace, change, "the reproducing test")
+        asked = with_tracebacks(command) if reported is not None else command
         try:
-            ran = _run(workspace, command, shell=False, timeout_s=timeout_s)
+            ran = _run(workspace, asked, shell=False, timeout_s=timeout_s)
         except ToolError as exc:  # the environment's build step failed
             raise NotReproducedError(
                 f"could not reproduce the report: the unchanged code with the test: {exc.message}"
@@ -267,6 +277,11 @@ def check_reproduction(
         exit_code=None if ran.result.timed_out else ran.result.exit_code,
         failed_tests=ran.outcomes.failed[:MAX_IDS],
         expected_failure_seen=seen,
+        report_check=(
+            f"{reported.describe()}: the reproducing test's failure raised it there"
+            if reported is not None
+            else "the report shows no exception and stack to hold the failure to"
+        ),
     )
     failed = ran.outcomes.failed or (counts(ran.result.output)[1] or 0) > 0
     said = f"`{command}` on the unchanged code"
@@ -283,7 +298,33 @@ def check_reproduction(
             f"never shows {expected_failure.strip()!r}, the failure the report is about; it "
             f"ends: {_ending(ran.result.output)}"
         )
+    if reported is not None:
+        _held_to(reported, ran, said)
     return measured
+
+
+def _held_to(reported: ReportedFailure, ran: _Ran, said: str) -> None:
+    """The reproducing test's failure is the report's: its exception type raised, through the
+    function that raised it in the report.
+
+    Raises:
+        NotReproducedError: naming what the test raised, and where, against the report's.
+    """
+    output = ran.result.output
+    types = raised_types(output)
+    if reported.error_type not in types:
+        shown = ", ".join(types) or "no exception Baton can read from its output"
+        raise NotReproducedError(
+            f"could not reproduce the report: {said} fails with {shown}, not with "
+            f"{reported.error_type}, the exception {reported.source} shows; a reproducing "
+            f"test must fail the way the report did"
+        )
+    if reported.function and not on_stack(output, reported.function):
+        raise NotReproducedError(
+            f"could not reproduce the report: {said} raises {reported.error_type}, but not "
+            f"through {reported.function}, where {reported.source} raised it; a reproducing "
+            f"test must reach the code that failed"
+        )
 
 
 def _ending(output: str) -> str:
@@ -305,18 +346,28 @@ def prove(
     """Baton's verdict on `change`: the reproducing `command` with only its test files applied
     (must fail) and with all of it (must pass), and the suite (`suite_command`, through a
     shell) in both (nothing that passed before may fail after); each in a clean workspace."""
-    measure = (open_clean, command, suite_command, timeout_s, artifacts)
+    named = set(test_files)
+    code = [p for p in split_diff(change) if p not in named and not is_test_file(p)]
+    measure = (open_clean, command, suite_command, timeout_s, artifacts, code)
     try:
-        repro_before, suite_before = _measured(
+        repro_before, suite_before, code_before = _measured(
             *measure, only_tests(change, test_files), "the change's test files", "before"
         )
     except ToolError as exc:  # the environment's build step failed: nothing could run
         return _unbuilt(change, command, "without the change's code", exc)
     try:
-        repro_after, suite_after = _measured(*measure, change, "the change", "after")
+        repro_after, suite_after, code_after = _measured(*measure, change, "the change", "after")
     except ToolError as exc:
         return _unbuilt(change, command, "with the change", exc)
-    return _verdict(change, repro_before, repro_after, suite_before, suite_after, suite_command)
+    verdict = _verdict(change, repro_before, repro_after, suite_before, suite_after, suite_command)
+    inert = only_inert(code_before, code_after) if code_before and code_after else []
+    if inert:
+        return verdict.model_copy(update={"passed": False, "reason": (
+            f"the change alters only comments, whitespace or docstrings in {', '.join(inert)}: "
+            "no code runs differently, so it cannot be what fixes the failure; change the "
+            "code that fails"
+        ), "failure_tail": ""})  # fmt: skip
+    return verdict
 
 
 def _unbuilt(change: str, command: str, when: str, exc: ToolError) -> Proof:
@@ -337,14 +388,17 @@ def _measured(
     suite_command: str | None,
     timeout_s: float,
     artifacts: ArtifactSink,
+    read: list[str],
     diff: str,
     what: str,
     when: str,
-) -> tuple[_Ran, _Ran | None]:
-    """In a clean workspace with `diff` (`what`) applied: the reproducing command, then the
-    suite if there is one; their log is the artifact `proof-<when>.log`."""
+) -> tuple[_Ran, _Ran | None, dict[str, str | None] | None]:
+    """In a clean workspace with `diff` (`what`) applied: the files `read` as they are then
+    (`_texts`), the reproducing command, then the suite if there is one; their log is the
+    artifact `proof-<when>.log`."""
     with open_clean() as workspace:
         _applied(workspace, diff, what)
+        texts = _texts(workspace, read)
         repro = _run(workspace, command, shell=False, timeout_s=timeout_s)
         suite = (
             _run(workspace, suite_command, shell=True, timeout_s=timeout_s)
@@ -356,7 +410,18 @@ def _measured(
         *([suite.log(f"suite, {what}")] if suite else []),
     ]
     artifacts.save(f"proof-{when}.log", "".join(logs).encode())
-    return repro, suite
+    return repro, suite, texts
+
+
+def _texts(workspace: Workspace, paths: list[str]) -> dict[str, str | None] | None:
+    """Each of `paths` as text (None: absent); None when one cannot be read as text."""
+    texts: dict[str, str | None] = {}
+    for path in paths:
+        try:
+            texts[path] = workspace.read_text(path) if workspace.exists(path) else None
+        except ToolError:  # not text, or not a file: nothing to judge it by
+            return None
+    return texts
 
 
 def _verdict(

@@ -164,6 +164,30 @@ class Publisher:
             created_pull_request=pull.created if pull else False,
         )
 
+    def refusal(
+        self, *, repo: str, commit: str, diff: bytes, workdir: Path, policy: ChangePolicy
+    ) -> str | None:
+        """Why `publish` would refuse `diff` on `commit` under `policy` (what it would say after
+        "refused: "), or None when it would take it: checked as `publish` checks, on this host,
+        with nothing committed or pushed. The working copy is made in `workdir / "check"`.
+
+        Raises:
+            PublishError: the check itself could not be made (the commit is gone, the diff does
+                not apply).
+        """
+        copy = _WorkingCopy(self._source(repo, "check"), "check", workdir / "check",
+                            self._git_config(repo_source(repo)), self._secrets())  # fmt: skip
+        self._checkout(copy, commit)
+        _apply(copy, commit, diff)
+        try:
+            _checked(copy, commit, policy)
+        except PublishError as exc:
+            said = str(exc)
+            if ": refused: " not in said:
+                raise
+            return said.split(": refused: ", 1)[1]
+        return None
+
     # -- steps --------------------------------------------------------------------------------
 
     def _source(self, repo: str, branch: str) -> str:

@@ -39,7 +39,13 @@ from workers.agent import AgentSpec, AuditSink, StageSession, Usage, build_agent
 from workers.budget import json_chars
 from workers.changes import ChangePolicy
 from workers.delegate import Delegation, delegate_tool, without_delegate
-from workers.errors import ProofFailedError, StageError, StageOutputError, TestsFailedError
+from workers.errors import (
+    ProofFailedError,
+    PublishError,
+    StageError,
+    StageOutputError,
+    TestsFailedError,
+)
 from workers.inputs import StageInputs
 from workers.publish import Publisher
 from workers.rebuild import BuildRun
@@ -185,7 +191,7 @@ async def execute_stage(
             inputs, result, change, sandboxes, sinks.artifacts, on_build
         )
     if spec.proof is not None:
-        facts[Fact.PROOF] = _prove(inputs, change, sandboxes, sinks.artifacts, on_build)
+        facts[Fact.PROOF] = _prove(inputs, change, sandboxes, sinks.artifacts, on_build, publisher)
     result, compacted = await _fit_budget(result, inputs, schema, model, sinks, streaming)
     result = _with_facts(result, facts, schema)
     logger.info(
@@ -311,6 +317,7 @@ def _reproduce(
         test_files=test.files,
         timeout_s=_proof_timeout_s(inputs.spec),
         artifacts=artifacts,
+        reported=inputs.reported,
     )
     logger.info("run %s reproduced: %s failed as expected", inputs.run_id,
                 measured.failed_tests or measured.command)  # fmt: skip
@@ -323,13 +330,26 @@ def _prove(
     sandboxes: Sandboxes | None,
     artifacts: ArtifactSink,
     on_build: OnBuild,
+    publisher: Publisher | None = None,
 ) -> Proof:
-    """Baton's verdict on the stage's change; without a loop to try again, a failed one ends
-    the stage."""
+    """Baton's verdict on the stage's change (held to the publishing stage's rule too, when its
+    proof names one); without a loop to try again, a failed one ends the stage."""
     assert inputs.spec.proof is not None and inputs.reproduction is not None
     suite = inputs.suite_command if inputs.spec.proof.suite else None
+    refused = (
+        _publish_refusal(inputs, change, publisher, inputs.publishable)
+        if change.strip() and inputs.publishable is not None
+        else None
+    )
     if not change.strip():
         verdict = Proof(passed=False, reason="the stage changed nothing", reproducing_command="")
+    elif refused is not None:  # no test run can make it publishable
+        verdict = Proof(
+            passed=False,
+            reason=f"the change would not be published: {refused}",
+            reproducing_command=inputs.reproduction.command,
+            diff_stat=proof.diff_stat(change),
+        )
     else:
         verdict = proof.prove(
             _clean(inputs, sandboxes, on_build),
@@ -340,11 +360,36 @@ def _prove(
             timeout_s=_proof_timeout_s(inputs.spec),
             artifacts=artifacts,
         )
+    measured = inputs.reproduction.measured
+    if measured is not None and measured.report_check:
+        verdict = verdict.model_copy(update={"report_check": measured.report_check})
     logger.info("proof of %s of run %s (iteration %d): %s", inputs.spec.name, inputs.run_id,
                 inputs.iteration, verdict.reason)  # fmt: skip
     if not verdict.passed and inputs.spec.loop is None:
         raise ProofFailedError(f"the change is not proven: {verdict.reason}")
     return verdict
+
+
+def _publish_refusal(
+    inputs: StageInputs, change: str, publisher: Publisher | None, policy: ChangePolicy
+) -> str | None:
+    """Why the publishing stage would refuse `change`, as it would check it; None if it would
+    not. Without a publisher to check with, the stage cannot keep its proof's promise."""
+    if publisher is None:
+        raise StageError(
+            f"stage {inputs.spec.name!r} proves its change publishable, but this worker has no "
+            "publisher to check it with"
+        )
+    with tempfile.TemporaryDirectory(prefix="baton-check-") as tmp:
+        try:
+            return publisher.refusal(
+                repo=inputs.repo, commit=inputs.commit, diff=change.encode(), workdir=Path(tmp),
+                policy=policy,
+            )  # fmt: skip
+        except PublishError as exc:
+            raise StageError(
+                f"could not check the change against the publishing rule: {exc}"
+            ) from exc
 
 
 def _require_passing_tests(spec: StageSpec, facts: dict[Fact, Any]) -> None:

@@ -86,6 +86,9 @@ class Reproduced(_Fact):
     )
     expected_failure_seen: bool
     """The output holds the failure the stage said the report is about."""
+    report_check: str = ""
+    """How the failure was held to the report's own facts (the exception type and where it
+    was raised, `orchestrator.core.reported`), or why it could not be."""
 
 
 class Reproduction(_Fact):
@@ -133,6 +136,9 @@ class Proof(_Fact):
     suite_after: TestCounts | None = None
     diff_stat: str = ""
     """`git diff --stat`-like lines of the change: which files, how many lines."""
+    report_check: str = ""
+    """How the reproducing test's failure was held to the report's own facts
+    (`Reproduced.report_check`)."""
     failure_tail: str = ""
     """The end of what the failing tests printed, when the proof failed (for the next
     attempt)."""

@@ -270,6 +270,7 @@ class Pipeline(BaseModel):
             known.add(stage.output_key)
             earlier[stage.output_key] = stage
         for index, stage in enumerate(self.stages):
+            references.check_publishable_by(stage, {s.name: s for s in self.stages[index + 1 :]})
             if stage.select is not None and stage.select.judge is not None:
                 after = self.stages[index + 1] if index + 1 < len(self.stages) else None
                 references.check_judge(stage, after)

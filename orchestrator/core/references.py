@@ -113,6 +113,19 @@ def _check_proof(
     _measures(stage, schema, Fact.PROOF, "has a proof")
 
 
+def check_publishable_by(stage: StageSpec, later: Mapping[str, StageSpec]) -> None:
+    """A proof's `publishable_by` names a later stage (by name) that publishes."""
+    name = stage.proof.publishable_by if stage.proof is not None else None
+    if name is None:
+        return
+    publisher = later.get(name)
+    if publisher is None or "publish" not in publisher.tools:
+        raise ValueError(
+            f"stage {stage.name!r} proves its change publishable by {name!r}, which names no "
+            "later stage with the `publish` tool"
+        )
+
+
 def _measures(stage: StageSpec, schema: type[BaseModel], fact: Fact, does: str) -> None:
     if fact not in measured_fields(schema):
         raise ValueError(

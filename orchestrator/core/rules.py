@@ -207,6 +207,11 @@ class ProofRule(BaseModel):
     suite: bool = True
     """Run the repository's whole test suite (its environment's test command) before and after
     too, and refuse a change that makes a passing test fail."""
+    publishable_by: str | None = Field(None, pattern=f"^{NAME}$")
+    """A later stage with the `publish` tool: the change must already pass that stage's
+    `publish` rule (planned files, the classes it allows, no symlink), checked on the worker
+    host as publishing checks it. A refusal is the proof's, so a looping stage is sent back with
+    it instead of the run failing at its last stage."""
 
 
 class LoopRule(BaseModel):

@@ -1,6 +1,7 @@
 """`baton eval` as a user runs it, on a real bug of a real project from the shipped corpus: the
-oracle resolves it, the saboteur's change is published by the pipeline and found unresolved by
-the harness, and a reproduction by a test that already passes is refused. (`make eval` runs the
+oracle resolves it, the saboteur's change (a comment its own test looks for) is refused by the
+proof at every iteration and nothing is published, and a reproduction by a test that already
+passes is refused. (`make eval` runs the
 whole corpus; docs/eval.md is its report.)"""
 
 from __future__ import annotations
@@ -40,10 +41,12 @@ def test_the_oracle_resolves_a_real_bug_and_the_saboteur_is_caught(tmp_path: Pat
     assert (oracle["resolved"], oracle["fail_to_pass"]) == (True, [1, 1])
     assert oracle["pass_to_pass"][0] == oracle["pass_to_pass"][1] > 0
     assert oracle["model_calls"] >= 6 and oracle["iterations"] == 1
-    # the saboteur's own test passes with its marker: the pipeline proves and publishes it …
-    assert (saboteur["proven"], saboteur["published"]) == (True, True)
-    # … and the harness, running the instance's hidden test, finds the bug still there
-    assert (saboteur["resolved"], saboteur["fail_to_pass"]) == (False, [0, 1])
+    # the saboteur's own test passes with its marker, but a comment changes no code: refused
+    assert (saboteur["reproduced"], saboteur["proven"], saboteur["published"]) == (
+        True, False, False
+    )  # fmt: skip
+    assert saboteur["resolved"] is False
+    assert "alters only comments, whitespace or docstrings in toolz/" in saboteur["reason"]
     # a reproduction by a test that passes already is refused: nothing is published
     assert (stale["reproduced"], stale["published"], stale["resolved"]) == (False, False, False)
     assert stale["reason"].startswith("reproduce: could not reproduce the report: ")
@@ -53,15 +56,15 @@ def test_the_oracle_resolves_a_real_bug_and_the_saboteur_is_caught(tmp_path: Pat
                           capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
     assert recorded["commit"] == head and recorded["corpus"].endswith("eval/corpus")
     assert recorded["modes"]["saboteur"] == {
-        "instances": 1, "reproduced": 1, "proven": 1, "published": 1, "resolved": 0,
-        "resolved_share": 0.0, "published_unresolved": 1,
+        "instances": 1, "reproduced": 1, "proven": 0, "published": 0, "resolved": 0,
+        "resolved_share": 0.0, "published_unresolved": 0,
         "wall_s": recorded["modes"]["saboteur"]["wall_s"],
     }  # fmt: skip
     assert [r["mode"] for r in recorded["results"]] == ["oracle", "saboteur", "stale"]
     text = report.read_text()
     assert f"From `{results_file}`, commit {head}, {recorded['date']}" in text
     assert "## oracle: 1 of 1 resolved (100 %), 1 published" in text
-    assert "## saboteur: 0 of 1 resolved (0 %), 1 published" in text
+    assert "## saboteur: 0 of 1 resolved (0 %), 0 published" in text
     progress = done.stderr.decode()
     assert f"oracle · {INSTANCE}: done in" in progress and "RESOLVED" in progress
     for result in (oracle, saboteur, stale):

@@ -254,18 +254,55 @@ def _fix_that_also_adds_a_workflow() -> dict[str, Any]:
     return scenario
 
 
-def test_a_fix_that_also_adds_a_workflow_is_refused_with_that_reason(
+def test_a_fix_that_always_adds_a_workflow_is_sent_back_each_time_and_never_published(
     stack: Stack, git: Git
 ) -> None:
+    """The fix stage's proof holds the change to the pr stage's publish rule, so the refusal
+    comes in the loop (three iterations), not at the last stage."""
     stack.fake.set_scenario(_fix_that_also_adds_a_workflow())
     repo = stack.sample_repo()
-    run = stack.wait(stack.enqueue(SENTRY_EVENT.read_bytes(), repo))
+    run = stack.wait(stack.enqueue(SENTRY_EVENT.read_bytes(), repo), timeout_s=150)
 
     assert run.status == RunStatus.FAILED
-    assert run.reason is not None and run.reason.startswith(f"pr: cannot publish baton/{run.id}")
-    assert "refused: the change holds what this pipeline does not publish: " \
-        ".github/workflows/x.yml (unplanned, ci)" in run.reason  # fmt: skip
+    assert run.reason is not None and run.reason.startswith(
+        "fix: the change would not be published: the change holds what this pipeline does not "
+        "publish: .github/workflows/x.yml (unplanned, ci)"
+    )
+    assert [i.passed for i in run.stages["fix"].iterations] == [False, False, False]
+    assert "pr" not in run.stages or run.stages["pr"].started_at is None
     assert git("branch", "--list", "baton/*", cwd=repo) == ""
+
+
+def test_a_publish_refusal_in_the_first_iteration_and_a_clean_second_give_one_branch(
+    stack: Stack, run_store: RunStore, git: Git
+) -> None:
+    scenario = _fix_that_also_adds_a_workflow()
+    right = demo_scenario()["agents"]["fix"]["steps"]
+    scenario["agents"]["fix"] = {
+        "steps": scenario["agents"]["fix"]["steps"],
+        "variants": [{"when": "Your previous attempt (iteration 1 of 3)", "steps": right}],
+    }
+    stack.fake.set_scenario(scenario)
+    repo = stack.sample_repo()
+    run = stack.wait(stack.enqueue(SENTRY_EVENT.read_bytes(), repo), timeout_s=150)
+
+    assert run.status == RunStatus.DONE, run.reason
+    first, second = run.stages["fix"].iterations
+    assert (first.passed, second.passed) == (False, True)
+    assert first.reason is not None and first.reason.startswith(
+        "the change would not be published: the change holds what this pipeline does not "
+        "publish: .github/workflows/x.yml (unplanned, ci)"
+    )
+    told = [e for e in stack.requests("fix") if "previous attempt" in
+            e["request"]["systemInstruction"]["parts"][0]["text"]]  # fmt: skip
+    assert (
+        told
+        and ".github/workflows/x.yml (unplanned, ci)"
+        in (told[0]["request"]["systemInstruction"]["parts"][0]["text"])
+    )
+    assert git("branch", "--list", "baton/*", cwd=repo).split() == [f"baton/{run.id}"]
+    changed = git("diff", "--name-only", "main", f"baton/{run.id}", cwd=repo).split()
+    assert changed == ["shopcart/cart.py", "tests/test_empty_cart_checkout.py"]
 
 
 def test_the_same_fix_with_those_classes_allowed_is_published_and_lists_the_file(

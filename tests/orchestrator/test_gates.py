@@ -143,7 +143,8 @@ def test_an_edit_cannot_change_what_baton_measured() -> None:
     reproduce = stage("orchestrator.pipelines.fixer.schemas:Reproduction")
     gate = parked("plan").gates["plan"]
     measured = {"command": "python -m unittest t", "exit_code": 1,
-                "failed_tests": ["t.T.test_x"], "expected_failure_seen": True}  # fmt: skip
+                "failed_tests": ["t.T.test_x"], "expected_failure_seen": True,
+                "report_check": "KeyError raised in f, as the report shows"}  # fmt: skip
     said = {"test_files": ["t.py"], "test_command": "python -m unittest t",
             "expected_failure": "ZeroDivisionError", "explanation": "divides by 0"}  # fmt: skip
     forged = said | {"explanation": "edited", "reproduced": measured | {"exit_code": 0}}

@@ -352,3 +352,18 @@ def test_the_fixer_reproduces_first_then_loops_fix_until_proven(names: Names) ->
     said = out({"proof": {"passed": False, "reason": "2 still fail"}, "summary": "s"})
     assert (fix.loop.reason(said), fix.loop.summary(said)) == ("2 still fail", "s")
     assert fix.loop.reason({}) == f"{until} was not true"
+
+
+@pytest.mark.parametrize("publisher", ["nowhere", "up"], ids=["no such stage", "not publishing"])
+def test_a_proof_publishable_by_names_a_later_stage_that_publishes(publisher: str) -> None:
+    spec = _two_stages("Reproduction", proof={"reproduction_from": "up",
+                                              "publishable_by": publisher})  # fmt: skip
+
+    said = f"proves its change publishable by '{publisher}', which names no later stage with"
+    with pytest.raises(ValueError, match=said):
+        Pipeline.model_validate(spec)
+    pr = {"name": "pr", "instruction": "{down}", "output_schema": f"{FIXER_SCHEMAS}:PullRequest",
+          "tools": ["show_diff", "publish"]}  # fmt: skip
+    spec["stages"].append(pr)  # type: ignore[attr-defined]
+    spec["stages"][1]["proof"]["publishable_by"] = "pr"  # type: ignore[index]
+    assert Pipeline.model_validate(spec).stage("down").proof.publishable_by == "pr"  # type: ignore[union-attr]

@@ -1,16 +1,25 @@
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
+from demo import SENTRY_EVENT
+from demo.runner import make_sample_repo
+from orchestrator.control.intake import parse_payload
 from orchestrator.core.facts import TestRun
 from orchestrator.core.pipeline import load_pipeline
+from orchestrator.core.reported import reported_failure
+from testkit.sandboxes import LocalSandboxes
 from testkit.sinks import MemoryArtifacts
+from tests.repos import Git, Upstream
 from tests.twin import Names
+from workers.errors import NotReproducedError
 from workers.inputs import PREVIOUS_ATTEMPT_CHARS, previous_attempt
 from workers.proof import (
+    check_reproduction,
     counts,
     describe,
     diff_stat,
@@ -21,6 +30,7 @@ from workers.proof import (
     split_diff,
     succeeded,
 )
+from workers.sandboxes import WorkspaceRequest
 from workers.tools.errors import ToolError
 from workers.tools.workspace import CommandResult
 
@@ -175,6 +185,9 @@ class _Unbuildable:
     def apply_patch(self, patch: str) -> None:
         self.applied = "speedups.c" in patch
 
+    def exists(self, path: str) -> bool:
+        return False
+
     def run(self, argv: object, *, timeout_s: float, env: object = None) -> object:
         if self.applied:
             raise ToolError("the build step `make` exited with 2 after 0.1s, so nothing was "
@@ -207,3 +220,97 @@ def test_a_change_whose_build_fails_is_not_proven_and_the_reason_says_why() -> N
     )
     assert verdict.failure_tail == "speedups.c:3: error: expected ';'"
     assert ran == ["ran"], "the run without the change's code ran once, before the build failed"
+
+
+MARKER_TEST = """import pathlib
+import unittest
+
+
+class MarkerTest(unittest.TestCase):
+    def test_the_fix_is_there(self):
+        self.assertIn("BATON-FIX", pathlib.Path("shop/cart.py").read_text())
+"""
+
+
+def test_a_change_of_only_a_comment_is_not_proven_though_its_own_test_passes(
+    make_upstream: Callable[[], Upstream], tmp_path: Path
+) -> None:
+    upstream = make_upstream()
+    commit = upstream.commit(
+        {"shop/__init__.py": "", "shop/cart.py": "def total(xs):\n    return 0\n"}
+    )
+    sandboxes = LocalSandboxes(tmp_path / "cache")
+    request = WorkspaceRequest(repo=str(upstream.bare), commit=commit, stage="fix")
+    test = (
+        "diff --git a/tests/test_marker.py b/tests/test_marker.py\nnew file mode 100644\n"
+        "--- /dev/null\n+++ b/tests/test_marker.py\n"
+        + f"@@ -0,0 +1,{len(MARKER_TEST.splitlines())} @@\n"
+        + "".join(f"+{line}\n" for line in MARKER_TEST.splitlines())
+    )
+    comment = (
+        "diff --git a/shop/cart.py b/shop/cart.py\n--- a/shop/cart.py\n+++ b/shop/cart.py\n"
+        "@@ -1,2 +1,3 @@\n def total(xs):\n+    # BATON-FIX: totals\n     return 0\n"
+    )
+
+    verdict = prove(
+        lambda: sandboxes.open(request), change=test + comment,
+        command="python -m unittest tests.test_marker", test_files=["tests/test_marker.py"],
+        suite_command=None, timeout_s=60, artifacts=MemoryArtifacts(),
+    )  # fmt: skip
+
+    assert verdict.fail_to_pass == ["tests.test_marker.MarkerTest.test_the_fix_is_there"]
+    assert verdict.passed is False
+    assert verdict.reason.startswith(
+        "the change alters only comments, whitespace or docstrings in shop/cart.py: no code "
+        "runs differently"
+    )
+
+
+def _new_test(path: str, text: str) -> str:
+    lines = text.splitlines()
+    return (f"diff --git a/{path} b/{path}\nnew file mode 100644\n--- /dev/null\n+++ b/{path}\n"
+            f"@@ -0,0 +1,{len(lines)} @@\n" + "".join(f"+{line}\n" for line in lines))  # fmt: skip
+
+
+REPRODUCTIONS = {
+    "the culprit": "cart = Cart([Item('a', 100)])\n        cart.items.clear()\n"
+    "        self.assertEqual(cart.average_price_cents(), 0)",
+    "another type": "self.assertEqual(Cart().item_count(), 1)",
+    "another place": "self.assertEqual(1 // Cart().item_count(), 0)",
+}
+
+
+@pytest.mark.parametrize("kind", list(REPRODUCTIONS))
+def test_the_demo_events_reproduction_must_raise_its_exception_in_its_culprit(
+    kind: str, tmp_path: Path
+) -> None:
+    remote = make_sample_repo(tmp_path / "shopcart.git")
+    commit = Git()("rev-parse", "HEAD", cwd=remote)
+    sandboxes = LocalSandboxes(tmp_path / "cache")
+    request = WorkspaceRequest(repo=str(remote), commit=commit, stage="reproduce")
+    test = ("import unittest\n\nfrom shopcart.cart import Cart, Item\n\n\n"
+            "class EmptyCartTest(unittest.TestCase):\n    def test_empty(self):\n"
+            f"        {REPRODUCTIONS[kind]}\n")  # fmt: skip
+    reported = reported_failure(parse_payload(SENTRY_EVENT.read_bytes()))
+    check = lambda: check_reproduction(  # noqa: E731
+        lambda: sandboxes.open(request), change=_new_test("tests/test_empty.py", test),
+        command="python -m unittest tests.test_empty", expected_failure="Error",
+        test_files=["tests/test_empty.py"], timeout_s=60, artifacts=MemoryArtifacts(),
+        reported=reported,
+    )  # fmt: skip
+
+    if kind == "the culprit":
+        measured = check()
+        assert measured.report_check == (
+            "ZeroDivisionError raised in average_price_cents, as the Sentry event shows: the "
+            "reproducing test's failure raised it there"
+        )
+        return
+    with pytest.raises(NotReproducedError) as refused:
+        check()
+    if kind == "another type":
+        assert "fails with AssertionError, not with ZeroDivisionError, the exception the " \
+            "Sentry event shows" in str(refused.value)  # fmt: skip
+    else:
+        assert "raises ZeroDivisionError, but not through average_price_cents, where the " \
+            "Sentry event raised it" in str(refused.value)  # fmt: skip

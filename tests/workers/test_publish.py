@@ -569,3 +569,28 @@ def test_what_the_host_reads_back_is_checked_not_what_the_sandbox_said(
 
     assert said in str(refused.value)
     assert upstream.branches() == ["refs/heads/main"]
+
+
+@pytest.mark.parametrize(
+    ("diff", "said"),
+    [
+        (None, "the change holds what this pipeline does not publish: .github/workflows/x.yml "
+               "(unplanned, ci) (allow a class with the publishing stage's `publish.allow`)"),
+        (SYMLINK, "passwd is a symlink; a published change holds none"),
+    ],
+    ids=["unplanned ci", "symlink"],
+)  # fmt: skip
+def test_a_change_is_checked_as_publishing_would_check_it_and_nothing_is_pushed(
+    diff: bytes | None, said: str, upstream: Upstream, publisher: Publisher, tmp_path: Path
+) -> None:
+    diff = diff or upstream.diff({**FIX, **WORKFLOW})
+    check = {"repo": str(upstream.bare), "commit": upstream.pinned, "workdir": tmp_path}
+
+    refused = publisher.refusal(diff=diff, policy=PLANNED, **check)
+    fine = publisher.refusal(diff=upstream.diff(FIX), policy=PLANNED, **check)
+
+    assert (refused, fine) == (said, None)
+    assert upstream.branches() == ["refs/heads/main"]
+    stale = b"diff --git a/nope b/nope\n--- a/nope\n+++ b/nope\n@@ -1 +1 @@\n-x\n+y\n"
+    with pytest.raises(PublishError, match="does not apply"):
+        publisher.refusal(diff=stale, policy=PLANNED, **check)
