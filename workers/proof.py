@@ -24,6 +24,7 @@ from pydantic import BaseModel
 
 from orchestrator.core.facts import Fact, Proof, Reproduced, TestCounts, TestRun, recorded
 from orchestrator.core.reported import ReportedFailure
+from workers import trace
 from workers.errors import NotReproducedError, StageError
 from workers.failures import on_stack, raised_types
 from workers.outcomes import Outcome, Outcomes, parse, with_ids, with_tracebacks
@@ -213,15 +214,22 @@ class _Ran:
         return f"## {title}\n$ {self.command}\n{self.result.output}\n[{ending}]\n\n"
 
 
-def _run(workspace: Workspace, command: str, *, shell: bool, timeout_s: float) -> _Ran:
+def _run(
+    workspace: Workspace, command: str, *, shell: bool, timeout_s: float, traced: bool = False
+) -> _Ran:
     """`command` asked to name its tests (`with_ids`); with `shell`, through `sh -c` (the
-    repository's own test command may use shell syntax), else split without a shell."""
+    repository's own test command may use shell syntax), else split without a shell; `traced`:
+    with the line tracer (`workers.trace`), which the workspace must hold."""
     named = with_ids(command)
     try:
         argv = ["sh", "-c", named] if shell else split_command(named)
     except ToolError as exc:
         raise StageError(f"the test command {command!r} is unusable: {exc.message}") from exc
-    result = workspace.run(argv, timeout_s=timeout_s, env=TEST_ENV)
+    env = dict(TEST_ENV)
+    if traced:
+        argv, variables = trace.traced(argv, workspace.root)
+        env.update(variables)
+    result = workspace.run(argv, timeout_s=timeout_s, env=env)
     return _Ran(named, result, parse(result.output))
 
 
@@ -347,27 +355,49 @@ def prove(
     (must fail) and with all of it (must pass), and the suite (`suite_command`, through a
     shell) in both (nothing that passed before may fail after); each in a clean workspace."""
     named = set(test_files)
-    code = [p for p in split_diff(change) if p not in named and not is_test_file(p)]
+    sections = split_diff(change)
+    code = [p for p in sections if p not in named and not is_test_file(p)]
     measure = (open_clean, command, suite_command, timeout_s, artifacts, code)
     try:
-        repro_before, suite_before, code_before = _measured(
-            *measure, only_tests(change, test_files), "the change's test files", "before"
-        )
+        before = _measured(
+            *measure, only_tests(change, test_files), "the change's test files", "before",
+            traced=bool(code),
+        )  # fmt: skip
     except ToolError as exc:  # the environment's build step failed: nothing could run
         return _unbuilt(change, command, "without the change's code", exc)
     try:
-        repro_after, suite_after, code_after = _measured(*measure, change, "the change", "after")
+        after = _measured(*measure, change, "the change", "after")
     except ToolError as exc:
         return _unbuilt(change, command, "with the change", exc)
-    verdict = _verdict(change, repro_before, repro_after, suite_before, suite_after, suite_command)
-    inert = only_inert(code_before, code_after) if code_before and code_after else []
-    if inert:
-        return verdict.model_copy(update={"passed": False, "reason": (
-            f"the change alters only comments, whitespace or docstrings in {', '.join(inert)}: "
-            "no code runs differently, so it cannot be what fixes the failure; change the "
-            "code that fails"
-        ), "failure_tail": ""})  # fmt: skip
+    verdict = _verdict(change, before.repro, after.repro, before.suite, after.suite, suite_command)
+    wrong_place = _not_the_failing_code(before, after, {p: sections[p] for p in code})
+    if wrong_place is not None:
+        return verdict.model_copy(
+            update={"passed": False, "reason": wrong_place, "failure_tail": ""}
+        )
     return verdict
+
+
+def _not_the_failing_code(before: _Side, after: _Side, code: dict[str, str]) -> str | None:
+    """Why the change's code is not a fix of the failing code, whatever its tests say: it
+    changes only what never runs (`workers.substance`), or no line the reproducing tests ran
+    on the unchanged code (`workers.trace`); None when neither can be said."""
+    inert = only_inert(before.code, after.code) if before.code and after.code else []
+    if inert:
+        return (
+            f"the change alters only comments, whitespace or docstrings in {', '.join(inert)}: "
+            "no code runs differently, so it cannot be what fixes the failure; change the code "
+            "that fails"
+        )
+    if before.ran is not None and trace.off_path(code, before.ran):
+        reached = sorted(before.ran)[:5]
+        return (
+            f"the change touches no line of {', '.join(sorted(code))} that the reproducing "
+            "tests run on the unchanged code (they run lines of "
+            f"{', '.join(reached) or 'no file of the repository'}), so it cannot be what "
+            "fixes the failure; change the code that fails"
+        )
+    return None
 
 
 def _unbuilt(change: str, command: str, when: str, exc: ToolError) -> Proof:
@@ -382,6 +412,18 @@ def _unbuilt(change: str, command: str, when: str, exc: ToolError) -> Proof:
     )
 
 
+@dataclass(frozen=True)
+class _Side:
+    """One side of a proof, as measured in its clean workspace."""
+
+    repro: _Ran
+    suite: _Ran | None
+    code: dict[str, str | None] | None
+    """The change's code files as they were there (`_texts`)."""
+    ran: dict[str, set[int]] | None = None
+    """The lines the reproducing tests ran, by file (`workers.trace`), when traced."""
+
+
 def _measured(
     open_clean: OpenClean,
     command: str,
@@ -392,14 +434,19 @@ def _measured(
     diff: str,
     what: str,
     when: str,
-) -> tuple[_Ran, _Ran | None, dict[str, str | None] | None]:
-    """In a clean workspace with `diff` (`what`) applied: the files `read` as they are then
-    (`_texts`), the reproducing command, then the suite if there is one; their log is the
-    artifact `proof-<when>.log`."""
+    *,
+    traced: bool = False,
+) -> _Side:
+    """In a clean workspace with `diff` (`what`) applied: the files `read` as they are then,
+    the reproducing command (`traced`: with the line tracer), then the suite if there is one;
+    their log is the artifact `proof-<when>.log`."""
     with open_clean() as workspace:
         _applied(workspace, diff, what)
         texts = _texts(workspace, read)
-        repro = _run(workspace, command, shell=False, timeout_s=timeout_s)
+        if traced:
+            workspace.write_text(f"{trace.TRACE_DIR}/sitecustomize.py", trace.TRACER)
+        repro = _run(workspace, command, shell=False, timeout_s=timeout_s, traced=traced)
+        ran = _lines_ran(workspace) if traced else None
         suite = (
             _run(workspace, suite_command, shell=True, timeout_s=timeout_s)
             if suite_command
@@ -410,7 +457,17 @@ def _measured(
         *([suite.log(f"suite, {what}")] if suite else []),
     ]
     artifacts.save(f"proof-{when}.log", "".join(logs).encode())
-    return repro, suite, texts
+    return _Side(repro, suite, texts, ran)
+
+
+def _lines_ran(workspace: Workspace) -> dict[str, set[int]] | None:
+    """What the line tracer recorded in `workspace`; None if nothing readable."""
+    try:
+        if not workspace.exists(trace.RECORD):
+            return None
+        return trace.executed(workspace.read_text(trace.RECORD), workspace.root)
+    except ToolError:
+        return None
 
 
 def _texts(workspace: Workspace, paths: list[str]) -> dict[str, str | None] | None:

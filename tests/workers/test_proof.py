@@ -185,8 +185,13 @@ class _Unbuildable:
     def apply_patch(self, patch: str) -> None:
         self.applied = "speedups.c" in patch
 
+    root = "/workspace"
+
     def exists(self, path: str) -> bool:
         return False
+
+    def write_text(self, path: str, text: str) -> None:
+        pass
 
     def run(self, argv: object, *, timeout_s: float, env: object = None) -> object:
         if self.applied:
@@ -314,3 +319,61 @@ def test_the_demo_events_reproduction_must_raise_its_exception_in_its_culprit(
     else:
         assert "raises ZeroDivisionError, but not through average_price_cents, where the " \
             "Sentry event raised it" in str(refused.value)  # fmt: skip
+
+
+EMPTY_CART_TEST = """import unittest
+
+from shopcart.cart import Cart
+
+
+class EmptyCartTest(unittest.TestCase):
+    def test_average_of_an_empty_cart_is_zero(self):
+        self.assertEqual(Cart().average_price_cents(), 0)
+"""
+RIGHT_FIX = (
+    "diff --git a/shopcart/cart.py b/shopcart/cart.py\n--- a/shopcart/cart.py\n"
+    "+++ b/shopcart/cart.py\n@@ -27,2 +27,4 @@ class Cart:\n"
+    '         """Average price per unit, rounded down; 0 for an empty cart."""\n'
+    "+        if not self.item_count():\n+            return 0\n"
+    "         return self.total_cents() // self.item_count()\n"
+)
+"""The demo's fix: the line that raised is guarded."""
+CODE_MARKER = (
+    "diff --git a/shopcart/cart.py b/shopcart/cart.py\n--- a/shopcart/cart.py\n"
+    "+++ b/shopcart/cart.py\n@@ -27,2 +27,3 @@ class Cart:\n"
+    '         """Average price per unit, rounded down; 0 for an empty cart."""\n'
+    '+        handled = "BATON-FIX"\n'
+    "         return self.total_cents() // self.item_count()\n"
+)
+"""Code (not a comment) that the marker test looks for as text: the test never runs it."""
+MARKER_IN_CART = MARKER_TEST.replace("shop/cart.py", "shopcart/cart.py")
+
+
+@pytest.mark.parametrize(
+    ("test", "fix", "proven"),
+    [(EMPTY_CART_TEST, RIGHT_FIX, True), (MARKER_IN_CART, CODE_MARKER, False)],
+    ids=["on the failing path", "off it"],
+)
+def test_a_fix_must_touch_a_line_the_reproducing_test_runs_on_the_unchanged_code(
+    test: str, fix: str, proven: bool, tmp_path: Path, git: Git
+) -> None:
+    remote = make_sample_repo(tmp_path / "shopcart.git")
+    commit = git("rev-parse", "HEAD", cwd=remote)
+    sandboxes = LocalSandboxes(tmp_path / "cache")
+    request = WorkspaceRequest(repo=str(remote), commit=commit, stage="fix")
+
+    verdict = prove(
+        lambda: sandboxes.open(request), change=_new_test("tests/test_it.py", test) + fix,
+        command="python -m unittest tests.test_it", test_files=["tests/test_it.py"],
+        suite_command=None, timeout_s=60, artifacts=MemoryArtifacts(),
+    )  # fmt: skip
+
+    assert len(verdict.fail_to_pass) == 1, verdict.reason
+    if proven:  # the suite is not run here: that is the only thing it says is missing
+        assert verdict.reason.startswith("the repository has no test command"), verdict.reason
+        return
+    assert verdict.passed is False
+    assert verdict.reason.startswith(
+        "the change touches no line of shopcart/cart.py that the reproducing tests run on the "
+        "unchanged code (they run lines of "
+    ), verdict.reason

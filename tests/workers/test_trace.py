@@ -1,0 +1,68 @@
+"""Which lines a test run executes, and whether a change touches any (`workers.trace`)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from workers.trace import RECORD, TRACE_DIR, TRACER, executed, off_path, touched_lines, traced
+
+CHANGE = """diff --git a/shop/cart.py b/shop/cart.py
+--- a/shop/cart.py
++++ b/shop/cart.py
+@@ -10,3 +10,3 @@ class Cart:
+     def average(self):
+-        return self.total() // self.count()
++        return self.total() // max(1, self.count())
+         # done
+@@ -40,0 +41,2 @@
++def added():
++    pass
+"""
+
+
+def test_a_diff_touches_what_it_changes_and_the_lines_either_side_of_an_insertion() -> None:
+    assert touched_lines(CHANGE) == {11, 40, 41}  # the line replaced; both sides of the new
+    assert touched_lines("--- /dev/null\n+++ b/new.py\n@@ -0,0 +1,2 @@\n+a\n+b\n") == set()
+
+
+def test_a_change_is_off_the_path_only_when_no_touched_line_ran_and_all_can_be_judged() -> None:
+    sections = {"shop/cart.py": CHANGE}
+
+    assert off_path(sections, {"shop/cart.py": {1, 2, 3}})
+    assert not off_path(sections, {"shop/cart.py": {11}})
+    assert not off_path(sections, {"shop/cart.py": {41}})  # beside the insertion
+    # a C file the tracer cannot see, or a new file the old code could not run: not judged
+    assert not off_path({**sections, "src/speedups.c": CHANGE}, {})
+    assert not off_path({"shop/new.py": "@@ -0,0 +1 @@\n+x = 1\n"}, {})
+
+
+def test_the_tracer_records_the_lines_a_python_process_runs_under_the_root(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "workspace"
+    (root / TRACE_DIR).mkdir(parents=True)
+    (root / TRACE_DIR / "sitecustomize.py").write_text(TRACER)
+    (root / "shop").mkdir()
+    (root / "shop" / "__init__.py").write_text("")
+    (root / "shop" / "cart.py").write_text(
+        "def used():\n    return 1\n\n\ndef unused():\n    return 2\n"
+    )
+    program = "import shop.cart\nshop.cart.used()\n"
+    argv, env = traced([sys.executable, "-c", program], str(root))
+
+    done = subprocess.run(argv, cwd=root, env={**os.environ, **env}, capture_output=True)
+
+    assert done.returncode == 0, done.stderr
+    ran = executed((root / RECORD).read_text(), str(root))
+    assert ran is not None
+    assert ran["shop/cart.py"] == {1, 2, 5}  # the defs at import, `used`'s body; not `unused`'s
+    assert not any(path.startswith(TRACE_DIR) for path in ran)
+
+
+def test_a_missing_or_possibly_cut_record_says_nothing() -> None:
+    assert executed("", "/workspace") is None
+    assert executed("/workspace/a.py\t1\n" * 200_000, "/workspace") is None
+    assert executed("/elsewhere/a.py\t1\n", "/workspace") == {}
