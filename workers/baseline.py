@@ -31,6 +31,7 @@ from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
 
 from orchestrator.core.git import COMMITTER, git_output
+from workers.mirrors import unpack_tree
 
 GIT_DIR = PurePosixPath(".git")
 BRANCH = "master"
@@ -126,8 +127,7 @@ def baseline(
     """An archive of only the `.git` that `with_baseline` puts beside `tree`."""
     with tempfile.TemporaryDirectory(prefix="baton-baseline-") as folder:
         work, git_dir = Path(folder) / "tree", Path(folder) / "git"
-        with tarfile.open(fileobj=io.BytesIO(tree)) as archive:
-            archive.extractall(work, filter="data")
+        unpack_tree(tree, work)
         _commit(work, git_dir, ignored, tracked, objects)
         (git_dir / "config").write_text(CONFIG)
         out = io.BytesIO()

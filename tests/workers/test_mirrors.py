@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 import subprocess
 import sys
 import tarfile
@@ -14,7 +15,7 @@ import pytest
 
 from orchestrator.core.errors import RepoError
 from tests.repos import Git, Upstream
-from workers.mirrors import RepoCache
+from workers.mirrors import RepoCache, unpack_tree
 
 
 @pytest.fixture
@@ -272,3 +273,32 @@ def test_a_commits_version_is_its_nearest_release_tag(
     assert cache.version(str(upstream.bare), released) == "1.6.0"
     assert cache.version(str(upstream.bare), later) == "1.6.0"  # `nightly` names no version
     assert cache.version(str(untagged.bare), alone) is None
+
+
+@pytest.mark.parametrize("python", ["3.11.4 and later", "3.11.2"])
+def test_a_tree_unpacks_with_its_inner_links_and_an_entry_leading_out_is_refused(
+    python: str,
+    make_upstream: Callable[[], Upstream],
+    cache: RepoCache,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    if python == "3.11.2":  # Debian bookworm's, in the service image: no extraction filters
+        monkeypatch.delattr(tarfile, "data_filter")
+    upstream = make_upstream()
+    (upstream.work / "alias.py").symlink_to("a.py")
+    commit = upstream.commit({"a.py": "x = 1\n", "pkg/b.py": "y = 2\n"})
+    tree = cache.archive(str(upstream.bare), commit, uid=os.getuid(), gid=os.getgid())
+
+    unpack_tree(tree, tmp_path / "tree")
+
+    assert (tmp_path / "tree" / "alias.py").read_text() == "x = 1\n"
+    assert (tmp_path / "tree" / "pkg" / "b.py").read_text() == "y = 2\n"
+    crafted = io.BytesIO()
+    with tarfile.open(fileobj=crafted, mode="w") as archive:
+        link = tarfile.TarInfo("up")
+        link.type, link.linkname = tarfile.SYMTYPE, "../../etc"
+        archive.addfile(link)
+    with pytest.raises((RepoError, tarfile.TarError)):
+        unpack_tree(crafted.getvalue(), tmp_path / "crafted")
+    assert not (tmp_path / "crafted" / "up").exists()
