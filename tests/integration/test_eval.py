@@ -1,7 +1,7 @@
 """`baton eval` as a user runs it, on a real bug of a real project from the shipped corpus: the
-oracle resolves it, the saboteur's change (a comment its own test looks for) is refused by the
-proof at every iteration and nothing is published, and a reproduction by a test that already
-passes is refused. (`make eval` runs the
+oracle resolves it, the saboteur's reproduction (a test of a marker comment, not of the
+exception the issue's traceback shows) is refused and nothing is published, and a reproduction
+by a test that already passes is refused. (`make eval` runs the
 whole corpus; docs/eval.md is its report.)"""
 
 from __future__ import annotations
@@ -41,12 +41,15 @@ def test_the_oracle_resolves_a_real_bug_and_the_saboteur_is_caught(tmp_path: Pat
     assert (oracle["resolved"], oracle["fail_to_pass"]) == (True, [1, 1])
     assert oracle["pass_to_pass"][0] == oracle["pass_to_pass"][1] > 0
     assert oracle["model_calls"] >= 6 and oracle["iterations"] == 1
-    # the saboteur's own test passes with its marker, but a comment changes no code: refused
+    # the saboteur's test fails for its own reason, not with the exception the issue's
+    # traceback shows: its reproduction is refused, and nothing is published
     assert (saboteur["reproduced"], saboteur["proven"], saboteur["published"]) == (
-        True, False, False
+        False, False, False
     )  # fmt: skip
     assert saboteur["resolved"] is False
-    assert "alters only comments, whitespace or docstrings in toolz/" in saboteur["reason"]
+    assert saboteur["reason"].startswith("reproduce: could not reproduce the report: ")
+    assert "fails with AssertionError, not with StopIteration, the exception the traceback " \
+        "in the report shows" in saboteur["reason"]  # fmt: skip
     # a reproduction by a test that passes already is refused: nothing is published
     assert (stale["reproduced"], stale["published"], stale["resolved"]) == (False, False, False)
     assert stale["reason"].startswith("reproduce: could not reproduce the report: ")
@@ -56,7 +59,7 @@ def test_the_oracle_resolves_a_real_bug_and_the_saboteur_is_caught(tmp_path: Pat
                           capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
     assert recorded["commit"] == head and recorded["corpus"].endswith("eval/corpus")
     assert recorded["modes"]["saboteur"] == {
-        "instances": 1, "reproduced": 1, "proven": 0, "published": 0, "resolved": 0,
+        "instances": 1, "reproduced": 0, "proven": 0, "published": 0, "resolved": 0,
         "resolved_share": 0.0, "published_unresolved": 0,
         "wall_s": recorded["modes"]["saboteur"]["wall_s"],
     }  # fmt: skip
