@@ -446,7 +446,7 @@ def _measured(
         if traced:
             workspace.write_text(f"{trace.TRACE_DIR}/sitecustomize.py", trace.TRACER)
         repro = _run(workspace, command, shell=False, timeout_s=timeout_s, traced=traced)
-        ran = _lines_ran(workspace) if traced else None
+        ran = _lines_ran(workspace, tests=split_diff(diff)) if traced else None
         suite = (
             _run(workspace, suite_command, shell=True, timeout_s=timeout_s)
             if suite_command
@@ -460,12 +460,14 @@ def _measured(
     return _Side(repro, suite, texts, ran)
 
 
-def _lines_ran(workspace: Workspace) -> dict[str, set[int]] | None:
-    """What the line tracer recorded in `workspace`; None if nothing readable."""
+def _lines_ran(workspace: Workspace, tests: Iterable[str]) -> dict[str, set[int]] | None:
+    """What the line tracer recorded in `workspace`, where it shows one of `tests` (the test
+    files applied there) ran; None if nothing readable does."""
     try:
         if not workspace.exists(trace.RECORD):
             return None
-        return trace.executed(workspace.read_text(trace.RECORD), workspace.root)
+        record = workspace.read_text(trace.RECORD)
+        return trace.executed(record, workspace.root, tests=list(tests))
     except ToolError:
         return None
 

@@ -3,9 +3,11 @@
 The proof runs the reproducing tests on the unchanged code with a line tracer: a
 `sitecustomize` Baton puts in the workspace (`.baton-trace/`) and on `PYTHONPATH`, which
 records, in every Python process the command starts, the lines run in files under the
-workspace, and writes them out as the process ends. A fix none of whose changed lines (in files
-that are not tests) is among them changes nothing the failing test runs, so it cannot be what
-makes it pass (`workers.proof`).
+workspace, and writes them out as the process ends. A coverage tool in the test command
+(pytest-cov's `--cov`) takes the line tracer's place; then the functions called, which a
+profile hook records beside it, stand in: every line of each. A fix none of whose changed
+lines (in files that are not tests) is among them changes nothing the failing test runs, so it
+cannot be what makes it pass (`workers.proof`).
 
 What this cannot see is not refused: a run that wrote no record (not Python, `python -I`, a
 process killed before its end), a record too large to read, a changed file of another
@@ -22,35 +24,51 @@ TRACE_DIR = ".baton-trace"
 RECORD = f"{TRACE_DIR}/lines.txt"
 MAX_RECORD_CHARS = 1_900_000
 """A record this long may have been cut when read: nothing is judged from it."""
-TRACER = '''"""Baton's line tracer (workers/trace.py): lines run in files under BATON_TRACE_ROOT."""
+TRACER = '''"""Baton's line tracer (workers/trace.py): what runs in files under BATON_TRACE_ROOT."""
 import atexit, os, sys, threading
 
 _root = os.environ.get("BATON_TRACE_ROOT", "")
 _out = os.environ.get("BATON_TRACE_OUT", "")
-_seen = {}
+_lines = {}
+_called = set()
+
+
+def _ours(name):
+    full = name if name.startswith("/") else os.path.abspath(name)
+    return full.startswith(_root) and "/.baton-trace/" not in full
 
 
 def _local(frame, event, arg):
     if event == "line":
-        _seen[frame.f_code.co_filename].add(frame.f_lineno)
+        _lines[frame.f_code.co_filename].add(frame.f_lineno)
     return _local
 
 
 def _call(frame, event, arg):
-    name = frame.f_code.co_filename
-    full = name if name.startswith("/") else os.path.abspath(name)
-    if not full.startswith(_root) or "/.baton-trace/" in full:
+    if not _ours(frame.f_code.co_filename):
         return None
-    _seen.setdefault(name, set()).add(frame.f_lineno)
+    _lines.setdefault(frame.f_code.co_filename, set()).add(frame.f_lineno)
     return _local
+
+
+def _profile(frame, event, arg):
+    if event == "call" and _ours(frame.f_code.co_filename):
+        _called.add(frame.f_code)
 
 
 def _write():
     sys.settrace(None)
-    lines = "".join(f"{n}\\t{','.join(map(str, sorted(s)))}\\n" for n, s in _seen.items())
+    sys.setprofile(None)
+    lines = ((os.path.abspath(n), s) for n, s in _lines.items())
+    rows = [f"L\\t{n}\\t{','.join(map(str, sorted(s)))}\\n" for n, s in lines]
+    reached = {}
+    for code in _called:
+        numbers = reached.setdefault(os.path.abspath(code.co_filename), set())
+        numbers.update(n for _, _, n in code.co_lines() if n)
+    rows += [f"F\\t{n}\\t{','.join(map(str, sorted(s)))}\\n" for n, s in reached.items()]
     try:
         with open(_out, "a") as out:
-            out.write(lines)
+            out.write("".join(rows))
     except OSError:
         pass
 
@@ -58,9 +76,13 @@ def _write():
 if _root and _out:
     sys.settrace(_call)
     threading.settrace(_call)
+    sys.setprofile(_profile)
+    threading.setprofile(_profile)
     atexit.register(_write)
 '''
-"""The `sitecustomize.py` that records the lines (Python 3.8 and later)."""
+"""The `sitecustomize.py` that records, in each process, the lines run (a line tracer) and the
+functions called (a profile hook, kept when a coverage tool in the test command takes the
+line tracer's place), both in files under the root (Python 3.10 and later: `co_lines`)."""
 _HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+\d+(?:,\d+)? @@")
 
 
@@ -73,20 +95,27 @@ def traced(argv: Sequence[str], root: str) -> tuple[list[str], dict[str, str]]:
                      "BATON_TRACE_OUT": f"{root.rstrip('/')}/{RECORD}"}  # fmt: skip
 
 
-def executed(record: str, root: str) -> dict[str, set[int]] | None:
+def executed(record: str, root: str, tests: Sequence[str] = ()) -> dict[str, set[int]] | None:
     """The lines each file under `root` ran, by path relative to it, from the tracer's
-    `record`; None when there is none to read, or it may have been cut."""
+    `record`: the lines it traced, if they show a file of `tests` (the reproducing tests) ran;
+    else, when something else took the line tracer's place (coverage in the test command),
+    every line of the functions called, if those show it; else None, as when there is no record
+    or it may have been cut."""
     if not record.strip() or len(record) >= MAX_RECORD_CHARS:
         return None
     prefix = root.rstrip("/") + "/"
-    lines: dict[str, set[int]] = {}
+    found: dict[str, dict[str, set[int]]] = {"L": {}, "F": {}}
     for row in record.splitlines():
-        name, _, numbers = row.partition("\t")
-        if not name.startswith(prefix) or not numbers:
+        kind, _, rest = row.partition("\t")
+        name, _, numbers = rest.partition("\t")
+        if kind not in found or not name.startswith(prefix) or not numbers:
             continue
-        ran = lines.setdefault(name[len(prefix) :], set())
+        ran = found[kind].setdefault(name[len(prefix) :], set())
         ran.update(int(n) for n in numbers.split(",") if n.isdigit() and int(n) > 0)
-    return lines
+    for kind in ("L", "F"):
+        if not tests or any(test in found[kind] for test in tests):
+            return found[kind]
+    return None
 
 
 def touched_lines(section: str) -> set[int]:

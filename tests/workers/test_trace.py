@@ -56,13 +56,34 @@ def test_the_tracer_records_the_lines_a_python_process_runs_under_the_root(
     done = subprocess.run(argv, cwd=root, env={**os.environ, **env}, capture_output=True)
 
     assert done.returncode == 0, done.stderr
-    ran = executed((root / RECORD).read_text(), str(root))
+    ran = executed((root / RECORD).read_text(), str(root), tests=["shop/cart.py"])
     assert ran is not None
     assert ran["shop/cart.py"] == {1, 2, 5}  # the defs at import, `used`'s body; not `unused`'s
     assert not any(path.startswith(TRACE_DIR) for path in ran)
 
 
+def test_when_a_coverage_tool_takes_the_line_tracer_the_functions_called_stand_in(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "workspace"
+    (root / TRACE_DIR).mkdir(parents=True)
+    (root / TRACE_DIR / "sitecustomize.py").write_text(TRACER)
+    (root / "cart.py").write_text("def used():\n    return 1\n\n\ndef unused():\n    return 2\n")
+    (root / "test_cart.py").write_text("import cart\n\ncart.used()\n")
+    # what coverage.py does: its own trace function in the one slot there is
+    program = "import sys\nsys.settrace(lambda *a: None)\nimport test_cart\n"
+    argv, env = traced([sys.executable, "-c", program], str(root))
+
+    subprocess.run(argv, cwd=root, env={**os.environ, **env}, check=True)
+
+    record = (root / RECORD).read_text()
+    ran = executed(record, str(root), tests=["test_cart.py"])
+    assert ran is not None and ran["cart.py"] == {1, 2, 5}  # module and `used`, every line
+    assert executed(record, str(root), tests=["test_other.py"]) is None  # never shown to run
+
+
 def test_a_missing_or_possibly_cut_record_says_nothing() -> None:
     assert executed("", "/workspace") is None
-    assert executed("/workspace/a.py\t1\n" * 200_000, "/workspace") is None
-    assert executed("/elsewhere/a.py\t1\n", "/workspace") == {}
+    assert executed("L\t/workspace/a.py\t1\n" * 200_000, "/workspace") is None
+    assert executed("L\t/elsewhere/a.py\t1\n", "/workspace") == {}
+    assert executed("L\t/workspace/a.py\t1\n", "/workspace", tests=["t.py"]) is None
