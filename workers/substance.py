@@ -11,6 +11,9 @@ taken out:
   the text without `//` and `/* */` comments, and outside string literals without whitespace
   except one space between two words.
 
+- Cython (`.pyx`, `.pxd`, `.pxi`): the text without `#` comments outside string literals,
+  trailing whitespace and blank lines (its docstrings are kept: Python's parser cannot read it).
+
 Any other kind of file (data, templates, configuration), a file that does not parse, and a
 file that is not text count as changed code: what cannot be judged is not refused.
 """
@@ -27,6 +30,7 @@ C_FAMILY = frozenset({
     ".cjs", ".ts", ".tsx", ".mts", ".cts", ".go", ".rs", ".cs", ".kt", ".kts", ".swift",
     ".scala",
 })  # fmt: skip
+CYTHON = frozenset({".pyx", ".pxd", ".pxi"})
 QUOTES = "\"'`"
 
 
@@ -38,6 +42,8 @@ def code_unchanged(path: str, before: str | None, after: str | None) -> bool:
         shape = _python_code
     elif suffix in C_FAMILY:
         shape = _c_family_code
+    elif suffix in CYTHON:
+        shape = _hash_commented_code
     else:
         return False
     old, new = shape(before or ""), shape(after or "")
@@ -115,6 +121,29 @@ def _word(c: str) -> bool:
 def _space(out: list[str]) -> None:
     if out and out[-1] != " ":
         out.append(" ")
+
+
+def _hash_commented_code(text: str) -> str:
+    """`text` without `#` comments outside string literals, trailing whitespace and blank
+    lines (Cython: its indentation is kept, since it is code)."""
+    out: list[str] = []
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        if c in "\"'":
+            quote = text[i : i + 3] if text[i : i + 3] in ('"""', "'''") else c
+            end = text.find(quote, i + len(quote)) if len(quote) == 3 else _string_end(text, i)
+            end = n if end < 0 else end + (3 if len(quote) == 3 else 0)
+            out.append(text[i:end])
+            i = end
+        elif c == "#":
+            newline = text.find("\n", i)
+            i = n if newline < 0 else newline
+        else:
+            out.append(c)
+            i += 1
+    lines = (line.rstrip() for line in "".join(out).splitlines())
+    return "\n".join(line for line in lines if line)
 
 
 def _string_end(text: str, start: int) -> int:

@@ -89,3 +89,25 @@ def test_a_change_is_inert_only_if_every_file_of_it_is() -> None:
     assert only_inert(before, comment) == ["shop/cart.py"]
     assert only_inert(before, {**comment, "shop/tax.py": "RATE = 2\n"}) == []
     assert only_inert(before, {}) == []
+
+
+CYTHON_SOURCE = (
+    "cdef class Lookup:\n    cdef int hits  # how often\n\n    def get(self, key):\n"
+    '        s = "a # b"\n        return self.hits\n'
+)
+
+
+@pytest.mark.parametrize(
+    ("after", "inert"),
+    [
+        (CYTHON_SOURCE.replace("    def get", "    # baton-saboteur: handled\n    def get"), True),
+        (CYTHON_SOURCE + "\n\n   \n", True),
+        (CYTHON_SOURCE.replace("a # b", "a # c"), False),  # `#` in a string is data
+        (CYTHON_SOURCE.replace("return self.hits", "return self.hits + 1"), False),
+        (CYTHON_SOURCE.replace("        return", "    return"), False),  # indentation is code
+    ],
+)
+def test_a_cython_change_is_judged_without_its_comments_and_blank_lines(
+    after: str, inert: bool
+) -> None:
+    assert code_unchanged("propcache/_helpers_c.pyx", CYTHON_SOURCE, after) is inert
