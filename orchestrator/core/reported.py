@@ -57,7 +57,8 @@ def reported_failure(issue: Issue) -> ReportedFailure | None:
     if issue.error_type:
         in_app = [f.function for f in issue.frames if f.in_app and f.function]
         named = [f.function for f in issue.frames if f.function]
-        function = (in_app or named or [None])[-1]
+        chosen = in_app or named
+        function = chosen[-1] if chosen else None
         return ReportedFailure(type_name(issue.error_type), function, SOURCES[issue.source])
     return traceback_in(issue.body or "")
 
