@@ -33,6 +33,7 @@ from workers.execution import as_execution_error
 from workers.gemini import close_model
 from workers.inputs import resolve
 from workers.mirrors import RepoCache
+from workers.publish import Publisher
 from workers.sandboxes import DockerSandboxes
 from workers.settings import WorkerSettings
 from workers.stage import StageSinks, execute_stage
@@ -140,7 +141,9 @@ def replay(
                 model=model,
                 sinks=StageSinks(artifacts=artifacts, audit=audit.extend),
                 sandboxes=sandboxes,
-                publisher=None,  # a replay publishes nothing
+                # A replay publishes nothing; a proof may still check what publishing would
+                # refuse (`Publisher.refusal` pushes nothing).
+                publisher=None if "publish" in spec.tools else Publisher(mirrors),
             )
             result.output = out.output
         except Exception as exc:  # as a worker would record it: a stage error, a sandbox's…
