@@ -131,7 +131,7 @@ def touched_lines(section: str) -> set[int]:
                 touched.update({old, old + 1})
                 old += 1
             continue  # (`-0,0`: a new file, whose lines the unchanged code never had)
-        if not old or line.startswith(("---", "+++")):
+        if not old:  # the file's header, or a new file's lines
             continue
         if line.startswith("-"):
             touched.add(old)

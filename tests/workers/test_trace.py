@@ -28,6 +28,13 @@ def test_a_diff_touches_what_it_changes_and_the_lines_either_side_of_an_insertio
     assert touched_lines("--- /dev/null\n+++ b/new.py\n@@ -0,0 +1,2 @@\n+a\n+b\n") == set()
 
 
+def test_a_removed_line_that_starts_with_dashes_is_a_removed_line_not_a_header() -> None:
+    # `--x` removed shows as `---x`, `++x` added as `+++x`: inside a hunk both are code
+    change = "--- a/m.py\n+++ b/m.py\n@@ -7,2 +7,2 @@\n x = 1\n---x\n+++x\n"
+
+    assert touched_lines(change) == {8}
+
+
 def test_a_change_is_off_the_path_only_when_no_touched_line_ran_and_all_can_be_judged() -> None:
     sections = {"shop/cart.py": CHANGE}
 
