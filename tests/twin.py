@@ -40,7 +40,7 @@ TWIN_SCHEMAS = "fixer_twin_schemas"
 """The twin's schemas module: a file of that name in a temporary folder on `sys.path`."""
 RULES = frozenset(
     {"name", "instruction", "output_schema", "tools", "budget", "stop_when", "verify", "proof",
-     "loop", "reproduce", "publish"}
+     "loop", "reproduce", "publish", "send_back"}
 )  # fmt: skip
 """The keys of a fixer stage this module knows how to rename: a key the fixer's spec gains must
 be taught here first (`twin_spec` refuses it), so no reference goes unrenamed."""
@@ -278,6 +278,14 @@ class _Renaming:
         if key == "loop":
             paths = ("until", "reason_from", "summary_from")
             return {k: self.path(schema, v) if k in paths else v for k, v in value.items()}
+        if key == "send_back":
+            unless = value["unless"]
+            unless = [unless] if isinstance(unless, str) else unless
+            named = {"to": self.stages[value["to"]],
+                     "unless": [self.path(schema, one) for one in unless]}  # fmt: skip
+            if "reason_from" in value:
+                named["reason_from"] = self.path(schema, value["reason_from"])
+            return {**value, **named}
         if key == "reproduce":
             return {k: self.fields[v] for k, v in value.items()}
         if key == "publish":

@@ -48,7 +48,7 @@ from workers.gemini import BatonGemini, ModelClients, build_model, close_model, 
 from workers.governed import GovernedLlm
 from workers.governor import Governor
 from workers.holding import Holding
-from workers.inputs import StageInputs, resolve
+from workers.inputs import StageInputs, newest_change, resolve
 from workers.mirrors import RepoCache
 from workers.publish import Publisher
 from workers.sandboxes import Sandboxes
@@ -233,13 +233,18 @@ class Execution:
                            self.spec.name, self.run.id, exc_info=True)  # fmt: skip
 
     async def _with_change(self, inputs: StageInputs) -> StageInputs:
-        """The inputs with the change the run reviews, read from the host's mirror (in a
-        thread: it may fetch)."""
+        """The inputs with the change under review: the newest one an earlier stage of the run
+        made and kept (a fix, for a review), else the run's base to its commit, read from the
+        host's mirror (in a thread: it may fetch)."""
+        made = newest_change(self.run, self.pipeline, self.spec, self.services.store)
+        if made is not None:
+            return inputs.with_change(made)
         base, mirrors = self.run.base, self.services.mirrors
         if base is None:
             raise StageError(
                 f"stage {self.spec.name!r} reads {{{CHANGE_KEY}}}, but run {self.run.id} has no "
-                "base: enqueue it with a pull request, or with --base"
+                "base and no earlier stage made a change: enqueue it with a pull request, or "
+                "with --base"
             )
         if mirrors is None:
             raise StageError(f"stage {self.spec.name!r} reads {{{CHANGE_KEY}}}; this worker "

@@ -157,8 +157,12 @@ def resolve(
     iteration = run.stages[spec.name].iteration if spec.name in run.stages else 1
     if PREVIOUS_ATTEMPT_KEY in spec.inputs:
         previous = store.output(run.id, spec.output_key) if iteration > 1 else None
+        ended = [i for i in run.stages[spec.name].iterations if i.number == iteration - 1]
+        said = ended[-1].reason if ended and ended[-1].reason else None
         state[PREVIOUS_ATTEMPT_KEY] = (
-            previous_attempt(spec, previous, iteration - 1) if previous is not None else None
+            previous_attempt(spec, previous, iteration - 1, reason=said)
+            if previous is not None
+            else None
         )
     return StageInputs(
         run_id=run.id,
@@ -275,6 +279,13 @@ def _upstream_diff(
     """The newest change recorded by a stage before this one (code stages only)."""
     if not works_in_sandbox(spec, pipeline.tools):
         return None
+    return newest_change(run, pipeline, spec, store)
+
+
+def newest_change(
+    run: RunRecord, pipeline: Pipeline, spec: StageSpec, store: RunStore
+) -> str | None:
+    """The newest change a stage before `spec` recorded, as a diff; None when none did."""
     for stage in pipeline.before(spec.name):
         record = run.stages.get(stage.name)
         if record and DIFF_ARTIFACT in record.artifacts:
@@ -331,16 +342,18 @@ PREVIOUS_ATTEMPT_CHARS = 2_500
 """The most a looped stage's summary of its previous iteration may hold."""
 
 
-def previous_attempt(spec: StageSpec, output: Mapping[str, Any], number: int) -> str:
+def previous_attempt(
+    spec: StageSpec, output: Mapping[str, Any], number: int, *, reason: str | None = None
+) -> str:
     """What iteration `number + 1` of a looped stage is told about iteration `number`: why it
-    was not accepted, what it said it did, what it changed, which tests failed and the tail of
-    their output; never its conversation. At most `PREVIOUS_ATTEMPT_CHARS`, the output's tail
-    cut first."""
+    was not accepted (`reason`, as its record says, else the loop's reason field), what it said
+    it did, what it changed, which tests failed and the tail of their output; never its
+    conversation. At most `PREVIOUS_ATTEMPT_CHARS`, the output's tail cut first."""
     assert spec.loop is not None
     verdict = recorded(spec.schema_class(), output, Fact.PROOF, Proof)
     lines = [
         f"Your previous attempt (iteration {number} of {spec.loop.max_iterations}) was not "
-        f"accepted: {spec.loop.reason(output)}",
+        f"accepted: {reason or spec.loop.reason(output)}",
     ]
     said = spec.loop.summary(output)
     if said:

@@ -118,6 +118,14 @@ def _loop(stage: StageSpec) -> str:
     return f"until {loop.until}, at most {loop.max_iterations}"
 
 
+def _send_back(stage: StageSpec) -> str:
+    rule = getattr(stage, "send_back", None)
+    if rule is None:
+        return ""
+    where = "to a gate" if rule.then == "gate" else f"back to {rule.to}"
+    return f"sends the run {where} unless {' and '.join(rule.unless)}"
+
+
 def _stop(stage: StageSpec) -> str:
     rule = getattr(stage, "stop_when", None)
     return f"stops the run when {rule.field} = {rule.equals!r}" if rule is not None else ""
@@ -155,19 +163,27 @@ def stage_table(found: Pipeline, *, width: int | None = None) -> Any:
 def graph(found: Pipeline) -> Text:
     """The stages in order, each with the keys it reads and its rules, as text."""
     text = Text("graph:\n")
-    order = " → ".join(f"{s.name} ⟲" if getattr(s, "loop", None) else s.name for s in found.stages)
+    order = " → ".join(_node(stage) for stage in found.stages)
     text.append(f"  issue → {order}\n")
     wide = max(len(stage.name) for stage in found.stages)
     for stage in found.stages:
         reads = " ".join(f"{{{key}}}" for key in stage.inputs) or "nothing"
         said = (fan_text(stage), _stop(stage), _loop(stage) and f"loops {_loop(stage)}",
-                gate_text(stage))  # fmt: skip
+                _send_back(stage), gate_text(stage))  # fmt: skip
         notes = "; ".join(note for note in said if note)
         text.append(
             f"  {stage.name:<{wide}}  ← {reads}" + (f"   ({notes})" if notes else "") + "\n"
         )
     text.rstrip()
     return text
+
+
+def _node(stage: StageSpec) -> str:
+    """A stage in the graph's line: `fix ⟲` loops, `review ↩ fix` sends the run back."""
+    if getattr(stage, "loop", None):
+        return f"{stage.name} ⟲"
+    rule = getattr(stage, "send_back", None)
+    return f"{stage.name} ↩ {rule.to}" if rule is not None and rule.then == "loop" else stage.name
 
 
 def rules(found: Pipeline) -> Text:
@@ -193,6 +209,7 @@ def pipeline_json(found: Pipeline) -> dict[str, Any]:
                 "model": _model(stage),
                 "budget": stage.budget.model_dump(mode="json"),
                 "loop": _loop(stage) or None,
+                "send_back": _send_back(stage) or None,
                 "stop": _stop(stage) or None,
                 **stage_rules_json(stage),
             }

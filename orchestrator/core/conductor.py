@@ -51,7 +51,7 @@ from orchestrator.core.models import (
 )
 from orchestrator.core.pipeline import Pipeline, StageSpec
 from orchestrator.core.queue import Dispatcher
-from orchestrator.core.rules import LoopRule
+from orchestrator.core.rules import LoopRule, SendBackRule
 from orchestrator.core.runbudget import RunBudget, run_budget
 from orchestrator.core.specs import load_pipeline, pipeline_of, stage_of
 from orchestrator.core.store import RunStore
@@ -267,6 +267,8 @@ class Conductor:
             again = self._iterate(run, pipe, stage, spec.loop, result.output)
             if again is not None:
                 return again
+        if spec.send_back is not None and not spec.send_back.holds(result.output):
+            return self._send_back(run, pipe, pipeline, stage, spec.send_back, result.output)
         record.status = StageStatus.DONE
         self.audit(run, stage, record.attempts, "stage_done", pipe=pipe, chars=len(payload))
         return self.after_done(run, pipe, pipeline, stage, result.output)
@@ -332,6 +334,50 @@ class Conductor:
         record.status, record.queued_at, record.owner = StageStatus.QUEUED, time.time(), None
         run.current_stage = stage
         return Next(send=stage)
+
+    def _send_back(
+        self,
+        run: RunRecord,
+        pipe: Any,
+        pipeline: Pipeline,
+        stage: str,
+        rule: SendBackRule,
+        output: dict[str, Any],
+    ) -> Next:
+        """Within `complete`'s transaction, for a stage whose `send_back` judgement did not
+        hold: the looped stage it judged did not pass its iteration after all. Queue that
+        stage's next iteration, the stages from it to this one fresh (`Next(send=rule.to)`);
+        once its iterations have run out, fail the run with the reason; with `then = "gate"`,
+        park the run on this stage's gate instead."""
+        record, target = run.stages[stage], run.stages[rule.to]
+        loop = pipeline.stage(rule.to).loop
+        assert loop is not None  # the pipeline's check: send_back names a looped stage
+        why = rule.reason(output)
+        reason = f"{stage} refused it: {why}"
+        if target.iterations and target.iterations[-1].number == target.iteration:
+            target.iterations[-1].passed, target.iterations[-1].reason = False, reason
+        self.audit(run, stage, record.attempts, "sent_back", pipe=pipe, to=rule.to,
+                   iteration=target.iteration, reason=reason)  # fmt: skip
+        if rule.then == "gate":
+            record.status = StageStatus.DONE
+            key = pipeline.stage(stage).output_key
+            gates.open_gate(run, stage, gates.GateRule(approve="diff"), now=time.time(),
+                            artifacts=list(target.artifacts), output_key=key)  # fmt: skip
+            self.audit(run, stage, record.attempts, "gate_opened", pipe=pipe,
+                       gate=gates.gate_id(stage), approve="diff")  # fmt: skip
+            return Next()
+        if target.iteration >= loop.max_iterations:
+            ran = f"{target.iteration} iteration" + ("s" if target.iteration > 1 else "")
+            error = f"refused the change of {rule.to}: {why} (after {ran} of it)"
+            self.audit(run, stage, record.attempts, "stage_failed", pipe=pipe, error=error)
+            return transitions.fail(run, stage, error)
+        names = [spec.name for spec in pipeline.stages]
+        for name in names[names.index(rule.to) + 1 : names.index(stage) + 1]:
+            run.stages[name] = transitions.fresh(run.stages.get(name))
+        target.iteration += 1
+        target.status, target.queued_at, target.owner = StageStatus.QUEUED, time.time(), None
+        run.current_stage = rule.to
+        return Next(send=rule.to)
 
     def advance(self, run_id: str, completed: str) -> str | None:
         """Enqueue the stage after `completed`, or end the run. Safe to call more than once."""

@@ -169,7 +169,7 @@ class Iteration(BaseModel):
     attempt: int
     """The execution that finished it (its session is `<run>:<stage>:<attempt>`)."""
     passed: bool
-    """The loop's condition held."""
+    """The loop's condition held, and no later stage's `send_back` refused what it made."""
     reason: str = ""
     """Why it did not, when it did not."""
     requests: int = 0

@@ -51,6 +51,7 @@ from orchestrator.core.rules import (
     ProofRule,
     PublishRule,
     ReproduceRule,
+    SendBackRule,
     StageBudget,
     StopRule,
     VerifyRule,
@@ -61,9 +62,11 @@ from orchestrator.core.tools import ToolDeclaration
 ISSUE_KEY = "issue"
 """State key of the issue digest every stage may reference."""
 CHANGE_KEY = "change"
-"""State key of the change under review: the unified diff from the run's base to its commit
-(`RunRecord.base`: a pull request's base, or `--base`). A pipeline whose stages reference it
-runs only on a run that has a base; enqueueing one without is refused."""
+"""State key of the change under review: the newest change an earlier stage of the run made and
+kept (a fix, which a review stage reads), else the unified diff from the run's base to its
+commit (`RunRecord.base`: a pull request's base, or `--base`). A pipeline with a stage that
+references it and comes after no stage that keeps a change runs only on a run that has a base;
+enqueueing one without is refused."""
 PREVIOUS_ATTEMPT_KEY = "previous_attempt"
 """State key a looped stage may reference: Baton's compact summary of its previous iteration
 (its diff stat, failing tests and the tail of their output); empty in the first."""
@@ -105,6 +108,9 @@ class StageSpec(BaseModel):
     reproduce: ReproduceRule | None = None
     proof: ProofRule | None = None
     loop: LoopRule | None = None
+    send_back: SendBackRule | None = None
+    """Judge an earlier looped stage's accepted output (a review) and send the run back to it
+    when the judgement does not hold (`orchestrator.core.rules.SendBackRule`)."""
     gate: GateRule | None = None
     """Park the run once this stage is done, until a person approves its output (or rejects
     it): `orchestrator.core.gates`."""
@@ -170,6 +176,12 @@ class StageSpec(BaseModel):
     def _fan_out(self) -> StageSpec:
         branches.check_spec(self)
         return self
+
+    @property
+    def keeps_change(self) -> bool:
+        """Whether the stage's change of its workspace is kept for the stages after it: it
+        verifies or proves it."""
+        return self.verify is not None or self.proof is not None
 
     @property
     def fans_out(self) -> bool:
@@ -271,6 +283,7 @@ class Pipeline(BaseModel):
             earlier[stage.output_key] = stage
         for index, stage in enumerate(self.stages):
             references.check_publishable_by(stage, {s.name: s for s in self.stages[index + 1 :]})
+            references.check_send_back(stage, {s.name: s for s in self.stages[:index]})
             if stage.select is not None and stage.select.judge is not None:
                 after = self.stages[index + 1] if index + 1 < len(self.stages) else None
                 references.check_judge(stage, after)
@@ -300,9 +313,14 @@ class Pipeline(BaseModel):
 
     @property
     def reads_change(self) -> bool:
-        """Whether a stage references `{change}`: the pipeline reviews a change, so a run of it
-        needs a base."""
-        return any(CHANGE_KEY in stage.inputs for stage in self.stages)
+        """Whether a stage references `{change}` before any stage has made one to read: the
+        pipeline reviews a change it is given, so a run of it needs a base."""
+        for stage in self.stages:
+            if CHANGE_KEY in stage.inputs:
+                return True
+            if stage.keeps_change:
+                return False
+        return False
 
     def stage(self, name: str) -> StageSpec:
         for stage in self.stages:

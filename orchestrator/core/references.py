@@ -126,6 +126,38 @@ def check_publishable_by(stage: StageSpec, later: Mapping[str, StageSpec]) -> No
         )
 
 
+def check_send_back(stage: StageSpec, earlier: Mapping[str, StageSpec]) -> None:
+    """A `send_back` rule names an earlier looped stage (by name) that runs as one, and reads
+    flags of its own stage's output.
+
+    Raises:
+        ValueError: names the stage, the rule and what is wrong.
+    """
+    rule = stage.send_back
+    if rule is None:
+        return
+    target = earlier.get(rule.to)
+    if target is None or target.loop is None:
+        raise ValueError(
+            f"stage {stage.name!r}: send_back.to names {rule.to!r}, which names no earlier stage "
+            "with a `loop`"
+        )
+    if target.fans_out or stage.fans_out:
+        raise ValueError(
+            f"stage {stage.name!r}: send_back cannot send a run back to a stage that fans out, "
+            "nor be the rule of one"
+        )
+    schema = stage.schema_class()
+    for path in rule.unless:
+        _field(stage, schema, "send_back.unless", path, Kind.FLAG)
+    if rule.reason_from is not None:
+        _field(stage, schema, "send_back.reason_from", rule.reason_from, Kind.ANY)
+    if rule.then == "gate" and stage.gate is not None:
+        raise ValueError(
+            f"stage {stage.name!r} has a `gate` and a send_back whose refusal opens one: keep one"
+        )
+
+
 def _measures(stage: StageSpec, schema: type[BaseModel], fact: Fact, does: str) -> None:
     if fact not in measured_fields(schema):
         raise ValueError(

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -242,6 +242,42 @@ class LoopRule(BaseModel):
         """What the iteration said it did; empty when the rule names no field or it is empty."""
         said = value_at(output, self.summary_from) if self.summary_from else None
         return str(said) if said else ""
+
+
+class SendBackRule(BaseModel):
+    """Judge an earlier looped stage's accepted output, and send the run back to that stage
+    when the judgement does not hold (an independent review's refusal): the looped stage runs
+    again, in a fresh session, told why (`{previous_attempt?}`), and the refusal counts as one
+    of its iterations; the stages between run again after it. Once its `max_iterations` have
+    run, the run fails with the last reason. With `then = "gate"`, a refusal parks the run on
+    this stage's gate instead, where a person approves the change as it is or rejects it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    to: str = Field(pattern=f"^{NAME}$")
+    """The earlier stage, by name, that has a `loop` (the fix)."""
+    unless: tuple[Annotated[str, Field(pattern=PATH)], ...] = Field(min_length=1)
+    """Dotted paths into this stage's output that must all be true, e.g. `fixes_cause`."""
+    reason_from: str | None = Field(None, pattern=PATH)
+    """A dotted path into the output that says what is wrong (a string or a list of them)."""
+    then: Literal["loop", "gate"] = "loop"
+
+    @field_validator("unless", mode="before")
+    @classmethod
+    def _one_or_many(cls, value: Any) -> Any:
+        return (value,) if isinstance(value, str) else value
+
+    def holds(self, output: Mapping[str, Any]) -> bool:
+        return all(value_at(output, path) is True for path in self.unless)
+
+    def reason(self, output: Mapping[str, Any]) -> str:
+        said = value_at(output, self.reason_from) if self.reason_from else None
+        if isinstance(said, list | tuple):
+            said = "; ".join(str(item).strip() for item in said if str(item).strip())
+        if said:
+            return str(said)
+        failed = [path for path in self.unless if value_at(output, path) is not True]
+        return f"{', '.join(failed)} not true"
 
 
 def split_source(source: str) -> tuple[str, str]:

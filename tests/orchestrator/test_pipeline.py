@@ -16,9 +16,9 @@ REPRODUCE = {"command_from": "test_command", "test_files_from": "test_files",
 CODE_TOOLS = ["read_file", "edit_file"]
 
 
-def test_fixer_pipeline_has_six_stages_each_on_its_own_queue() -> None:
+def test_fixer_pipeline_has_seven_stages_each_on_its_own_queue() -> None:
     pipeline = load_pipeline("fixer")
-    names = ["triage", "search", "plan", "reproduce", "fix", "pr"]
+    names = ["triage", "search", "plan", "reproduce", "fix", "review", "pr"]
     assert [s.name for s in pipeline.stages] == names
     assert [s.queue for s in pipeline.stages] == [f"baton.fixer.{name}" for name in names]
 
@@ -31,6 +31,7 @@ def test_fixer_stages_reference_only_what_they_need() -> None:
         "plan": ["triage", "search"],
         "reproduce": ["plan", "issue"],
         "fix": ["plan", "search", "reproduce", "previous_attempt"],
+        "review": ["issue", "reproduce", "fix", "change"],
         "pr": ["triage", "fix"],
     }
 

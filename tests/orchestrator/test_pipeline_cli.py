@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from orchestrator.control.cli import main
 
 FIXER_SPEC = Path(__file__).resolve().parents[2] / "orchestrator/pipelines/fixer/pipeline.toml"
-FIXER = ["triage", "search", "plan", "reproduce", "fix", "pr"]
+FIXER = ["triage", "search", "plan", "reproduce", "fix", "review", "pr"]
 
 
 def test_show_json_lists_each_stage_with_its_queue_tools_model_and_loop() -> None:
@@ -27,6 +27,11 @@ def test_show_json_lists_each_stage_with_its_queue_tools_model_and_loop() -> Non
     assert fix["loop"] == "until proof.passed, at most 3"
     assert "edit_file" in fix["tools"] and fix["model"] == "default"
     assert shown["stages"][0]["stop"] == "stops the run when actionable = False"
+    review = shown["stages"][FIXER.index("review")]
+    assert review["send_back"] == (
+        "sends the run back to fix unless reproduces_report and fixes_cause"
+    )
+    assert review["tools"] == [] and fix["send_back"] is None
 
 
 def test_show_draws_the_table_and_the_graph_as_text() -> None:
@@ -34,7 +39,7 @@ def test_show_draws_the_table_and_the_graph_as_text() -> None:
 
     assert result.exit_code == 0, result.output
     assert "baton.fixer.reproduce" in result.output
-    assert "issue → triage → search → plan → reproduce → fix ⟲ → pr" in result.output
+    assert "issue → triage → search → plan → reproduce → fix ⟲ → review ↩ fix → pr" in result.output
     assert "search     ← {triage} {issue}" in result.output
 
 

@@ -1,5 +1,5 @@
 """Output schemas of the reference pipeline `fixer`: triage → search → plan → reproduce → fix →
-pr.
+review → pr.
 
 Each is the compact, typed summary a stage hands to later stages. Big things (diffs, logs)
 never go here; they are artifacts, recorded beside the stage output.
@@ -95,6 +95,24 @@ class Fix(_Output):
     )
     proof: Annotated[Proof | None, Measured(Fact.PROOF)] = Field(
         None, description="Filled in by Baton: its verdict on the change."
+    )
+
+
+class Review(_Output):
+    """An independent judgement of a proven change, by a session that did not make it."""
+
+    reproduces_report: bool = Field(
+        description="The reproducing test fails because of the failure the report describes, "
+        "not for another reason, and passes only once that failure is gone."
+    )
+    fixes_cause: bool = Field(
+        description="The change fixes the cause of that failure: it does not special-case the "
+        "test's inputs, weaken, skip or rewrite a test, or change something beside the failure."
+    )
+    problems: list[str] = Field(
+        default_factory=list,
+        description="What is wrong, each precisely enough for whoever fixes it next; empty when "
+        "both hold.",
     )
 
 
