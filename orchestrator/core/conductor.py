@@ -371,10 +371,11 @@ class Conductor:
             error = f"refused the change of {rule.to}: {why} (after {ran} of it)"
             self.audit(run, stage, record.attempts, "stage_failed", pipe=pipe, error=error)
             return transitions.fail(run, stage, error)
+        target.iteration += 1
         names = [spec.name for spec in pipeline.stages]
         for name in names[names.index(rule.to) + 1 : names.index(stage) + 1]:
-            run.stages[name] = transitions.fresh(run.stages.get(name))
-        target.iteration += 1
+            again = run.stages[name] = transitions.fresh(run.stages.get(name))
+            again.iteration = target.iteration  # its task id names the round: `<run>.review.2`
         target.status, target.queued_at, target.owner = StageStatus.QUEUED, time.time(), None
         run.current_stage = rule.to
         return Next(send=rule.to)

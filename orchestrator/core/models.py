@@ -187,7 +187,8 @@ class StageRecord(BaseModel):
     status: StageStatus = StageStatus.PENDING
     attempts: int = 0
     iteration: int = 1
-    """The iteration of a looped stage that is running or ran last (1 for any other stage)."""
+    """The iteration of a looped stage that is running or ran last; for a stage a `send_back`
+    sent the run back over, the looped stage's iteration it runs after (1 for any other)."""
     iterations: list[Iteration] = Field(default_factory=list)
     """The finished iterations of a looped stage, in order."""
     queued_at: float | None = None

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import redis
 
-from orchestrator.core import keys
+from orchestrator.core import gates, keys
 from orchestrator.core.conductor import Conductor
 from orchestrator.core.errors import RunStateError
 from orchestrator.core.execution import (
@@ -27,7 +28,7 @@ from orchestrator.core.models import ArtifactRef, Issue, IssueSource, RunStatus,
 from orchestrator.core.queue import Dispatcher
 from orchestrator.core.settings import QueueConfig
 from orchestrator.core.store import RunStore
-from tests.twin import Names
+from tests.twin import FIXER_SPEC, Names
 
 ISSUE = Issue(source=IssueSource.TEXT, title="Checkout crashes on an empty cart", body="boom")
 
@@ -469,7 +470,7 @@ def test_resuming_a_run_with_nothing_left_says_how_to_run_stages_again(
 
     message = str(caught.value)
     assert "--from STAGE" in message
-    assert "triage, search, plan, reproduce, fix, pr" in message
+    assert "triage, search, plan, reproduce, fix, review, pr" in message
 
 
 def pending_entry(kind: str) -> dict[str, str]:
@@ -532,7 +533,7 @@ def fix_output(names: Names, passed: bool, reason: str) -> dict[str, object]:
 def test_a_fix_whose_proof_fails_runs_again_as_its_next_iteration(
     conductor: Conductor, redis_client: redis.Redis, names: Names
 ) -> None:
-    fix, pr = names.stage("fix"), names.stage("pr")
+    fix, review = names.stage("fix"), names.stage("review")
     run_id = at_fix(conductor, names)
     assert queued_task_ids(redis_client, names.queue("fix")) == [f"{run_id}.{fix}"]
     begin(conductor, run_id, fix, owner="w:1")
@@ -550,7 +551,7 @@ def test_a_fix_whose_proof_fails_runs_again_as_its_next_iteration(
         f"{run_id}.{fix}",
         f"{run_id}.{fix}.2",
     ]
-    assert queued_task_ids(redis_client, names.queue("pr")) == []
+    assert queued_task_ids(redis_client, names.queue("review")) == []
     assert conductor.store.output(run_id, f"{fix}.1") == fix_output(names, False, "1 still fails")
 
     second = begin(conductor, run_id, fix, owner="w:2")
@@ -562,7 +563,7 @@ def test_a_fix_whose_proof_fails_runs_again_as_its_next_iteration(
     assert (run.stages[fix].status, run.stages[fix].iteration) == (StageStatus.DONE, 2)
     assert [i.passed for i in run.stages[fix].iterations] == [False, True]
     assert conductor.store.output(run_id, fix) == fix_output(names, True, "proven")
-    assert queued_task_ids(redis_client, names.queue("pr")) == [f"{run_id}.{pr}"]
+    assert queued_task_ids(redis_client, names.queue("review")) == [f"{run_id}.{review}"]
     kinds = [e["kind"] for e in conductor.store.audit_log(run_id)]
     assert kinds.count("iteration_done") == 2
 
@@ -591,6 +592,136 @@ def test_a_loop_that_runs_out_fails_the_run_with_the_last_reason(
     assert conductor.resume(run_id) == fix  # a resumed loop starts again at its first
     record = conductor.store.get(run_id).stages[fix]
     assert (record.iteration, record.iterations, record.attempts) == (1, [], 3)
+
+
+# -- a review's send_back ---------------------------------------------------------------------
+
+
+def review_output(names: Names, *problems: str) -> dict[str, object]:
+    said = {"reproduces_report": True, "fixes_cause": not problems, "problems": list(problems)}
+    return names.output("review", said)
+
+
+def at_review(conductor: Conductor, names: Names) -> str:
+    """A run whose fix passed its first iteration: its review is queued."""
+    run_id = at_fix(conductor, names)
+    fix = names.stage("fix")
+    begin(conductor, run_id, fix, owner="w:1")
+    conductor.complete(run_id, fix, result(fix_output(names, True, "proven")), owner="w:1")
+    return run_id
+
+
+def _at_fix_of(conductor: Conductor, pipeline: str) -> str:
+    run_id, _ = conductor.submit(ISSUE, repo="/r", commit="abc", pipeline=pipeline)
+    for stage in BEFORE_FIX:
+        begin(conductor, run_id, stage)
+        output = TRIAGE_OK if stage == "triage" else {"stage": stage}
+        conductor.complete(run_id, stage, result(output), owner="host:1:t")
+    return run_id
+
+
+def test_a_review_that_refuses_sends_the_run_back_to_the_fix_as_its_next_iteration(
+    conductor: Conductor, redis_client: redis.Redis, names: Names
+) -> None:
+    fix, review, pr = names.stage("fix"), names.stage("review"), names.stage("pr")
+    run_id = at_review(conductor, names)
+    assert queued_task_ids(redis_client, names.queue("review")) == [f"{run_id}.{review}"]
+    begin(conductor, run_id, review, owner="r:1")
+
+    refusal = review_output(names, "it special-cases n == 5", "the cause is untouched")
+    conductor.complete(run_id, review, result(refusal), owner="r:1")
+
+    run = conductor.store.get(run_id)
+    why = f"{review} refused it: it special-cases n == 5; the cause is untouched"
+    assert (run.status, run.current_stage) == (RunStatus.RUNNING, fix)
+    assert (run.stages[fix].status, run.stages[fix].iteration) == (StageStatus.QUEUED, 2)
+    assert [(i.number, i.passed, i.reason) for i in run.stages[fix].iterations] == [(1, False, why)]
+    # the review runs again after the next iteration, fresh, its task named by the round
+    assert (run.stages[review].status, run.stages[review].attempts) == (StageStatus.PENDING, 1)
+    assert run.stages[review].iteration == 2
+    assert f"{run_id}.{fix}.2" in queued_task_ids(redis_client, names.queue("fix"))
+    assert queued_task_ids(redis_client, names.queue("pr")) == []
+    sent = [e for e in conductor.store.audit_log(run_id) if e["kind"] == "sent_back"]
+    assert [(e["branch"].rpartition(".")[2], json.loads(e["data"])) for e in sent] == [
+        (review, {"to": fix, "iteration": 1, "reason": why})
+    ]
+
+    begin(conductor, run_id, fix, owner="w:2")
+    conductor.complete(run_id, fix, result(fix_output(names, True, "proven")), owner="w:2")
+    assert f"{run_id}.{review}.2" in queued_task_ids(redis_client, names.queue("review"))
+    second = begin(conductor, run_id, review, owner="r:2")
+    assert (second.action, second.attempt) == (StartAction.RUN, 2)  # a fresh session
+    conductor.complete(run_id, review, result(review_output(names)), owner="r:2")
+
+    run = conductor.store.get(run_id)
+    assert [i.passed for i in run.stages[fix].iterations] == [False, True]
+    assert run.stages[review].status == StageStatus.DONE
+    assert queued_task_ids(redis_client, names.queue("pr")) == [f"{run_id}.{pr}"]
+
+
+def test_a_refusal_of_the_last_iteration_fails_the_run_with_the_reviews_reason(
+    conductor: Conductor, redis_client: redis.Redis, names: Names
+) -> None:
+    fix, review = names.stage("fix"), names.stage("review")
+    run_id = at_review(conductor, names)
+    for number in (1, 2, 3):
+        begin(conductor, run_id, review, owner=f"r:{number}")
+        refusal = review_output(names, f"round {number}: the test asserts the bug")
+        conductor.complete(run_id, review, result(refusal), owner=f"r:{number}")
+        if number < 3:
+            begin(conductor, run_id, fix, owner=f"w:{number + 1}")
+            passed = fix_output(names, True, "proven")
+            conductor.complete(run_id, fix, result(passed), owner=f"w:{number + 1}")
+
+    run = conductor.store.get(run_id)
+    assert run.status == RunStatus.FAILED
+    assert run.reason == (
+        f"{review}: refused the change of {fix}: round 3: the test asserts the bug "
+        "(after 3 iterations of it)"
+    )
+    assert [i.passed for i in run.stages[fix].iterations] == [False, False, False]
+    assert queued_task_ids(redis_client, names.queue("pr")) == []
+
+
+def test_a_review_that_approves_hands_the_fix_on_unchanged(
+    conductor: Conductor, redis_client: redis.Redis, names: Names
+) -> None:
+    fix, review, pr = names.stage("fix"), names.stage("review"), names.stage("pr")
+    run_id = at_review(conductor, names)
+    begin(conductor, run_id, review, owner="r:1")
+
+    conductor.complete(run_id, review, result(review_output(names)), owner="r:1")
+
+    run = conductor.store.get(run_id)
+    assert [(i.number, i.passed) for i in run.stages[fix].iterations] == [(1, True)]
+    assert run.stages[review].status == StageStatus.DONE
+    assert queued_task_ids(redis_client, names.queue("pr")) == [f"{run_id}.{pr}"]
+
+
+def test_a_refusal_can_park_the_run_on_a_gate_instead(
+    conductor: Conductor, redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    spec = FIXER_SPEC.read_text()
+    rule = 'send_back = { to = "fix", unless = ["reproduces_report", "fixes_cause"], '
+    assert rule in spec
+    gated = tmp_path / "fixer-gated.toml"
+    gated.write_text(spec.replace(rule, rule + 'then = "gate", '))
+    run_id = _at_fix_of(conductor, str(gated))
+    begin(conductor, run_id, "fix", owner="w:1")
+    conductor.complete(run_id, "fix", result({"proof": {"passed": True}}), owner="w:1")
+    begin(conductor, run_id, "review", owner="r:1")
+
+    refusal = {"reproduces_report": True, "fixes_cause": False,
+               "problems": ["the test asserts the bug"]}  # fmt: skip
+    conductor.complete(run_id, "review", result(refusal), owner="r:1")
+
+    run = conductor.store.get(run_id)
+    assert run.status == RunStatus.AWAITING_APPROVAL and gates.holds(run, "review")
+    assert run.gates["review"].approve == "diff"
+    assert run.stages["fix"].iterations[-1].reason == "review refused it: the test asserts the bug"
+    assert queued_task_ids(redis_client, "baton.fixer.pr") == []
+    conductor.approve(run_id, "review", by="ana")
+    assert queued_task_ids(redis_client, "baton.fixer.pr") == [f"{run_id}.pr"]
 
 
 def test_a_stale_delivery_of_an_earlier_iteration_runs_nothing_twice(

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import re
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -8,7 +9,7 @@ import pytest
 from orchestrator.core.errors import PipelineError
 from orchestrator.core.pipeline import Pipeline, load_pipeline, render
 from orchestrator.core.rules import PublishRule
-from tests.twin import Names
+from tests.twin import FIXER_SPEC, Names
 
 FIXER_SCHEMAS = "orchestrator.pipelines.fixer.schemas"
 REPRODUCE = {"command_from": "test_command", "test_files_from": "test_files",
@@ -368,3 +369,56 @@ def test_a_proof_publishable_by_names_a_later_stage_that_publishes(publisher: st
     spec["stages"].append(pr)  # type: ignore[attr-defined]
     spec["stages"][1]["proof"]["publishable_by"] = "pr"  # type: ignore[index]
     assert Pipeline.model_validate(spec).stage("down").proof.publishable_by == "pr"  # type: ignore[union-attr]
+
+
+def _fixer_with_review(send_back: dict[str, object]) -> dict[str, object]:
+    spec = tomllib.loads(FIXER_SPEC.read_text())
+    review = next(stage for stage in spec["stages"] if stage["name"] == "review")
+    review["send_back"] = send_back
+    return spec
+
+
+@pytest.mark.parametrize(
+    ("send_back", "said"),
+    [
+        ({"to": "plan", "unless": "fixes_cause"},
+         "send_back.to names 'plan', which names no earlier stage with a `loop`"),
+        ({"to": "pr", "unless": "fixes_cause"},
+         "send_back.to names 'pr', which names no earlier stage with a `loop`"),
+        ({"to": "fix", "unless": "approved"},
+         "send_back.unless names 'approved', but the output schema "
+         "orchestrator.pipelines.fixer.schemas:Review has no field 'approved'"),
+        ({"to": "fix", "unless": "problems"},
+         "send_back.unless names 'problems', which must hold a boolean, not list[str]"),
+        ({"to": "fix", "unless": "fixes_cause", "reason_from": "why"},
+         "send_back.reason_from names 'why', but the output schema"),
+    ],
+    ids=["not looped", "not earlier", "no such field", "not a flag", "no reason field"],
+)  # fmt: skip
+def test_a_send_back_names_an_earlier_looped_stage_and_flags_of_its_own_output(
+    send_back: dict[str, object], said: str
+) -> None:
+    with pytest.raises(ValueError, match=re.escape(said)):
+        Pipeline.model_validate(_fixer_with_review(send_back))
+
+
+def test_a_send_back_holds_only_when_every_flag_is_true_and_says_what_is_wrong() -> None:
+    rule = load_pipeline("fixer").stage("review").send_back
+    assert rule is not None and rule.to == "fix" and rule.then == "loop"
+
+    assert rule.holds({"reproduces_report": True, "fixes_cause": True, "problems": ["a nit"]})
+    assert not rule.holds({"reproduces_report": True, "fixes_cause": "yes"})  # true, not truthy
+    assert not rule.holds({"fixes_cause": True})
+    said = {"reproduces_report": False, "fixes_cause": True, "problems": [" wrong test ", ""]}
+    assert rule.reason(said) == "wrong test"
+    assert rule.reason({"reproduces_report": True, "fixes_cause": False, "problems": []}) == (
+        "fixes_cause not true"
+    )
+
+
+def test_a_review_reads_the_change_its_run_made_so_a_fixer_run_needs_no_base() -> None:
+    spec = _fixer_with_review({"to": "fix", "unless": "fixes_cause"})
+    assert not Pipeline.model_validate(spec).reads_change
+    first = spec["stages"][0]  # type: ignore[index]
+    first["instruction"] += "\n{change}"
+    assert Pipeline.model_validate(spec).reads_change  # read before any stage made one
