@@ -279,13 +279,7 @@ class _Renaming:
             paths = ("until", "reason_from", "summary_from")
             return {k: self.path(schema, v) if k in paths else v for k, v in value.items()}
         if key == "send_back":
-            unless = value["unless"]
-            unless = [unless] if isinstance(unless, str) else unless
-            named = {"to": self.stages[value["to"]],
-                     "unless": [self.path(schema, one) for one in unless]}  # fmt: skip
-            if "reason_from" in value:
-                named["reason_from"] = self.path(schema, value["reason_from"])
-            return {**value, **named}
+            return _send_back(self, value, schema)
         if key == "reproduce":
             return {k: self.fields[v] for k, v in value.items()}
         if key == "publish":
@@ -293,6 +287,16 @@ class _Renaming:
             planned = [planned] if isinstance(planned, str) else planned
             return {**value, "planned_from": [self.source(one) for one in planned]}
         return value  # tools, budget: no names of the fixer's
+
+
+def _send_back(renaming: _Renaming, value: Any, schema: type[BaseModel]) -> dict[str, Any]:
+    unless = value["unless"]
+    unless = [unless] if isinstance(unless, str) else unless
+    named = {"to": renaming.stages[value["to"]],
+             "unless": [renaming.path(schema, one) for one in unless]}  # fmt: skip
+    if "reason_from" in value:
+        named["reason_from"] = renaming.path(schema, value["reason_from"])
+    return {**value, **named}
 
 
 def twin_spec(

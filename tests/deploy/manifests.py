@@ -30,7 +30,7 @@ NAMESPACE = "baton"
 """Redis, Flower, `baton serve` and the stages without tools: Pod Security `restricted`."""
 SANDBOX_NAMESPACE = "baton-sandbox"
 """The code stages, whose Docker sidecar is privileged: Pod Security `privileged`."""
-FIXER_STAGES = {"triage", "search", "plan", "reproduce", "fix", "pr"}
+FIXER_STAGES = {"triage", "search", "plan", "reproduce", "fix", "review", "pr"}
 CODE_STAGES = ("search", "reproduce", "fix", "pr")
 """The stages with tools: their pods run a sandbox host, in `SANDBOX_NAMESPACE`."""
 MI_B = 1024 * 1024

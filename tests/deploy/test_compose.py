@@ -42,7 +42,7 @@ from tests.containers import sandboxes
 from tests.repos import Git
 
 COMPOSE_FILES = (ROOT / "compose.yaml", Path(__file__).with_name("compose.test.yaml"))
-STAGES = ("triage", "search", "plan", "reproduce", "fix", "pr")
+STAGES = ("triage", "search", "plan", "reproduce", "fix", "review", "pr")
 WORKER_UID = 1000
 """The image's user, who must own a repository the code stages push to."""
 RUN_TIMEOUT_S = 480.0

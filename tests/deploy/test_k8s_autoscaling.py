@@ -143,7 +143,9 @@ def test_scale_down_waits_longer_than_a_stage_may_run(stage: str) -> None:
 
 def test_one_stage_never_scales_to_zero_so_the_reconciler_always_runs() -> None:
     minimum = {stage: doc["spec"]["minReplicaCount"] for stage, doc in scaled_objects().items()}
-    assert minimum == {"triage": 1, "search": 0, "plan": 0, "reproduce": 0, "fix": 0, "pr": 0}
+    assert minimum == {
+        "triage": 1, "search": 0, "plan": 0, "reproduce": 0, "fix": 0, "review": 0, "pr": 0
+    }  # fmt: skip
 
 
 # -- what KEDA and the HPA make of it ----------------------------------------------------------
