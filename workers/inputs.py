@@ -314,8 +314,28 @@ def _evidence(run: RunRecord, pipeline: Pipeline, spec: StageSpec, store: RunSto
                         f"the change of stage {stage.name!r} is not proven ({said}), so it is "
                         "not published"
                     )
-            return proof.evidence(stage.schema_class(), output)
+            return proof.evidence(stage.schema_class(), output) + _reviewed(
+                run, pipeline, spec, store
+            )
     return ""
+
+
+def _reviewed(run: RunRecord, pipeline: Pipeline, spec: StageSpec, store: RunStore) -> str:
+    """What the stages that judged the change before `spec` (a `send_back` rule) said of it:
+    a line for the pull request, below the proof's."""
+    lines = []
+    for stage in pipeline.before(spec.name):
+        rule = stage.send_back
+        output = store.output(run.id, stage.output_key) if rule is not None else None
+        if rule is None or output is None:
+            continue
+        judged = " and ".join(f"`{path}`" for path in rule.unless)
+        if rule.holds(output):
+            lines.append(f"- reviewed in a fresh session by stage `{stage.name}`: {judged} hold")
+        else:  # published over it: a person approved at the gate its refusal opened
+            lines.append(f"- stage `{stage.name}` refused it ({rule.reason(output)}); a person "
+                         "approved it at the gate")  # fmt: skip
+    return "\n" + "\n".join(lines) if lines else ""
 
 
 MAX_CHANGE_CHARS = 24_000

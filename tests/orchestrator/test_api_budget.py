@@ -38,7 +38,7 @@ def test_a_cost_limit_on_a_model_without_a_price_is_refused_at_enqueue_and_nothi
         api.enqueue(SENTRY_EVENT.read_bytes(), repo=repo, settings=settings, budget="cost_usd=1")
     assert str(refused.value).startswith(
         "cost_usd=1: the cost of model 'gemini-9-flash' (stages triage, search, plan, reproduce, "
-        "fix, pr) cannot be estimated"
+        "fix, review, pr) cannot be estimated"
     )
     assert redis_client.zcard(keys.RUNS) == 0
     priced = Settings(redis_url=unit_redis_url, model="gemini-9-flash",

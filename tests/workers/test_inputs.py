@@ -120,3 +120,30 @@ def test_a_fix_sent_back_by_its_review_is_told_the_reviews_words_and_the_review_
     assert CHANGE_KEY not in review.state  # read by the execution: the newest change made
     assert newest_change(run, fixer, fixer.stage("review"), store) == diff.decode()  # type: ignore[arg-type]
     assert newest_change(run, fixer, fixer.stage("fix"), store) is None  # type: ignore[arg-type]
+
+
+def test_the_pull_request_says_the_review_judged_the_change_or_that_a_person_overrode_it() -> None:
+    fixer = load_pipeline("fixer")
+    run = RunRecord(id="r1", pipeline="fixer", repo="/r", commit="c", idempotency_key="r1",
+                    issue=Issue(source=IssueSource.TEXT, title="crash", body="boom"))  # fmt: skip
+    proof = {"passed": True, "reason": "", "reproducing_command": "python -m pytest t.py",
+             "fail_to_pass": ["t.py::test_empty"]}  # fmt: skip
+    plan = {"test_command": "python -m pytest t.py", "files_to_change": ["m.py"]}
+    fix = {"summary": "s", "proof": proof}
+    approved = {"reproduces_report": True, "fixes_cause": True, "problems": []}
+    refused = {"reproduces_report": True, "fixes_cause": False, "problems": ["special case"]}
+
+    def evidence(review: dict[str, object] | None) -> str:
+        outputs = {"triage": {}, "fix": fix, "plan": plan, "reproduce": {"test_files": ["t.py"]}}
+        store = _Outputs(outputs | ({"review": review} if review else {}), b"")
+        return resolve(run, fixer, fixer.stage("pr"), 1, store).evidence  # type: ignore[arg-type]
+
+    assert evidence(approved).endswith(
+        "fail without the change's code and pass with it\n"
+        "- reviewed in a fresh session by stage `review`: `reproduces_report` and "
+        "`fixes_cause` hold"
+    )
+    assert evidence(refused).endswith(
+        "- stage `review` refused it (special case); a person approved it at the gate"
+    )
+    assert "review" not in evidence(None)
