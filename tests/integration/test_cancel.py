@@ -71,7 +71,7 @@ def test_a_cancel_while_the_pr_stage_waits_for_its_model_pushes_nothing(
     until(lambda: sandboxes(run_id) == [], "the pr stage's sandbox was not removed", 15)
     done = [e for e in run_store.audit_log(run_id) if e["kind"] == "stage_done"]
     assert [e["branch"] for e in done] == [
-        f"fixer.{s}" for s in ("triage", "search", "plan", "reproduce", "fix")
+        f"fixer.{s}" for s in ("triage", "search", "plan", "reproduce", "fix", "review")
     ]
 
 

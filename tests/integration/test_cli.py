@@ -124,7 +124,7 @@ def test_enqueue_prints_the_run_id_and_watch_follows_it_to_the_end(
     assert f"run {run_id} · fixer · done".encode() in watched.stdout
     assert watched.stdout.endswith(b"\n")  # piped, the last frame still ends its line
     assert shown["status"] == "done"
-    assert list(shown["stages"]) == ["triage", "search", "plan", "reproduce", "fix", "pr"]
+    assert list(shown["stages"]) == ["triage", "search", "plan", "reproduce", "fix", "review", "pr"]
     assert again.stdout.decode().strip() == run_id
     assert b"already has run" in again.stderr
     store = redis.Redis.from_url(env["BATON_REDIS_URL"], decode_responses=True)
@@ -231,7 +231,7 @@ def test_demo_json_reports_every_stage_the_proof_and_the_branch(tmp_path: Path) 
     assert set(summary) >= {"run_id", "status", "stages"}
     assert summary["status"] == "done"
     stages = summary["stages"]
-    assert list(stages) == ["triage", "search", "plan", "reproduce", "fix", "pr"]
+    assert list(stages) == ["triage", "search", "plan", "reproduce", "fix", "review", "pr"]
     common = {"status", "attempts", "requests", "prompt_tokens_total", "prompt_tokens_max",
               "output_chars", "duration_s"}  # fmt: skip
     extra = {"fix": {"tests_before", "tests_after", "proof"}, "pr": {"branch"}}
@@ -282,7 +282,7 @@ def test_top_shows_the_queues_the_workers_and_the_runs(stack: Stack) -> None:
     assert all(name.startswith("celery@") or "@" in name for name in fleet["workers"])
     assert fleet["runs"].get("done", 0) >= 1
     assert set(fleet["queues"]) <= {
-        f"baton.fixer.{s}" for s in ("triage", "search", "plan", "reproduce", "fix", "pr")
+        f"baton.fixer.{s}" for s in ("triage", "search", "plan", "reproduce", "fix", "review", "pr")
     }
 
 

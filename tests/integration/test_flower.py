@@ -27,7 +27,7 @@ from testkit import services
 
 from .conftest import Stack, wrong_fix_first
 
-STAGES = ("triage", "search", "plan", "reproduce", "fix", "pr")
+STAGES = ("triage", "search", "plan", "reproduce", "fix", "review", "pr")
 SCREENSHOT_ENV = "BATON_FLOWER_SCREENSHOT"
 
 # The cells of the Tasks page as a person reads them, by column slug. DataTables may render the

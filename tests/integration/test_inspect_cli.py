@@ -20,7 +20,7 @@ from orchestrator.core.store import RunStore
 
 from .conftest import Stack
 
-STAGES = ["triage", "search", "plan", "reproduce", "fix", "pr"]
+STAGES = ["triage", "search", "plan", "reproduce", "fix", "review", "pr"]
 
 
 def baton(stack: Stack, *args: str, columns: int = 80) -> subprocess.CompletedProcess[bytes]:
@@ -46,7 +46,7 @@ def test_show_renders_every_output_and_one_stage_alone(
     assert lines[0] == f"run {demo_run.id} · fixer · done"
     titles = [m.group(1) for line in lines if (m := re.match(r"╭─ (\S+) ─", line))]
     # The fix loop's one iteration (fix.1) is the fix's own output: shown once, not twice.
-    assert titles == ["triage", "search", "plan", "reproduce", "fix", "pr"]
+    assert titles == ["triage", "search", "plan", "reproduce", "fix", "review", "pr"]
 
     fix = run_store.output(demo_run.id, "fix")
     assert fix is not None

@@ -26,11 +26,11 @@ from testkit.sinks import MemoryArtifacts
 from testkit.workspace import LocalWorkspace
 from tests.repos import Git
 from workers.gemini import build_model, close_model
-from workers.tools.code import build_tools
+from workers.tools.code import DIFF_ARTIFACT, build_tools
 
 from .conftest import CANARY_KEY, Stack, demo_scenario
 
-STAGES = ["triage", "search", "plan", "reproduce", "fix", "pr"]
+STAGES = ["triage", "search", "plan", "reproduce", "fix", "review", "pr"]
 
 
 def test_the_sample_issue_runs_every_stage_and_pushes_the_fix(stack: Stack, git: Git) -> None:
@@ -38,7 +38,7 @@ def test_the_sample_issue_runs_every_stage_and_pushes_the_fix(stack: Stack, git:
     run = stack.wait(stack.enqueue(SENTRY_EVENT.read_bytes(), repo))
 
     assert run.status == RunStatus.DONE, run.reason
-    assert [run.stages[s].status for s in STAGES] == [StageStatus.DONE] * 6
+    assert [run.stages[s].status for s in STAGES] == [StageStatus.DONE] * 7
     branch = f"baton/{run.id}"
     changed = git("diff", "--numstat", f"main..{branch}", cwd=repo).splitlines()
     assert changed == ["4\t1\tshopcart/cart.py", "15\t0\ttests/test_empty_cart_checkout.py"]
@@ -61,6 +61,8 @@ def test_no_stage_sees_another_stages_instruction_or_tool_traffic(
         stage: json.dumps(run_store.outputs(run.id, pipeline.stage(stage).inputs)) + issue
         for stage in STAGES
     }
+    change = run_store.artifact(run.stages["fix"].artifacts[DIFF_ARTIFACT]).decode()
+    allowed["review"] += change  # `{change}`: the change the run made, never how it was made
     own_calls = {stage: scripted_calls(scenario, stage) for stage in STAGES}
     instructions = {stage: pipeline.stage(stage).instruction for stage in STAGES}
 

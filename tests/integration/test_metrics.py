@@ -97,7 +97,7 @@ def test_a_prefork_worker_serves_metrics_summed_over_every_pool_process(
     stack.fake.set_faults([{"agent": "triage", "status": 403}])
     failed = stack.wait(stack.enqueue(SENTRY_EVENT.read_bytes(), stack.sample_repo()))
     stack.fake.set_faults([])
-    executions = 6 + 1 + 1  # six stages done, plan retried after its 429, triage failed
+    executions = 7 + 1 + 1  # seven stages done, plan retried after its 429, triage failed
     settled(directory, executions)
     text = httpx.get(url, timeout=10).text
 

@@ -37,7 +37,7 @@ from workers.stage import StageOutput, StageSinks, execute_stage
 
 from .conftest import CANARY_KEY, Stack, demo_scenario, stack_settings, wrong_fix_first
 
-STAGES = ["triage", "search", "plan", "reproduce", "fix", "pr"]
+STAGES = ["triage", "search", "plan", "reproduce", "fix", "review", "pr"]
 GITHUB_CANARY = "ghp_CanaryTokenThatMustNeverLeak0000000000"
 
 
@@ -303,6 +303,63 @@ def test_a_publish_refusal_in_the_first_iteration_and_a_clean_second_give_one_br
     assert git("branch", "--list", "baton/*", cwd=repo).split() == [f"baton/{run.id}"]
     changed = git("diff", "--name-only", "main", f"baton/{run.id}", cwd=repo).split()
     assert changed == ["shopcart/cart.py", "tests/test_empty_cart_checkout.py"]
+
+
+REVIEW_PROBLEM = "the test only checks the average; the empty cart's summary is never exercised"
+
+
+def _review_refuses_the_first_fix() -> dict[str, Any]:
+    """The demo, but the review refuses the first (proven) fix; the fix's second iteration,
+    told why, says it answered the review, and the review approves that one."""
+    scenario = demo_scenario()
+    right = scenario["agents"]["fix"]["steps"]
+    answered = json.loads(json.dumps(right))
+    answered[-1]["json"]["summary"] = "returns 0 for an empty cart; as the review asked, checked"
+    scenario["agents"]["fix"] = {
+        "steps": right,
+        "variants": [{"when": "Your previous attempt (iteration 1 of 3)", "steps": answered}],
+    }
+    approve = scenario["agents"]["review"]["steps"]
+    refuse = [{"json": {"reproduces_report": True, "fixes_cause": False,
+                        "problems": [REVIEW_PROBLEM]}}]  # fmt: skip
+    scenario["agents"]["review"] = {
+        "steps": refuse, "variants": [{"when": "as the review asked", "steps": approve}]
+    }  # fmt: skip
+    return scenario
+
+
+def test_a_review_that_refuses_a_proven_fix_sends_it_back_and_the_answer_is_published(
+    stack: Stack, run_store: RunStore, git: Git
+) -> None:
+    stack.fake.set_scenario(_review_refuses_the_first_fix())
+    repo = stack.sample_repo()
+    run = stack.wait(stack.enqueue(SENTRY_EVENT.read_bytes(), repo), timeout_s=150)
+
+    assert run.status == RunStatus.DONE, run.reason
+    first, second = run.stages["fix"].iterations
+    assert (first.passed, first.reason) == (False, f"review refused it: {REVIEW_PROBLEM}")
+    assert second.passed
+    assert (run.stages["review"].status, run.stages["review"].attempts) == (StageStatus.DONE, 2)
+    told = [e["request"]["systemInstruction"]["parts"][0]["text"] for e in stack.requests("fix")]
+    assert any(
+        f"(iteration 1 of 3) was not accepted: review refused it: {REVIEW_PROBLEM}" in text
+        for text in told
+    )
+    reviews = stack.requests("review")
+    assert len(reviews) == 2  # one call in each of two fresh sessions
+    for review in reviews:
+        instruction = review["request"]["systemInstruction"]["parts"][0]["text"]
+        assert "+        if count == 0:" in instruction  # the change itself, as a diff
+        assert "Do the search stage now" not in json.dumps(review["request"])
+        assert review["request"]["contents"] == [
+            {"role": "user", "parts": [{"text": "Do the review stage now."}]}
+        ]  # nothing of the fix stage's conversation
+    assert git("branch", "--list", "baton/*", cwd=repo).split() == [f"baton/{run.id}"]
+    message = git("log", "-1", "--format=%B", f"baton/{run.id}", cwd=repo)
+    assert "- reviewed in a fresh session by stage `review`: `reproduces_report` and " \
+        "`fixes_cause` hold" in message  # fmt: skip
+    sent = [e for e in run_store.audit_log(run.id) if e["kind"] == "sent_back"]
+    assert len(sent) == 1
 
 
 def test_the_same_fix_with_those_classes_allowed_is_published_and_lists_the_file(
