@@ -31,7 +31,7 @@ from tests.twin import FIXER_SPEC
 
 from .conftest import Stack, demo_scenario, stack_settings, wrong_fix_first
 
-STAGES = ["triage", "search", "plan", "reproduce", "fix", "pr"]
+STAGES = ["triage", "search", "plan", "reproduce", "fix", "review", "pr"]
 ROOT = Path(__file__).resolve().parents[2]
 QUEUES = [f"baton.fixer.{s}" for s in STAGES]
 FAST_RECOVERY = {
@@ -76,8 +76,8 @@ def test_resume_after_a_failed_fix_reruns_only_fix_and_pr(
     run = stack.wait(failed.id)
 
     assert run.status == RunStatus.DONE, run.reason
-    assert {entry["agent"] for entry in stack.requests()} == {"fix", "pr"}
-    assert [run.stages[s].attempts for s in STAGES] == [1, 1, 1, 1, 2, 1]
+    assert {entry["agent"] for entry in stack.requests()} == {"fix", "review", "pr"}
+    assert [run.stages[s].attempts for s in STAGES] == [1, 1, 1, 1, 2, 1, 1]
     assert run_store.output(run.id, "plan") is not None
     assert git("branch", "--list", "baton/*", cwd=repo) == f"baton/{run.id}"
 
