@@ -11,7 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from evaluation.corpus import CorpusError, GitSource, load_instance, materialize, unpack_base
+from evaluation.corpus import (
+    CorpusError,
+    GitSource,
+    load_corpus,
+    load_instance,
+    materialize,
+    unpack_base,
+)
+from evaluation.swebench import Repos, load_records, read_records
 from tests.repos import Git
 
 BASE = "0123456789abcdef0123456789abcdef01234567"
@@ -193,3 +201,50 @@ def test_a_base_archive_that_is_not_a_tar_is_refused(tmp_path: Path) -> None:
     bad.write_bytes(b"not gzip")
     with pytest.raises(CorpusError, match=r"base\.tar\.gz: not a tree that can be unpacked"):
         unpack_base(bad, tmp_path / "tree")
+
+
+SHIPPED = Path(__file__).resolve().parents[2] / "eval" / "corpus"
+
+
+def test_the_shipped_swebench_file_is_the_shipped_git_instances_and_reads_back_as_them(
+    tmp_path: Path, git: Git
+) -> None:
+    """Each record of eval/corpus/swebench-git.jsonl is a git instance of the corpus; read with
+    repositories made from the instances' own base archives (the same trees, under commits of
+    their own: CI has no clone of the projects), each gives that instance's tests and
+    environment."""
+    folders = {i.source.commit: i for i in load_corpus(SHIPPED) if isinstance(i.source, GitSource)}
+    records = read_records(SHIPPED / "swebench-git.jsonl")
+    assert len(records) >= 5
+    assert sorted(r.base_commit for _, r in records) == sorted(folders)
+    remade = []
+    for number, (_, found) in enumerate(records):
+        instance = folders[found.base_commit]
+        assert instance.source.git == f"https://github.com/{found.repo}"  # type: ignore[union-attr]
+        assert found.patch == instance.text("gold.patch")
+        assert found.test_patch == instance.text("test.patch")
+        assert found.FAIL_TO_PASS == instance.tests.fail_to_pass
+        assert found.PASS_TO_PASS == instance.tests.pass_to_pass
+        assert found.problem_statement == f"{instance.title}\n\n{instance.issue['body']}"
+        tree = tmp_path / "trees" / str(number)
+        unpack_base(instance.folder / "base.tar.gz", tree)
+        git("init", "-q", cwd=tree)
+        git("add", "-A", "--force", cwd=tree)
+        git("commit", "-q", "-m", "base", cwd=tree)
+        bare = tmp_path / "repos" / found.repo.replace("/", "+")
+        if not bare.exists():
+            git("init", "-q", "--bare", bare)
+        git("--git-dir", bare, "fetch", "-q", tree, f"HEAD:refs/heads/base-{number}")
+        remade.append(found.model_dump() | {"base_commit": git("rev-parse", "HEAD", cwd=tree)})
+    path = tmp_path / "remade.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in remade))
+
+    loaded = load_records(path, Repos(folder=tmp_path / "repos"), tmp_path / "work")
+
+    for (_, found), instance in zip(records, loaded, strict=True):
+        shipped = folders[found.base_commit]
+        assert instance.tests == shipped.tests, instance.id
+        detected = {k: v for k, v in instance.environment.items()
+                    if k not in ("inputs", "languages")}  # fmt: skip
+        assert detected == shipped.environment, instance.id
+        assert instance.title == shipped.title
