@@ -147,7 +147,7 @@ def read_records(path: Path) -> list[tuple[int, Record]]:
     records: list[tuple[int, Record]] = []
     seen: dict[str, int] = {}
     for number, item in _json_lines(path, text) if where == "line" else _json_list(path, text):
-        at = f"{path}:{number}" if where == "line" else f"{path}: record {number}"
+        at = _at(path, number)
         if not isinstance(item, dict):
             raise CorpusError(f"{at}: not a JSON object")
         try:
@@ -164,6 +164,11 @@ def read_records(path: Path) -> list[tuple[int, Record]]:
     if not records:
         raise CorpusError(f"{path}: no SWE-bench record")
     return records
+
+
+def _at(path: Path, number: int) -> str:
+    """Where a record is, as an error names it: its line, or its index in a `.json` list."""
+    return f"{path}: record {number}" if path.suffix == ".json" else f"{path}:{number}"
 
 
 def _json_lines(path: Path, text: str) -> list[tuple[int, Any]]:
@@ -213,7 +218,7 @@ def load_records(
     clones = workdir / "clones"
     found: dict[str, str] = {}
     for number, record in records:
-        at = f"{path}:{number}"
+        at = _at(path, number)
         if record.repo not in found:
             found[record.repo] = _repository(record.repo, repos, clones, at)
         git_dir = found[record.repo]
@@ -240,14 +245,20 @@ def _repository(repo: str, repos: Repos, clones: Path, at: str) -> str:
             dest = clones / repo.replace("/", "+")
             if not dest.exists():
                 clones.mkdir(parents=True, exist_ok=True)
-                git_output(where, ["clone", "-q", "--bare", where, str(dest)],
-                           timeout_s=CLONE_TIMEOUT_S)  # fmt: skip
+                try:
+                    git_output(where, ["clone", "-q", "--bare", where, str(dest)],
+                               timeout_s=CLONE_TIMEOUT_S)  # fmt: skip
+                except BatonError as exc:
+                    raise CorpusError(f"{at}: repo: {exc}") from exc
             return str(dest)
-        if Path(where).exists():
+        if Path(where).is_dir():
             try:
-                return git_output(where, ["-C", where, "rev-parse", "--absolute-git-dir"])
+                git_dir = git_output(where, ["-C", where, "rev-parse", "--absolute-git-dir"])
             except BatonError:
                 continue
+            root = Path(where).resolve()
+            if Path(git_dir) in (root, root / ".git"):  # its own, not a repository around it
+                return git_dir
     if not tried:
         raise CorpusError(f"{at}: repo: no repository for {repo}; give --repos DIR or "
                           f"--repo {repo}=PATH_OR_URL")  # fmt: skip

@@ -229,3 +229,17 @@ def test_baton_eval_refuses_a_bad_record_before_starting_anything(
     folder = CliRunner().invoke(eval_command, [str(tmp_path), "--repos", str(tmp_path)])
     assert folder.exit_code == 2
     assert "--repos and --repo are for a SWE-bench file, not a folder" in folder.output
+
+
+def test_a_folder_inside_another_repository_is_not_taken_for_the_record_s(
+    tmp_path: Path, upstream: dict[str, str], git: Git
+) -> None:
+    """--repos DIR inside a work tree: DIR/name is a plain folder of that tree, not a
+    repository, even though git finds the enclosing one from there."""
+    outer = tmp_path / "outer"
+    (outer / "repos" / "calc").mkdir(parents=True)
+    git("init", "-q", outer)
+    path = write_jsonl(tmp_path / "set.jsonl", record(upstream))
+
+    with pytest.raises(CorpusError, match=r"set\.jsonl:1: repo: example/calc is not a git"):
+        load_records(path, Repos(folder=outer / "repos"), tmp_path / "work")
