@@ -6,7 +6,10 @@ from __future__ import annotations
 import json
 import platform
 import sys
+import tempfile
+from contextlib import ExitStack
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 from rich.console import Console
@@ -14,11 +17,24 @@ from rich.console import Console
 from orchestrator.core.errors import BatonError
 from orchestrator.core.settings import Settings
 
+if TYPE_CHECKING:
+    from evaluation.corpus import Instance
+
 DOWNLOADS = Path("build") / "eval-downloads"
 
 
 @click.command("eval")
-@click.argument("corpus", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("corpus", type=click.Path(exists=True, path_type=Path))
+@click.option(
+    "--repos", "repos_dir", type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="For a SWE-bench file: the folder holding its repositories, each a git directory "
+    "(bare or not) named owner+name or name.",
+)  # fmt: skip
+@click.option(
+    "--repo", "repo_given", multiple=True, metavar="OWNER/NAME=PATH_OR_URL",
+    help="For a SWE-bench file: where one repository is, a local path or a clone URL "
+    "(repeatable; before --repos).",
+)  # fmt: skip
 @click.option(
     "--mode", "modes", multiple=True,
     type=click.Choice(["oracle", "saboteur", "stale", "model"]),
@@ -42,6 +58,8 @@ DOWNLOADS = Path("build") / "eval-downloads"
 @click.option("--timeout", default=1200.0, show_default=True, help="Seconds one run may take.")
 def eval_command(
     corpus: Path,
+    repos_dir: Path | None,
+    repo_given: tuple[str, ...],
     modes: tuple[str, ...],
     only: tuple[str, ...],
     concurrency: int,
@@ -52,25 +70,28 @@ def eval_command(
 ) -> None:
     """Run the instances of CORPUS through the fixer pipeline and measure which are resolved.
 
+    CORPUS is a folder of instance folders, or a SWE-bench file (`.jsonl`, or `.json` holding
+    a list) whose repositories --repos or --repo say where to find.
+
     Exits 0 when the measurement ran, whatever it found; 2 when the corpus is invalid.
     """
     from evaluation import report as reports
-    from evaluation.corpus import load_corpus
     from evaluation.harness import evaluate
 
     settings = Settings()
     chosen = list(modes) or ["model" if settings.google_api_key else "oracle"]
     err = Console(stderr=True)
-    try:
-        instances = load_corpus(corpus, only)
-    except BatonError as exc:
-        err.print(f"[red]baton eval:[/] {exc}", markup=True, highlight=False)
-        sys.exit(2)
-    evaluation = evaluate(
-        instances, chosen, corpus=str(corpus), concurrency=concurrency, settings=settings,  # type: ignore[arg-type]
-        say=lambda line: err.print(line, markup=False, highlight=False),
-        run_timeout_s=timeout, downloads=DOWNLOADS.resolve(),
-    )  # fmt: skip
+    with ExitStack() as stack:
+        try:
+            instances = _instances(corpus, only, repos_dir, repo_given, stack)
+        except BatonError as exc:
+            err.print(f"[red]baton eval:[/] {exc}", markup=True, highlight=False)
+            sys.exit(2)
+        evaluation = evaluate(
+            instances, chosen, corpus=str(corpus), concurrency=concurrency, settings=settings,  # type: ignore[arg-type]
+            say=lambda line: err.print(line, markup=False, highlight=False),
+            run_timeout_s=timeout, downloads=DOWNLOADS.resolve(),
+        )  # fmt: skip
     if as_json:
         click.echo(evaluation.as_json())
     else:
@@ -81,7 +102,8 @@ def eval_command(
         return
     command = "baton eval " + " ".join(
         [str(corpus), *(f"--mode {m}" for m in chosen), f"--concurrency {concurrency}",
-         *(f"--only {i}" for i in only)]
+         *(f"--only {i}" for i in only), *([f"--repos {repos_dir}"] if repos_dir else []),
+         *(f"--repo {r}" for r in repo_given)]
     )  # fmt: skip
     machine = f"{platform.machine()}, Python {platform.python_version()}"
     results = reports.results_file(
@@ -97,3 +119,24 @@ def eval_command(
         saved = str(results_path) if results_path is not None else None
         report.write_text(reports.markdown(reports.ResultsFile(saved, results)))
         err.print(f"wrote {report}")
+
+
+def _instances(
+    corpus: Path,
+    only: tuple[str, ...],
+    repos_dir: Path | None,
+    repo_given: tuple[str, ...],
+    stack: ExitStack,
+) -> list[Instance]:
+    """A folder's instances, or a SWE-bench file's, written into a folder kept until `stack`
+    closes."""
+    from evaluation.corpus import CorpusError, load_corpus
+    from evaluation.swebench import Repos, load_records, parse_repo_option
+
+    if corpus.is_dir():
+        if repos_dir is not None or repo_given:
+            raise CorpusError("--repos and --repo are for a SWE-bench file, not a folder")
+        return load_corpus(corpus, only)
+    repos = Repos(repos_dir, parse_repo_option(repo_given))
+    work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="baton-swebench-")))
+    return load_records(corpus, repos, work, only)

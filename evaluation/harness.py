@@ -119,8 +119,7 @@ def evaluate(
         settings, fake = _services(stack, settings, modes, work, concurrency, say)
         checkouts = {}
         for number, instance in enumerate(instances, 1):
-            say(f"[{number}/{len(instances)}] {instance.id}: {instance.source.pypi} "
-                f"{instance.source.version} with the bug put back")  # fmt: skip
+            say(f"[{number}/{len(instances)}] {instance.id}: {instance.source}")
             checkouts[instance.id] = materialize(instance, work / "repos", downloads)
         store = RunStore.from_url(settings.redis_section())
         stack.callback(store.redis.close)

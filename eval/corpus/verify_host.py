@@ -11,7 +11,9 @@ test output with the parser the harness uses (`workers.outcomes`).
 
 For each instance it:
 
- 0. downloads the sdist into build/corpus-work/downloads (`pip download --no-binary NAME
+ 0. for a git instance, unpacks base.tar.gz into $TMPDIR/baton-corpus-verify/ID and commits it
+    (the *base*; there is no published commit to compare with in step 3). For a PyPI one,
+    downloads the sdist into build/corpus-work/downloads (`pip download --no-binary NAME
     --no-deps`: `--no-binary :all:` would also build every build backend from source while pip
     reads the sdist's metadata, which takes minutes; the file is the same), unpacks it into a
     fresh git repository, $TMPDIR/baton-corpus-verify/ID, commits it (the *published* commit),
@@ -66,7 +68,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from evaluation.corpus import CorpusError, Instance, load_corpus  # noqa: E402
+from evaluation.corpus import (  # noqa: E402
+    BASE_ARCHIVE,
+    CorpusError,
+    GitSource,
+    Instance,
+    load_corpus,
+    unpack_base,
+)
 from sandbox.environment import from_table  # noqa: E402
 from sandbox.errors import EnvironmentSpecError  # noqa: E402
 from workers.outcomes import Outcome, parse, with_ids  # noqa: E402
@@ -321,8 +330,15 @@ def static_checks(instance: Instance, report: Report) -> None:
         report.problems.append("pass_to_pass is not sorted, or repeats an id")
 
 
-def checkout(instance: Instance, repo: Path) -> str:
-    """Step 0: the base at `repo`; returns the commit of the published source."""
+def checkout(instance: Instance, repo: Path) -> str | None:
+    """Step 0: the base at `repo`; returns the commit of the published source (None for a git
+    instance, whose base is `base.tar.gz`: there the published source is the upstream fix
+    commit, which the instance folder does not hold)."""
+    if isinstance(instance.source, GitSource):
+        unpack_base(instance.folder / BASE_ARCHIVE, repo)
+        run([*GIT, "init", "--quiet", "--initial-branch=main"], repo)
+        commit(repo, f"{instance.id}: the base ({instance.source})")
+        return None
     unpack(sdist(instance), repo)
     run([*GIT, "init", "--quiet", "--initial-branch=main"], repo)
     published = commit(repo, f"{instance.source.pypi} {instance.source.version} as published")
@@ -369,7 +385,7 @@ def verify(instance: Instance, *, reuse_venv: bool) -> Report:
 
         apply(repo, instance.folder / "gold.patch")
         rebuild(instance, repo, venv, "gold.patch", place / "build-gold.log")
-        if differ := unlike_published(repo, published):
+        if published is not None and (differ := unlike_published(repo, published)):
             shown = ", ".join(differ[:5])
             report.problems.append(f"base+test+gold is not the published source: {shown}")
         alone = tests(instance, repo, venv, place / "3-fail-to-pass-alone-fixed.log", f2p)
