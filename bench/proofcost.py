@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import docker
+from rich.markup import escape
 
 from bench import record
 from bench.docs import Source, latest_run, table
@@ -139,7 +140,7 @@ def _row(
     done = 0
 
     def say(what: str) -> None:
-        progress.update(task, description=f"proofcost: {instance.id}: {what}")
+        progress.update(task, description=escape(f"proofcost: {instance.id}: {what}"))
 
     def advance() -> None:
         nonlocal done
@@ -310,8 +311,8 @@ def latest(source: Source) -> str:
     rows = []
     for row in source["instances"]:
         if row["void"]:
-            rows.append([f"`{row['instance']}`", "void: " + "; ".join(row["void"])[:300],
-                         "", "", "", ""])  # fmt: skip
+            why = "; ".join(row["void"])[:300].replace("|", "/")
+            rows.append([f"`{row['instance']}`", f"void: {why}", "", "", "", ""])
             continue
         read = f"{row['tracer']}: {row['lines_traced']} lines of {row['files_traced']} files"
         rows.append([f"`{row['instance']}`", read, *_figures(source, row)])
