@@ -315,6 +315,8 @@ def latest(source: Source) -> str:
             rows.append([f"`{row['instance']}`", f"void: {why}", "", "", "", ""])
             continue
         read = f"{row['tracer']}: {row['lines_traced']} lines of {row['files_traced']} files"
+        if row.get("not_files_traced"):  # code compiled from a string, taken for the workspace's
+            read += f" (and {row['not_files_traced']} names that are no file)"
         rows.append([f"`{row['instance']}`", read, *_figures(source, row)])
     every = source["overall"]
     if every["pairs"]:
