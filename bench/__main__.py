@@ -32,6 +32,7 @@ from bench import (
     native,
     overhead,
     products,
+    proofcost,
     record,
     sandbox,
     saturation,
@@ -58,6 +59,7 @@ BENCHMARKS = {
     "fanout": fanout,
     "graph": graph,
     "anatomy": anatomy,
+    "proofcost": proofcost,
 }
 
 

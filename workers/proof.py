@@ -443,10 +443,9 @@ def _measured(
     with open_clean() as workspace:
         _applied(workspace, diff, what)
         texts = _texts(workspace, read)
-        if traced:
-            workspace.write_text(f"{trace.TRACE_DIR}/sitecustomize.py", trace.TRACER)
-        repro = _run(workspace, command, shell=False, timeout_s=timeout_s, traced=traced)
-        ran = _lines_ran(workspace, tests=split_diff(diff)) if traced else None
+        repro, ran = reproducing_run(
+            workspace, command, timeout_s=timeout_s, traced=traced, tests=split_diff(diff)
+        )
         suite = (
             _run(workspace, suite_command, shell=True, timeout_s=timeout_s)
             if suite_command
@@ -458,6 +457,18 @@ def _measured(
     ]
     artifacts.save(f"proof-{when}.log", "".join(logs).encode())
     return _Side(repro, suite, texts, ran)
+
+
+def reproducing_run(
+    workspace: Workspace, command: str, *, timeout_s: float, traced: bool, tests: Iterable[str]
+) -> tuple[_Ran, dict[str, set[int]] | None]:
+    """The reproducing `command` in `workspace` as a proof runs it; `traced`: with the line
+    tracer put in the workspace first, and then the lines it recorded there (`_lines_ran`;
+    `tests`: the test files applied), else None. `python -m bench proofcost` times both."""
+    if traced:
+        workspace.write_text(f"{trace.TRACE_DIR}/sitecustomize.py", trace.TRACER)
+    repro = _run(workspace, command, shell=False, timeout_s=timeout_s, traced=traced)
+    return repro, _lines_ran(workspace, tests=tests) if traced else None
 
 
 def _lines_ran(workspace: Workspace, tests: Iterable[str]) -> dict[str, set[int]] | None:

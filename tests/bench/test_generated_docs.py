@@ -49,6 +49,7 @@ def test_the_docs_have_the_sections_the_task_asks_for() -> None:
     assert ("docs/upstream.md", "upstream.walks", "bench/results/upstream.json") in found
     assert ("docs/pipelines.md", "compaction.latest", "bench/results/compaction.json") in found
     assert ("docs/benchmarks.md", "anatomy.latest", "bench/results/anatomy.json") in found
+    assert ("docs/proof.md", "proofcost.latest", "bench/results/proofcost.json") in found
     history = "bench/results/history/compaction.jsonl"
     assert ("docs/benchmarks.md", "compaction.history", history) in found
     assert ("docs/environments.md", "products.latest", "bench/results/products.json") in found

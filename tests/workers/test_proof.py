@@ -27,12 +27,14 @@ from workers.proof import (
     is_test_file,
     only_tests,
     prove,
+    reproducing_run,
     split_diff,
     succeeded,
 )
 from workers.sandboxes import WorkspaceRequest
 from workers.tools.errors import ToolError
 from workers.tools.workspace import CommandResult
+from workers.trace import TRACE_DIR
 
 UNITTEST_FAIL = """..EE
 ======================================================================
@@ -377,3 +379,33 @@ def test_a_fix_must_touch_a_line_the_reproducing_test_runs_on_the_unchanged_code
         "the change touches no line of shopcart/cart.py that the reproducing tests run on the "
         "unchanged code (they run lines of "
     ), verdict.reason
+
+
+def test_the_reproducing_run_traced_records_the_lines_it_ran_and_untraced_leaves_no_tracer(
+    tmp_path: Path, git: Git
+) -> None:
+    remote = make_sample_repo(tmp_path / "shopcart.git")
+    request = WorkspaceRequest(repo=str(remote), commit=git("rev-parse", "HEAD", cwd=remote),
+                               stage="fix")  # fmt: skip
+    sandboxes = LocalSandboxes(tmp_path / "cache")
+    failing = "tests.test_it.EmptyCartTest.test_average_of_an_empty_cart_is_zero"
+    culprit = "return self.total_cents() // self.item_count()"
+    for traced in (False, True):
+        with sandboxes.open(request) as workspace:
+            workspace.apply_patch(_new_test("tests/test_it.py", EMPTY_CART_TEST))
+            cart = workspace.read_text("shopcart/cart.py").splitlines()
+            line = next(n for n, text in enumerate(cart, 1) if text.strip() == culprit)
+
+            repro, ran = reproducing_run(
+                workspace, "python -m unittest tests.test_it", timeout_s=60, traced=traced,
+                tests=["tests/test_it.py"],
+            )  # fmt: skip
+
+            assert repro.outcomes.failed == [failing]
+            assert workspace.exists(TRACE_DIR) is traced
+        if traced:
+            assert ran is not None
+            assert line in ran["shopcart/cart.py"]
+            assert "tests/test_it.py" in ran
+        else:
+            assert ran is None
