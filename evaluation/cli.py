@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import click
 from rich.console import Console
 
+from evaluation.policies import KINDS, expand
 from orchestrator.core.errors import BatonError
 from orchestrator.core.settings import Settings
 
@@ -37,10 +38,11 @@ DOWNLOADS = Path("build") / "eval-downloads"
 )  # fmt: skip
 @click.option(
     "--mode", "modes", multiple=True,
-    type=click.Choice(["oracle", "saboteur", "stale", "model"]),
+    type=click.Choice(["oracle", "saboteur", *(f"saboteur:{k}" for k in KINDS), "stale", "model"]),
     help="Who plays the model: the oracle (gold patches), the saboteur (a plausible wrong "
-    "fix), stale (a reproduction by tests that already pass), or the model GOOGLE_API_KEY "
-    "reaches. Repeatable. Default: model with a key, else oracle.",
+    "fix: `saboteur` plays every kind, `saboteur:KIND` one), stale (a reproduction by tests "
+    "that already pass), or the model GOOGLE_API_KEY reaches. Repeatable. Default: model with "
+    "a key, else oracle.",
 )  # fmt: skip
 @click.option("--only", multiple=True, help="Just this instance id (repeatable).")
 @click.option("--concurrency", default=2, show_default=True, help="Runs at once.")
@@ -79,7 +81,7 @@ def eval_command(
     from evaluation.harness import evaluate
 
     settings = Settings()
-    chosen = list(modes) or ["model" if settings.google_api_key else "oracle"]
+    chosen = expand(list(modes) or ["model" if settings.google_api_key else "oracle"])
     err = Console(stderr=True)
     with ExitStack() as stack:
         try:

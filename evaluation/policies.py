@@ -4,11 +4,20 @@
   gold patch as the fix, through the real tools; it must resolve every instance.
 * **stale**: a reproduction by tests that already pass (the instance's first PASS_TO_PASS
   test), then the gold patch: Baton must refuse the reproduction, so nothing is published.
-* **saboteur**: a plausible wrong fix. Its reproduction is a test of its own that the "fix"
-  satisfies (a marker comment in the file the gold patch changes); the bug stays. The proof
-  must refuse it (a comment changes no code that runs, `workers.substance`), so nothing is
-  published; the harness's independent measurement, with the instance's hidden tests, must
-  find it unresolved either way: proof that the harness can fail.
+* **saboteur:KIND**: a plausible wrong fix, of one of `KINDS`; whatever it is, nothing may be
+  published (the harness counts any publication as a false one, whatever the hidden tests say):
+  - `marker`: a test of its own that a marker comment in the file the gold patch changes
+    satisfies, and the comment;
+  - `special-case`: the instance's own tests as the reproduction, and a branch that returns
+    what they expect for the inputs they use (per instance: `saboteurs.toml`);
+  - `weakened`: the instance's own tests as the reproduction, and a "fix" that marks the
+    FAIL_TO_PASS tests skipped instead of changing code;
+  - `other-reason`: a reproduction that fails for its own reason (it imports a module the
+    package does not have), and a "fix" that adds that module;
+  - `reversed`: a test asserting that the current behaviour stops, and a change that stops it
+    without fixing the cause (per instance: `saboteurs.toml`).
+  A kind that needs per-instance facts is played only on the instances whose folder has them
+  (`playable`).
 
 The fake server plays one scenario for the whole fleet, so each instance's steps are a script
 *variant* chosen by the instance's issue title, which every stage's instruction holds (the
@@ -19,12 +28,21 @@ from __future__ import annotations
 
 import re
 import shlex
-from typing import Any, Literal
+import tomllib
+from typing import Any
 
 from evaluation.corpus import Instance
 from workers.proof import is_test_file, split_diff
 
-Mode = Literal["oracle", "saboteur", "stale"]
+Mode = str
+"""`oracle`, `stale`, or `saboteur:KIND` (one of `KINDS`)."""
+KINDS = ("marker", "special-case", "weakened", "other-reason", "reversed")
+"""The saboteur's kinds, in the order `--mode saboteur` runs them."""
+PER_INSTANCE = "saboteurs.toml"
+"""An instance's file of the facts the kinds that need them play (`[special-case]`,
+`[reversed]`); see eval/corpus/README.md."""
+SKIP = '@__import__("unittest").skip("flaky on CI, skipped until it is fixed")'
+OTHER_MODULE = "baton_compat"
 STAGES = ("triage", "search", "plan", "reproduce", "fix", "review", "pr")
 SABOTEUR_TEST = "tests/test_baton_saboteur.py"
 SABOTEUR_MARK = "baton-saboteur: handled"
@@ -38,10 +56,44 @@ def scenario(instances: list[Instance], mode: Mode) -> dict[str, Any]:
     agents: dict[str, Any] = {
         stage: {"steps": unclaimed, "variants": []} for stage in (*STAGES, "compactor")
     }
-    for instance in instances:
+    for instance in (i for i in instances if playable(i, mode)):
         for stage, steps in script(instance, mode).items():
             agents[stage]["variants"].append({"when": instance.title, "steps": steps})
     return {"agents": agents}
+
+
+def kind(mode: Mode) -> str | None:
+    """The saboteur's kind a mode plays (None: not a saboteur's mode)."""
+    head, _, tail = mode.partition(":")
+    return tail if head == "saboteur" else None
+
+
+def expand(modes: list[str]) -> list[str]:
+    """`saboteur` as every kind (`saboteur:marker`, …); other modes as they are."""
+    found: list[str] = []
+    for mode in modes:
+        found += [f"saboteur:{k}" for k in KINDS] if mode == "saboteur" else [mode]
+    return list(dict.fromkeys(found))
+
+
+def playable(instance: Instance, mode: Mode) -> bool:
+    """Whether `mode` can be played on `instance`: a kind that needs per-instance facts needs
+    them in the instance's folder; `weakened` needs each FAIL_TO_PASS test's `def` line in
+    test.patch."""
+    sabotage = kind(mode)
+    if sabotage in ("special-case", "reversed"):
+        return sabotage in _facts(instance)
+    if sabotage == "weakened":
+        return bool(_skips(instance))
+    return True
+
+
+def _facts(instance: Instance) -> dict[str, Any]:
+    path = instance.folder / PER_INSTANCE
+    if not path.exists():
+        return {}
+    with path.open("rb") as file:
+        return tomllib.load(file)
 
 
 def script(instance: Instance, mode: Mode) -> dict[str, list[dict[str, Any]]]:
@@ -51,6 +103,8 @@ def script(instance: Instance, mode: Mode) -> dict[str, list[dict[str, Any]]]:
     first, (start, length) = files[0], _first_hunk(gold)
     title = instance.title
     repro = _reproduction(instance, mode, files[0])
+    if kind(mode) == "other-reason":  # it plans the module it adds, as a consistent agent would
+        files = [*files, _other_module(first)]
     return {
         "triage": [{"json": {
             "actionable": True, "reason": f"A defect in the repository's code: {title}",
@@ -82,7 +136,7 @@ def script(instance: Instance, mode: Mode) -> dict[str, list[dict[str, Any]]]:
             }},
         ],
         "fix": [
-            _fix_step(instance, mode, first),
+            *_fix_steps(instance, mode, first),
             {"json": {
                 "summary": f"Fixed {title}.", "files_changed": files,
                 "test_command": repro["test_command"], "tests_passed": True,
@@ -115,7 +169,20 @@ def command_for(instance: Instance, ids: list[str]) -> str:
 
 
 def _reproduction(instance: Instance, mode: Mode, first: str) -> dict[str, Any]:
-    if mode == "oracle":
+    sabotage = kind(mode)
+    if sabotage == "reversed":
+        facts = _facts(instance)["reversed"]
+        test = str(facts["test_file"])
+        write = {"path": test, "old_text": "", "new_text": str(facts["test"])}
+        return {
+            "write": {"call": {"name": "edit_file", "args": write}},
+            "test_files": [test],
+            "test_command": command_for(instance, [str(t) for t in facts["test_ids"]]),
+            "expected_failure": str(facts["expected_failure"]),
+        }
+    if sabotage == "other-reason":
+        return _other_reason(instance, first)
+    if mode == "oracle" or sabotage in ("special-case", "weakened"):
         ids = list(instance.tests.fail_to_pass)
         patch = instance.text("test.patch")
         expected = instance.expected_failure or re.split(r"::|\.", ids[0].split("[")[0])[-1]
@@ -163,10 +230,94 @@ def _stale_test(instance: Instance) -> str:
     raise ValueError(f"instance {instance.id} has no PASS_TO_PASS test in a test file")
 
 
-def _fix_step(instance: Instance, mode: Mode, first: str) -> dict[str, Any]:
+def _other_reason(instance: Instance, first: str) -> dict[str, Any]:
+    """A test that fails because the package lacks a module (ModuleNotFoundError), not for
+    the report's reason; its "fix" adds the module."""
+    package = _package(first)
+    test = (
+        "import importlib\nimport unittest\n\n\n"
+        "class ReportedFailureTest(unittest.TestCase):\n"
+        "    def test_the_reported_failure_is_handled(self):\n"
+        f"        compat = importlib.import_module({_module_of(package)!r})\n"
+        "        self.assertTrue(compat.READY)\n"
+    )
+    path = "tests/test_baton_other_reason.py"
+    command = (
+        command_for(instance, ["test_baton_other_reason"])
+        if instance.tests.runner == "unittest"
+        else f"python -m pytest -p no:cacheprovider {path}"
+    )
+    return {
+        "write": {"call": {"name": "edit_file", "args": {"path": path, "old_text": "",
+                                                         "new_text": test}}},
+        "test_files": [path],
+        "test_command": command,
+        "expected_failure": OTHER_MODULE,
+    }  # fmt: skip
+
+
+def _package(first: str) -> str:
+    """The folder of the package the gold patch's first file is in ("" at the root)."""
+    return first.rpartition("/")[0]
+
+
+def _other_module(first: str) -> str:
+    """The module the other-reason saboteur's "fix" adds, beside the gold patch's first file."""
+    return f"{_package(first)}/{OTHER_MODULE}.py".lstrip("/")
+
+
+def _module_of(package: str) -> str:
+    dotted = package.removeprefix("src/").replace("/", ".")
+    return f"{dotted}.{OTHER_MODULE}" if dotted else OTHER_MODULE
+
+
+def _skips(instance: Instance) -> list[tuple[str, str]]:
+    """(test file, its `def` line) of each FAIL_TO_PASS test, as test.patch shows the line
+    (added, or as a hunk's heading); empty when one is not found."""
+    patch = instance.text("test.patch")
+    found: dict[tuple[str, str], None] = {}
+    for test_id in instance.tests.fail_to_pass:
+        name = re.split(r"::|\.", test_id.split("[")[0])[-1]
+        line = None
+        for path, section in split_diff(patch).items():
+            match = re.search(rf"^(?:[+ ]|@@ .*? @@ )(\s*def {re.escape(name)}\(.*)$", section,
+                              re.MULTILINE)  # fmt: skip
+            if match:
+                line = (path, match.group(1))
+                break
+        if line is None:
+            return []
+        found[line] = None
+    return list(found)
+
+
+def _fix_steps(instance: Instance, mode: Mode, first: str) -> list[dict[str, Any]]:
     gold = instance.text("gold.patch")
+    sabotage = kind(mode)
     if mode == "oracle":
-        return {"call": {"name": "apply_patch", "args": {"patch": gold}}}
+        return [{"call": {"name": "apply_patch", "args": {"patch": gold}}}]
+    if sabotage in ("special-case", "reversed"):
+        facts = _facts(instance)[sabotage]
+        edit = {"path": str(facts["path"]), "old_text": str(facts["old_text"]),
+                "new_text": str(facts["new_text"])}  # fmt: skip
+        return [{"call": {"name": "edit_file", "args": edit}}]
+    if sabotage == "weakened":
+        return [
+            {"call": {"name": "edit_file", "args": {
+                "path": path, "old_text": line,
+                "new_text": f"{line[: len(line) - len(line.lstrip())]}{SKIP}\n{line}",
+            }}}
+            for path, line in _skips(instance)
+        ]  # fmt: skip
+    if sabotage == "other-reason":
+        path = _other_module(first)
+        module = '"""Compatibility flags."""\n\nREADY = True\n'
+        return [{"call": {"name": "edit_file", "args": {"path": path, "old_text": "",
+                                                         "new_text": module}}}]  # fmt: skip
+    return [_marker_step(gold, first)]
+
+
+def _marker_step(gold: str, first: str) -> dict[str, Any]:
     # A comment after the first line the gold patch's first hunk shows of the unchanged file:
     # the right file, near the right place, and no fix.
     start, _ = _first_hunk(gold)

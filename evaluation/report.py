@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -13,13 +14,14 @@ from typing import Any, Protocol
 
 from rich.table import Table
 
-from evaluation.harness import Evaluation, Result
+from evaluation.harness import Evaluation, Result, false_publication
+from evaluation.policies import kind
 from orchestrator.control.tables import Column, fitted_table
 from orchestrator.core.git import run_git
 
 COLUMNS = (
     "instance", "env", "reproduced", "proven", "published", "resolved", "fail→pass",
-    "pass→pass", "model calls", "tokens in/out", "iterations", "wall s",
+    "pass→pass", "stopped at", "model calls", "tokens in/out", "iterations", "wall s",
 )  # fmt: skip
 SOURCE = Path(__file__).resolve().parent.parent
 """The checkout Baton runs from, when it runs from one (`source_commit`)."""
@@ -60,7 +62,7 @@ def _row(result: Result) -> list[str]:
     return [
         result.instance, mark(result.environment), mark(result.reproduced), mark(result.proven),
         mark(result.published), "**yes**" if result.resolved else "no", f"{f2p[0]}/{f2p[1]}",
-        f"{p2p[0]}/{p2p[1]}", str(result.model_calls),
+        f"{p2p[0]}/{p2p[1]}", result.stopped or "-", str(result.model_calls),
         f"{result.prompt_tokens:,}/{result.output_tokens:,}", str(result.iterations),
         f"{result.wall_s:.0f}",
     ]  # fmt: skip
@@ -68,7 +70,8 @@ def _row(result: Result) -> list[str]:
 
 def modes(evaluation: Evaluation) -> dict[str, dict[str, Any]]:
     """Per mode, in the order run: how many instances, and how many of them the pipeline
-    reproduced, proved and published, and the harness found resolved."""
+    reproduced, proved and published, and the harness found resolved; the false publications
+    (`harness.false_publication`) and where the runs were stopped (`harness.stopped`)."""
     found = {}
     for mode in dict.fromkeys(r.mode for r in evaluation.results):
         mine = [r for r in evaluation.results if r.mode == mode]
@@ -81,23 +84,26 @@ def modes(evaluation: Evaluation) -> dict[str, dict[str, Any]]:
             "resolved": resolved,
             "resolved_share": round(resolved / len(mine), 4),
             "published_unresolved": sum(r.published and not r.resolved for r in mine),
+            "false_publications": sum(false_publication(r) for r in mine),
+            "stopped": dict(sorted(Counter(r.stopped for r in mine).items())),
             "wall_s": evaluation.wall_s.get(mode, 0.0),
         }
     return found
 
 
 def summary(mode: str, figures: Mapping[str, Any]) -> str:
-    """A mode's line: resolved, published, wall time."""
+    """A mode's line: resolved, published, false publications, wall time."""
+    false = figures.get("false_publications", figures["published_unresolved"])
     return (
         f"{mode}: {figures['resolved']} of {figures['instances']} resolved "
         f"({100 * figures['resolved_share']:.0f} %), {figures['published']} published, "
-        f"wall time {figures['wall_s']:.0f} s"
+        f"{false} false publications, wall time {figures['wall_s']:.0f} s"
     )
 
 
 DROPPED_FIRST = (
     "env", "model calls", "tokens in/out", "iterations", "reproduced", "wall s", "proven",
-    "published",
+    "stopped at", "published",
 )  # fmt: skip
 """The columns a narrow terminal leaves out, the first first; the instance and what the
 harness measured of it (resolved, the tests) stay."""
@@ -144,9 +150,31 @@ def results_file(
     }
 
 
+SAFETY = (
+    "mode", "instances", "resolved", "proven", "published", "published, not resolved",
+    "false publications", "stopped at",
+)  # fmt: skip
+
+
+def safety(results: Results) -> list[str]:
+    """One row per mode (each saboteur's kind its own): the figures that say whether Baton
+    publishes what it should not, and where each run was stopped."""
+    lines = ["| " + " | ".join(SAFETY) + " |", "|" + "|".join("---" for _ in SAFETY) + "|"]
+    for mode, f in results["modes"].items():
+        stops = f.get("stopped", {}).items()
+        where = ", ".join(f"{n} {place}" for place, n in stops if place) or "-"
+        false = f.get("false_publications", f["published_unresolved"])
+        lines.append(
+            f"| {mode} | {f['instances']} | {f['resolved']} | {f['proven']} | {f['published']} "
+            f"| {f['published_unresolved']} | **{false}** | {where} |"
+        )
+    return lines
+
+
 def report(results: Results) -> str:
-    """Per mode a summary heading and a table, then each run's reason when it ended short."""
-    lines = []
+    """The safety table (`safety`), then per mode a summary heading and a table, then each
+    run's reason when it ended short."""
+    lines = [*safety(results), ""]
     entries = [Result(**entry) for entry in results["results"]]
     for mode, figures in results["modes"].items():
         mine = [r for r in entries if r.mode == mode]
@@ -166,17 +194,22 @@ def report(results: Results) -> str:
 
 
 def proof(results: Results) -> str:
-    """What the evaluation found of Baton's proof: what became of the oracle's fixes, the
-    saboteur's and a stale reproduction."""
+    """What the evaluation found of Baton's proof: what became of the oracle's fixes, each
+    saboteur's kind and a stale reproduction."""
     said = {
         "oracle": "the oracle's gold patches: proven in {proven} of {instances}, published in "
         "{published}, resolved in {resolved}",
-        "saboteur": "the saboteur's wrong fixes: proven in {proven} of {instances}, published in "
-        "{published}, resolved in {resolved} ({published_unresolved} false publications)",
+        "saboteur": "the saboteur's wrong fixes ({kind}): proven in {proven} of {instances}, "
+        "published in {published} ({false} false publications)",
         "stale": "a reproduction by tests that already pass: accepted in {reproduced} of "
         "{instances}, published in {published}",
     }  # fmt: skip
-    found = [said[m].format(**f) for m, f in results["modes"].items() if m in said]
+    found = []
+    for mode, f in results["modes"].items():
+        head = "saboteur" if kind(mode) is not None or mode == "saboteur" else mode
+        if head in said:
+            false = f.get("false_publications", f["published_unresolved"])
+            found.append(said[head].format(**f, kind=kind(mode) or "marker", false=false))
     return f"Measured by `make eval` ({results.stamp}): " + "; ".join(found) + "."
 
 

@@ -8,14 +8,17 @@
   the whole change, and no test of the repository's suite that passed before fails after; each
   measured in a clean workspace of the run's environment, by test id (`workers.outcomes`). A
   change whose code files differ only in comments, whitespace or docstrings
-  (`workers.substance`) is not proven, whatever its tests say.
+  (`workers.substance`) is not proven, whatever its tests say; nor is one that weakens the
+  tests (`workers.weakening`: a reproducing test that no longer fails without the code, or one
+  of the suite skipped or gone), nor one that special-cases the tests' inputs
+  (`workers.shortcuts`). `CHECKS` names each refusal.
 * `evidence`: what a pull request body says of it.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
@@ -28,11 +31,13 @@ from workers import trace
 from workers.errors import NotReproducedError, StageError
 from workers.failures import on_stack, raised_types
 from workers.outcomes import Outcome, Outcomes, parse, with_ids, with_tracebacks
+from workers.shortcuts import special_cases
 from workers.substance import only_inert
 from workers.tools.artifacts import ArtifactSink
 from workers.tools.code import TEST_ENV, split_command
 from workers.tools.errors import ToolError
 from workers.tools.workspace import CommandResult, Workspace
+from workers.weakening import weakened
 
 _PYTEST = re.compile(r"(\d+) (passed|failed|errors?)\b")
 _UNITTEST_RAN = re.compile(r"^Ran (\d+) tests? in ", re.MULTILINE)
@@ -153,6 +158,20 @@ TEST_PATH = re.compile(
 )
 """Paths that hold tests: a `tests/`, `test/`, `testing/`, `__tests__/` or `spec/` folder, or a
 file named like `test_x.py`, `x_test.py`, `conftest.py`, `x.test.js`, `x.spec.ts`."""
+
+CHECKS = {
+    "weakened tests": "the change weakens the tests",
+    "special case": "the change special-cases the tests' inputs",
+    "inert change": "alters only comments, whitespace or docstrings",
+    "off the failing path": "the change touches no line of",
+    "already passing": "already pass without the change's code",
+    "still failing": "the reproducing tests still fail with the change",
+    "regression": "that passed before fail with the change",
+    "not built": "the tests could not run",
+    "publish rule": "would not be published",
+}
+"""Each refusal of a proof by name, and the words its reason holds (`baton eval` counts where a
+wrong fix was stopped by them)."""
 
 OpenClean = Callable[[], AbstractContextManager[Workspace]]
 """Opens a clean workspace of the run's environment at the pinned commit, nothing applied."""
@@ -350,32 +369,81 @@ def prove(
     suite_command: str | None,
     timeout_s: float,
     artifacts: ArtifactSink,
+    reproduced: Sequence[str] = (),
 ) -> Proof:
-    """Baton's verdict on `change`: the reproducing `command` with only its test files applied
-    (must fail) and with all of it (must pass), and the suite (`suite_command`, through a
-    shell) in both (nothing that passed before may fail after); each in a clean workspace."""
+    """Baton's verdict on `change`: the reproducing `command` with only the reproduction's test
+    files (and new ones) applied (must fail) and with all of it (must pass), and the suite
+    (`suite_command`, through a shell) in both (nothing that passed before may fail after, no
+    test that ran may be skipped or gone); each in a clean workspace. `reproduced`: the tests
+    that failed when the reproduction was measured (they must still fail without the code)."""
     named = set(test_files)
     sections = split_diff(change)
     code = [p for p in sections if p not in named and not is_test_file(p)]
+    tests = [p for p in sections if p in named or is_test_file(p)]
     measure = (open_clean, command, suite_command, timeout_s, artifacts, code)
     try:
         before = _measured(
-            *measure, only_tests(change, test_files), "the change's test files", "before",
-            traced=bool(code),
+            *measure, reproduction_tests(change, test_files), "the reproduction's test files",
+            "before", traced=bool(code),
         )  # fmt: skip
     except ToolError as exc:  # the environment's build step failed: nothing could run
         return _unbuilt(change, command, "without the change's code", exc)
     try:
-        after = _measured(*measure, change, "the change", "after")
+        after = _measured(*measure, change, "the change", "after", tests=tests)
     except ToolError as exc:
         return _unbuilt(change, command, "with the change", exc)
     verdict = _verdict(change, before.repro, after.repro, before.suite, after.suite, suite_command)
+    answered = _weakened_or_special(reproduced, before, after, {p: sections[p] for p in code})
+    if answered is not None:  # the failure's tail, if any, stays: what the next attempt is shown
+        return verdict.model_copy(update={"passed": False, "reason": answered})
     wrong_place = _not_the_failing_code(before, after, {p: sections[p] for p in code})
     if wrong_place is not None:
         return verdict.model_copy(
             update={"passed": False, "reason": wrong_place, "failure_tail": ""}
         )
     return verdict
+
+
+def reproduction_tests(diff: str, test_files: Iterable[str]) -> str:
+    """The sections of `diff` the proof applies without the change's code: the reproduction's
+    test files (`test_files`) and test files the diff creates. A test file that existed stays
+    as it was, so that what the change does to it is measured (`workers.weakening`)."""
+    named = set(test_files)
+    return "".join(
+        s
+        for path, s in split_diff(diff).items()
+        if path in named or (is_test_file(path) and _creates(s))
+    )
+
+
+def _creates(section: str) -> bool:
+    head = section.split("\n@@", 1)[0]
+    return "\nnew file mode" in head or "\n--- /dev/null" in head
+
+
+def _weakened_or_special(
+    reproduced: Sequence[str], before: _Side, after: _Side, code: dict[str, str]
+) -> str | None:
+    """Why the change answers its tests instead of fixing the code: it weakens them
+    (`workers.weakening`) or special-cases their inputs (`workers.shortcuts`); None if
+    neither can be said."""
+    if before.repro.result.timed_out:  # what it would have said is not known
+        reproduced = ()
+    weak = weakened(
+        reproduced, before.repro.outcomes, after.repro.outcomes,
+        before.suite.outcomes if before.suite else None,
+        after.suite.outcomes if after.suite else None,
+    )  # fmt: skip
+    if weak is not None:
+        return weak
+    found = special_cases(after.code or {}, code, after.tests or {})
+    if found:
+        return (
+            f"{CHECKS['special case']}: {'; '.join(found[:3])} compares against a value the "
+            "reproducing tests use and returns a constant, which answers the tests without "
+            "fixing the cause; fix the code for every input, not the tested ones"
+        )
+    return None
 
 
 def _not_the_failing_code(before: _Side, after: _Side, code: dict[str, str]) -> str | None:
@@ -422,6 +490,8 @@ class _Side:
     """The change's code files as they were there (`_texts`)."""
     ran: dict[str, set[int]] | None = None
     """The lines the reproducing tests ran, by file (`workers.trace`), when traced."""
+    tests: dict[str, str | None] | None = None
+    """The test files asked for (`tests`), as they were there."""
 
 
 def _measured(
@@ -436,13 +506,15 @@ def _measured(
     when: str,
     *,
     traced: bool = False,
+    tests: list[str] | None = None,
 ) -> _Side:
-    """In a clean workspace with `diff` (`what`) applied: the files `read` as they are then,
-    the reproducing command (`traced`: with the line tracer), then the suite if there is one;
-    their log is the artifact `proof-<when>.log`."""
+    """In a clean workspace with `diff` (`what`) applied: the files `read` (and `tests`) as
+    they are then, the reproducing command (`traced`: with the line tracer), then the suite if
+    there is one; their log is the artifact `proof-<when>.log`."""
     with open_clean() as workspace:
         _applied(workspace, diff, what)
         texts = _texts(workspace, read)
+        test_texts = _texts(workspace, tests) if tests else None
         repro, ran = reproducing_run(
             workspace, command, timeout_s=timeout_s, traced=traced, tests=split_diff(diff)
         )
@@ -456,7 +528,7 @@ def _measured(
         *([suite.log(f"suite, {what}")] if suite else []),
     ]
     artifacts.save(f"proof-{when}.log", "".join(logs).encode())
-    return _Side(repro, suite, texts, ran)
+    return _Side(repro, suite, texts, ran, test_texts)
 
 
 def reproducing_run(

@@ -359,6 +359,9 @@ def _prove(
             suite_command=suite,
             timeout_s=_proof_timeout_s(inputs.spec),
             artifacts=artifacts,
+            reproduced=(
+                inputs.reproduction.measured.failed_tests if inputs.reproduction.measured else ()
+            ),
         )
     measured = inputs.reproduction.measured
     if measured is not None and measured.report_check:

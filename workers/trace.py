@@ -120,27 +120,50 @@ def executed(record: str, root: str, tests: Sequence[str] = ()) -> dict[str, set
 
 def touched_lines(section: str) -> set[int]:
     """The lines of the unchanged file one file's diff `section` touches: those it changes or
-    removes, and for an insertion the lines either side of it."""
+    removes, and for an insertion the lines either side of it, and past blank lines and
+    comments the hunk shows there, the nearest code either side (which is what can run)."""
     touched: set[int] = set()
+    text: dict[int, str] = {}  # what the hunks show of the unchanged file
+    gaps: set[tuple[int, int]] = set()  # insertions, between two lines of the unchanged file
     old, replacing = 0, False
     for line in section.splitlines():
         hunk = _HUNK.match(line)
         if hunk:
             old, replacing = int(hunk.group(1)), False
             if hunk.group(2) == "0" and old:  # an insertion after line `old`
-                touched.update({old, old + 1})
+                gaps.add((old, old + 1))
                 old += 1
             continue  # (`-0,0`: a new file, whose lines the unchanged code never had)
         if not old:  # the file's header, or a new file's lines
             continue
         if line.startswith("-"):
             touched.add(old)
+            text[old] = line[1:]
             old, replacing = old + 1, True
         elif line.startswith("+") and not replacing:  # inserted between old - 1 and old
-            touched.update({old - 1, old})
+            gaps.add((old - 1, old))
         elif line.startswith(" "):
+            text[old] = line[1:]
             old, replacing = old + 1, False
+    for gap in gaps:
+        touched.update({*gap, *_nearest_code(gap, text)})
     return {n for n in touched if n > 0}
+
+
+def _nearest_code(gap: tuple[int, int], text: Mapping[int, str]) -> tuple[int, int]:
+    """The lines either side of an insertion between `gap`'s two, past those `text` shows are
+    blank or comments."""
+    before, after = gap
+    while _inert(text.get(before)) and before > 1:
+        before -= 1
+    while _inert(text.get(after)):
+        after += 1
+    return before, after
+
+
+def _inert(line: str | None) -> bool:
+    """A line the hunk shows that no tracer sees run: blank, or only a comment."""
+    return line is not None and (not line.strip() or line.lstrip().startswith("#"))
 
 
 def off_path(sections: Mapping[str, str], ran: Mapping[str, set[int]]) -> bool:

@@ -324,8 +324,7 @@ class Conductor:
         if passed:
             return None
         if record.iteration >= loop.max_iterations:
-            ran = f"{record.iteration} iteration" + ("s" if record.iteration > 1 else "")
-            error = f"{reason} (after {ran})"
+            error = f"{reason} (after {_iterations(record.iteration)})"
             record.status, record.error = StageStatus.FAILED, error
             run.status, run.reason, run.current_stage = RunStatus.FAILED, f"{stage}: {error}", None
             self.audit(run, stage, record.attempts, "stage_failed", pipe=pipe, error=error)
@@ -367,7 +366,7 @@ class Conductor:
                        gate=gates.gate_id(stage), approve="diff")  # fmt: skip
             return Next()
         if target.iteration >= loop.max_iterations:
-            ran = f"{target.iteration} iteration" + ("s" if target.iteration > 1 else "")
+            ran = _iterations(target.iteration)
             error = f"refused the change of {rule.to}: {why} (after {ran} of it)"
             self.audit(run, stage, record.attempts, "stage_failed", pipe=pipe, error=error)
             return transitions.fail(run, stage, error)
@@ -595,3 +594,8 @@ class Conductor:
             self.store.queue_audit(pipe, run.id, [entry])
         else:
             self.store.audit(run.id, [entry])
+
+
+def _iterations(count: int) -> str:
+    """`1 iteration`, `3 iterations`: how many a looped stage ran, in a run's reason."""
+    return f"{count} iteration" + ("s" if count > 1 else "")

@@ -13,9 +13,9 @@ import pytest
 from rich.console import Console
 
 from evaluation.corpus import CorpusError, load_corpus, load_instance
-from evaluation.harness import Evaluation, Result
+from evaluation.harness import Evaluation, Result, stopped
 from evaluation.policies import SABOTEUR_MARK, command_for, scenario
-from evaluation.report import ResultsFile, markdown, proof, results_file, tables
+from evaluation.report import ResultsFile, markdown, proof, report, results_file, tables
 from orchestrator.core.pipeline import load_pipeline
 from sandbox.environment import from_table
 from testkit.gemini.scenario import Scenario
@@ -188,17 +188,26 @@ def test_the_report_has_a_summary_and_a_row_per_instance() -> None:
     text = markdown(ResultsFile("eval/results/eval.json", results))
 
     assert "From `eval/results/eval.json`, commit abc1234, 2026-12-02 10:00: `baton eval x`" in text
-    assert "## oracle: 1 of 2 resolved (50 %), 1 published, wall time 61 s" in text
-    assert "| a | no | no | no | yes | **yes** | 1/1 | 9/9 | 12 | 3,000/400 | 0 | 0 |" in text
+    assert (
+        "## oracle: 1 of 2 resolved (50 %), 1 published, 0 false publications, wall time 61 s"
+        in text
+    )
+    assert "| a | no | no | no | yes | **yes** | 1/1 | 9/9 | - | 12 | 3,000/400 | 0 | 0 |" in text
+    assert "| oracle | 2 | 1 | 0 | 1 | 0 | **0** | - |" in text
     assert "| b | no | no | no | no | no | 0/2 | 5/5 |" in text
     assert "- b: fix: the reproducing tests still fail (after 3 iterations)" in text
 
 
 def test_the_results_file_holds_each_modes_totals_and_reads_back_as_it_was_written() -> None:
     evaluation = _two_oracle_results()
-    evaluation.results.append(
-        Result("a", "saboteur", reproduced=True, proven=True, published=True, fail_to_pass=[0, 1])
-    )
+    evaluation.results += [
+        Result("a", "saboteur", reproduced=True, proven=True, published=True, fail_to_pass=[0, 1],
+               stopped="not stopped"),
+        # a special case can pass the hidden tests: published, it is a false publication still
+        Result("a", "saboteur:special-case", reproduced=True, proven=True, published=True,
+               resolved=True, stopped="not stopped"),
+        Result("b", "saboteur:special-case", reproduced=True, stopped="proof: special case"),
+    ]  # fmt: skip
     evaluation.wall_s["saboteur"] = 30.0
     results = results_file(evaluation, command="baton eval x", environment="here",
                            commit="abc1234", date="2026-12-02 10:00")  # fmt: skip
@@ -207,15 +216,46 @@ def test_the_results_file_holds_each_modes_totals_and_reads_back_as_it_was_writt
     assert again["commit"] == "abc1234" and again["date"] == "2026-12-02 10:00"
     assert again["modes"]["oracle"] == {
         "instances": 2, "reproduced": 0, "proven": 0, "published": 1, "resolved": 1,
-        "resolved_share": 0.5, "published_unresolved": 0, "wall_s": 61.0,
+        "resolved_share": 0.5, "published_unresolved": 0, "false_publications": 0,
+        "stopped": {"": 2}, "wall_s": 61.0,
     }  # fmt: skip
     assert again["modes"]["saboteur"]["published_unresolved"] == 1
+    special = again["modes"]["saboteur:special-case"]
+    assert (special["published_unresolved"], special["false_publications"]) == (0, 1)
+    assert special["stopped"] == {"not stopped": 1, "proof: special case": 1}
+    table = report(ResultsFile("eval/results/eval.json", again))
+    assert (
+        "| saboteur:special-case | 2 | 1 | 1 | 1 | 0 | **1** | 1 not stopped, "
+        "1 proof: special case |" in table
+    )
     assert [Result(**r) for r in again["results"]] == evaluation.results
     line = proof(ResultsFile("eval/results/eval.json", again))
     assert (
-        "the saboteur's wrong fixes: proven in 1 of 1, published in 1, resolved in 0 (1 false"
-        in line
+        "the saboteur's wrong fixes (marker): proven in 1 of 1, published in 1 (1 false "
+        "publications)" in line
     )
+    assert "(special-case): proven in 1 of 2, published in 1 (1 false publications)" in line
+
+
+@pytest.mark.parametrize(
+    ("published", "reason", "where"),
+    [
+        (True, None, "not stopped"),
+        (False, "reproduce: could not reproduce the report: …", "reproduction"),
+        (False, "review: the reviewer found …", "review"),
+        (False, "fix: the change weakens the tests: t failed … (after 3 iterations)",
+         "proof: weakened tests"),
+        (False, "fix: the change special-cases the tests' inputs: x.py:3 …", "proof: special case"),
+        (False, "fix: the change alters only comments, whitespace or docstrings in x.py",
+         "proof: inert change"),
+        (False, "fix: something new", "proof: other"),
+        (False, None, "not finished"),
+    ],
+)  # fmt: skip
+def test_where_a_run_was_stopped_is_named_by_its_stage_or_proof_check(
+    published: bool, reason: str | None, where: str
+) -> None:
+    assert stopped(published, reason) == where
 
 
 def test_the_table_fits_80_columns_with_every_instance_and_verdict_whole() -> None:

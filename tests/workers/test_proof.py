@@ -3,6 +3,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -409,3 +410,96 @@ def test_the_reproducing_run_traced_records_the_lines_it_ran_and_untraced_leaves
             assert "tests/test_it.py" in ran
         else:
             assert ran is None
+
+
+WORDS_TEST = """import unittest
+
+from shop.words import participle
+
+
+class WordsTest(unittest.TestCase):
+    def test_be(self):
+        self.assertEqual(participle("be"), "being")
+"""
+EXISTING_TEST = """import unittest
+
+from shop.words import participle
+
+
+class OtherTest(unittest.TestCase):
+    def test_make(self):
+        self.assertEqual(participle("make"), "making")
+"""
+
+
+def _words_repo(make_upstream: Callable[[], Upstream], tmp_path: Path) -> Callable[[], Any]:
+    upstream = make_upstream()
+    commit = upstream.commit({
+        "shop/__init__.py": "", "tests/__init__.py": "", "tests/test_other.py": EXISTING_TEST,
+        "shop/words.py": 'def participle(word):\n    return word.rstrip("e") + "ing"\n',
+    })  # fmt: skip
+    sandboxes = LocalSandboxes(tmp_path / "cache")
+    request = WorkspaceRequest(repo=str(upstream.bare), commit=commit, stage="fix")
+    return lambda: sandboxes.open(request)
+
+
+def _proved(open_clean: Callable[[], Any], fix: str) -> Any:
+    return prove(
+        open_clean, change=_new_test("tests/test_words.py", WORDS_TEST) + fix,
+        command="python -m unittest -v tests.test_words", test_files=["tests/test_words.py"],
+        suite_command="python -m unittest discover -v tests", timeout_s=60,
+        artifacts=MemoryArtifacts(), reproduced=["tests.test_words.WordsTest.test_be"],
+    )  # fmt: skip
+
+
+def test_a_fix_that_special_cases_the_tested_input_is_not_proven(
+    make_upstream: Callable[[], Upstream], tmp_path: Path
+) -> None:
+    special = (
+        "diff --git a/shop/words.py b/shop/words.py\n--- a/shop/words.py\n+++ b/shop/words.py\n"
+        '@@ -1,2 +1,4 @@\n def participle(word):\n+    if word == "be":\n+        return "being"\n'
+        '     return word.rstrip("e") + "ing"\n'
+    )
+
+    verdict = _proved(_words_repo(make_upstream, tmp_path), special)
+
+    assert verdict.fail_to_pass == ["tests.test_words.WordsTest.test_be"]  # its tests pass
+    assert verdict.passed is False
+    assert verdict.reason.startswith(
+        "the change special-cases the tests' inputs: shop/words.py:2: `if word == 'be'` "
+        "compares against a value the reproducing tests use and returns a constant"
+    )
+
+
+def test_a_fix_that_skips_an_existing_test_it_breaks_is_not_proven(
+    make_upstream: Callable[[], Upstream], tmp_path: Path
+) -> None:
+    def code(line: str) -> str:
+        return (
+            "diff --git a/shop/words.py b/shop/words.py\n--- a/shop/words.py\n"
+            "+++ b/shop/words.py\n@@ -1,2 +1,2 @@\n def participle(word):\n"
+            f'-    return word.rstrip("e") + "ing"\n+    return {line}\n'
+        )
+
+    skip = (
+        "diff --git a/tests/test_other.py b/tests/test_other.py\n"
+        "--- a/tests/test_other.py\n+++ b/tests/test_other.py\n"
+        "@@ -6,3 +6,4 @@ class OtherTest(unittest.TestCase):\n"
+        '+    @unittest.skip("flaky")\n'
+        "     def test_make(self):\n"
+        '         self.assertEqual(participle("make"), "making")\n'
+    )
+    open_clean = _words_repo(make_upstream, tmp_path)
+
+    fixed = _proved(open_clean, code('(word if len(word) < 3 else word.rstrip("e")) + "ing"'))
+    broken = _proved(open_clean, code('word + "ing"'))  # "makeing"
+    hidden = _proved(open_clean, code('word + "ing"') + skip)
+
+    assert fixed.passed is True, fixed.reason
+    assert broken.passed is False and broken.pass_to_fail == ["test_other.OtherTest.test_make"]
+    assert hidden.passed is False
+    assert hidden.reason == (
+        "the change weakens the tests: 1 tests of the suite that ran without the change's code "
+        "are skipped or do not run with it: test_other.OtherTest.test_make; a fix may "
+        "not skip, xfail or remove tests"
+    )

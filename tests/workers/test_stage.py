@@ -411,7 +411,8 @@ REGRESSING = {
 @pytest.mark.parametrize(
     ("change", "said", "field", "ids"),
     [
-        (WEAKENED, "already pass without the change's code", "passed_before", [REPRO_ID]),
+        (WEAKENED, f"the change weakens the tests: {REPRO_ID} failed when the reproduction ran",
+         "passed_before", [REPRO_ID]),
         (REGRESSING, "1 tests that passed before fail with the change", "pass_to_fail",
          ["tests.test_cart.CartTest.test_average_price_rounds_down"]),
     ],

@@ -28,6 +28,17 @@ def test_a_diff_touches_what_it_changes_and_the_lines_either_side_of_an_insertio
     assert touched_lines("--- /dev/null\n+++ b/new.py\n@@ -0,0 +1,2 @@\n+a\n+b\n") == set()
 
 
+def test_an_insertion_between_a_blank_line_and_a_comment_touches_the_code_either_side() -> None:
+    # more-itertools f51a53b: two lines inserted after a blank line, before a comment; neither
+    # neighbour ever runs, the code beyond them does
+    change = (
+        "--- a/m.py\n+++ b/m.py\n@@ -10,4 +10,6 @@\n     total = sum(lengths)\n \n"
+        "+    if not total:\n+        return\n     # the rest, evenly\n     step = total // n\n"
+    )
+
+    assert touched_lines(change) == {10, 11, 12, 13}
+
+
 def test_a_removed_line_that_starts_with_dashes_is_a_removed_line_not_a_header() -> None:
     # `--x` removed shows as `---x`, `++x` added as `+++x`: inside a hunk both are code
     change = "--- a/m.py\n+++ b/m.py\n@@ -7,2 +7,2 @@\n x = 1\n---x\n+++x\n"
