@@ -36,7 +36,7 @@ from workers.substance import only_inert
 from workers.tools.artifacts import ArtifactSink
 from workers.tools.code import TEST_ENV, split_command
 from workers.tools.errors import ToolError
-from workers.tools.workspace import CommandResult, Workspace
+from workers.tools.workspace import SEARCH_LIMIT, CommandResult, Workspace
 from workers.weakening import weakened
 
 _PYTEST = re.compile(r"(\d+) (passed|failed|errors?)\b")
@@ -385,6 +385,7 @@ def prove(
         before = _measured(
             *measure, reproduction_tests(change, test_files), "the reproduction's test files",
             "before", traced=bool(code),
+            new_modules=[trace.module_name(p) for p in code if trace.creates(sections[p])],
         )  # fmt: skip
     except ToolError as exc:  # the environment's build step failed: nothing could run
         return _unbuilt(change, command, "without the change's code", exc)
@@ -412,13 +413,8 @@ def reproduction_tests(diff: str, test_files: Iterable[str]) -> str:
     return "".join(
         s
         for path, s in split_diff(diff).items()
-        if path in named or (is_test_file(path) and _creates(s))
+        if path in named or (is_test_file(path) and trace.creates(s))
     )
-
-
-def _creates(section: str) -> bool:
-    head = section.split("\n@@", 1)[0]
-    return "\nnew file mode" in head or "\n--- /dev/null" in head
 
 
 def _weakened_or_special(
@@ -457,13 +453,17 @@ def _not_the_failing_code(before: _Side, after: _Side, code: dict[str, str]) -> 
             "no code runs differently, so it cannot be what fixes the failure; change the code "
             "that fails"
         )
-    if before.ran is not None and trace.off_path(code, before.ran):
+    if before.ran is not None and trace.off_path(code, before.ran, before.named):
         reached = sorted(before.ran)[:5]
+        new = sorted(
+            {trace.module_name(p) for p, section in code.items() if trace.creates(section)}
+        )
+        named = f"; no line they run outside the tests names {', '.join(new)}" if new else ""
         return (
             f"the change touches no line of {', '.join(sorted(code))} that the reproducing "
             "tests run on the unchanged code (they run lines of "
-            f"{', '.join(reached) or 'no file of the repository'}), so it cannot be what "
-            "fixes the failure; change the code that fails"
+            f"{', '.join(reached) or 'no file of the repository'}{named}), so it cannot be "
+            "what fixes the failure; change the code that fails"
         )
     return None
 
@@ -492,6 +492,9 @@ class _Side:
     """The lines the reproducing tests ran, by file (`workers.trace`), when traced."""
     tests: dict[str, str | None] | None = None
     """The test files asked for (`tests`), as they were there."""
+    named: set[str] | None = None
+    """Of the modules asked about (`new_modules`), those a line the reproducing tests ran
+    outside the tests names; None when not asked, or it could not be told."""
 
 
 def _measured(
@@ -507,10 +510,12 @@ def _measured(
     *,
     traced: bool = False,
     tests: list[str] | None = None,
+    new_modules: Sequence[str] = (),
 ) -> _Side:
     """In a clean workspace with `diff` (`what`) applied: the files `read` (and `tests`) as
-    they are then, the reproducing command (`traced`: with the line tracer), then the suite if
-    there is one; their log is the artifact `proof-<when>.log`."""
+    they are then, the reproducing command (`traced`: with the line tracer; then which of
+    `new_modules` a line it ran names), then the suite if there is one; their log is the
+    artifact `proof-<when>.log`."""
     with open_clean() as workspace:
         _applied(workspace, diff, what)
         texts = _texts(workspace, read)
@@ -518,6 +523,7 @@ def _measured(
         repro, ran = reproducing_run(
             workspace, command, timeout_s=timeout_s, traced=traced, tests=split_diff(diff)
         )
+        named = _names_run(workspace, ran, new_modules) if new_modules and ran is not None else None
         suite = (
             _run(workspace, suite_command, shell=True, timeout_s=timeout_s)
             if suite_command
@@ -528,7 +534,29 @@ def _measured(
         *([suite.log(f"suite, {what}")] if suite else []),
     ]
     artifacts.save(f"proof-{when}.log", "".join(logs).encode())
-    return _Side(repro, suite, texts, ran, test_texts)
+    return _Side(repro, suite, texts, ran, test_texts, named)
+
+
+def _names_run(
+    workspace: Workspace, ran: Mapping[str, set[int]], modules: Sequence[str]
+) -> set[str] | None:
+    """Which of `modules` a line that `ran` shows run, in a Python file that is not a test,
+    names as a word (an import of it would); None when that cannot be told (the search fails,
+    or finds more than it returns)."""
+    words = "|".join(re.escape(name) for name in sorted(set(modules)))
+    try:
+        hits = workspace.search(rf"\b({words})\b", glob="*.py", limit=SEARCH_LIMIT)
+    except ToolError:
+        return None
+    if len(hits) >= SEARCH_LIMIT:
+        return None
+    named: set[str] = set()
+    for hit in hits:
+        path, _, rest = hit.partition(":")
+        line, _, text = rest.partition(":")
+        if line.isdigit() and int(line) in ran.get(path, ()) and not is_test_file(path):
+            named.update(name for name in modules if re.search(rf"\b{re.escape(name)}\b", text))
+    return named
 
 
 def reproducing_run(

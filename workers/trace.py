@@ -18,7 +18,7 @@ set out to forge it could; it is a check on where a fix is, not a seal.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 TRACE_DIR = ".baton-trace"
 RECORD = f"{TRACE_DIR}/lines.txt"
@@ -166,12 +166,38 @@ def _inert(line: str | None) -> bool:
     return line is not None and (not line.strip() or line.lstrip().startswith("#"))
 
 
-def off_path(sections: Mapping[str, str], ran: Mapping[str, set[int]]) -> bool:
+def off_path(
+    sections: Mapping[str, str],
+    ran: Mapping[str, set[int]],
+    named: Collection[str] | None = None,
+) -> bool:
     """Whether the change (`sections`: each changed code file's diff) certainly touches no
     line the run executed (`ran`): False as soon as one does, and whenever that cannot be told
-    (a file that is not Python, which the tracer does not see, or a new file, which the
-    unchanged code could not run)."""
+    (a file that is not Python, which the tracer does not see). A new Python file, which the
+    unchanged code could not run, is on the path when its module (`module_name`) is among
+    those a line that ran outside the tests names (`named`), as an import of it would; without
+    `named`, that cannot be told."""
     touched = {path: touched_lines(section) for path, section in sections.items()}
-    if not touched or any(not path.endswith(".py") or not lines for path, lines in touched.items()):
+    if not touched:
         return False
-    return not any(lines & ran.get(path, set()) for path, lines in touched.items())
+    for path, lines in touched.items():
+        if not path.endswith(".py") or lines & ran.get(path, set()):
+            return False
+        if not lines and (not creates(sections[path]) or named is None):
+            return False  # a new file that cannot be judged, or one only renamed, say
+        if not lines and module_name(path) in (named or ()):
+            return False
+    return True
+
+
+def module_name(path: str) -> str:
+    """The last part of the name a new Python file is imported by: `pkg/compat.py` → `compat`,
+    `pkg/compat/__init__.py` → `compat`."""
+    parts = path.removesuffix(".py").split("/")
+    return parts[-2] if parts[-1] == "__init__" and len(parts) > 1 else parts[-1]
+
+
+def creates(section: str) -> bool:
+    """Whether a file's diff `section` makes a new file."""
+    head = section.split("\n@@", 1)[0]
+    return "new file mode" in head or "--- /dev/null" in head or section.startswith("@@ -0,0 ")

@@ -503,3 +503,62 @@ def test_a_fix_that_skips_an_existing_test_it_breaks_is_not_proven(
         "are skipped or do not run with it: test_other.OtherTest.test_make; a fix may "
         "not skip, xfail or remove tests"
     )
+
+
+CALC = {
+    "calc/__init__.py": "",
+    "tests/__init__.py": "",
+    # the report: total() fails, since the module it imports is missing from the package
+    "calc/core.py": "def total(xs):\n    from calc import rounding\n\n"
+    "    return rounding.whole(sum(xs))\n",
+}
+TOTAL_TEST = """import unittest
+
+from calc.core import total
+
+
+class TotalTest(unittest.TestCase):
+    def test_total(self):
+        self.assertEqual(total([1.2, 2.2]), 3)
+"""
+ANOTHER_REASON_TEST = """import importlib
+import unittest
+
+
+class TotalTest(unittest.TestCase):
+    def test_total(self):
+        self.assertTrue(importlib.import_module("calc.flags").READY)
+"""
+
+
+@pytest.mark.parametrize(
+    ("test", "module", "proven"),
+    [(TOTAL_TEST, "calc/rounding.py", True), (ANOTHER_REASON_TEST, "calc/flags.py", False)],
+    ids=["the code that fails imports it", "only the test asks for it"],
+)
+def test_a_new_module_is_a_fix_only_where_the_code_that_fails_names_it(
+    test: str, module: str, proven: bool, make_upstream: Callable[[], Upstream], tmp_path: Path
+) -> None:
+    upstream = make_upstream()
+    commit = upstream.commit(CALC)
+    sandboxes = LocalSandboxes(tmp_path / "cache")
+    request = WorkspaceRequest(repo=str(upstream.bare), commit=commit, stage="fix")
+    text = "def whole(x):\n    return round(x)\n\n\nREADY = True\n"
+
+    verdict = prove(
+        lambda: sandboxes.open(request), change=_new_test("tests/test_total.py", test)
+        + _new_test(module, text), command="python -m unittest tests.test_total",
+        test_files=["tests/test_total.py"], suite_command=None, timeout_s=60,
+        artifacts=MemoryArtifacts(),
+    )  # fmt: skip
+
+    assert verdict.fail_to_pass == ["tests.test_total.TotalTest.test_total"], verdict.reason
+    if proven:  # the suite is not run here: that is the only thing it says is missing
+        assert verdict.reason.startswith("the repository has no test command"), verdict.reason
+        return
+    assert verdict.passed is False
+    assert verdict.reason.startswith(
+        "the change touches no line of calc/flags.py that the reproducing tests run on the "
+        "unchanged code (they run lines of "
+    ), verdict.reason
+    assert "; no line they run outside the tests names flags)" in verdict.reason

@@ -7,7 +7,18 @@ import subprocess
 import sys
 from pathlib import Path
 
-from workers.trace import RECORD, TRACE_DIR, TRACER, executed, off_path, touched_lines, traced
+import pytest
+
+from workers.trace import (
+    RECORD,
+    TRACE_DIR,
+    TRACER,
+    executed,
+    module_name,
+    off_path,
+    touched_lines,
+    traced,
+)  # fmt: skip
 
 CHANGE = """diff --git a/shop/cart.py b/shop/cart.py
 --- a/shop/cart.py
@@ -55,6 +66,34 @@ def test_a_change_is_off_the_path_only_when_no_touched_line_ran_and_all_can_be_j
     # a C file the tracer cannot see, or a new file the old code could not run: not judged
     assert not off_path({**sections, "src/speedups.c": CHANGE}, {})
     assert not off_path({"shop/new.py": "@@ -0,0 +1 @@\n+x = 1\n"}, {})
+
+
+NEW = "diff --git a/shop/flags.py b/shop/flags.py\nnew file mode 100644\n--- /dev/null\n"
+NEW += "+++ b/shop/flags.py\n@@ -0,0 +1 @@\n+READY = True\n"
+
+
+def test_a_new_module_is_off_the_path_unless_a_line_that_ran_names_it() -> None:
+    ran = {"shop/cart.py": {1, 2, 3}}
+
+    assert off_path({"shop/flags.py": NEW}, ran, named=set())
+    assert off_path({"shop/flags.py": NEW}, ran, named={"cart", "flag"})
+    assert not off_path({"shop/flags.py": NEW}, ran, named={"flags"})
+    assert not off_path({"shop/flags.py": NEW}, ran, named=None)  # not measured: not judged
+    # beside a change on the path, a new module does not make it off the path
+    assert not off_path({"shop/flags.py": NEW, "shop/cart.py": CHANGE}, {"shop/cart.py": {11}},
+                        named=set())  # fmt: skip
+    # a renamed file (no lines, not created) is never judged
+    renamed = "diff --git a/shop/a.py b/shop/b.py\nsimilarity index 100%\n"
+    assert not off_path({"shop/b.py": renamed}, ran, named=set())
+
+
+@pytest.mark.parametrize(
+    ("path", "name"),
+    [("shop/flags.py", "flags"), ("shop/flags/__init__.py", "flags"), ("setup.py", "setup"),
+     ("__init__.py", "__init__")],
+)  # fmt: skip
+def test_a_new_file_is_named_by_its_module(path: str, name: str) -> None:
+    assert module_name(path) == name
 
 
 def test_the_tracer_records_the_lines_a_python_process_runs_under_the_root(
