@@ -85,6 +85,11 @@ class Result:
     output_tokens: int = 0
     iterations: int = 0
     wall_s: float = 0.0
+    stage_calls: dict[str, int] = field(default_factory=dict)
+    """Per stage that ran: its model calls, every iteration and round of it counted."""
+    stage_s: dict[str, float] = field(default_factory=dict)
+    """Per stage that ran: seconds from its start to its end, each iteration (a looped stage)
+    or its last round (one a `send_back` ran again) counted."""
 
 
 @dataclass
@@ -211,7 +216,7 @@ def _run_mode(
                 api.cancel(run_id, settings=settings)
                 run = store.get(run_id)
             del running[run_id]
-            result = _figures(Result(instance.id, mode, run_id), run)
+            result = figures(Result(instance.id, mode, run_id), run)
             result.wall_s = round(time.monotonic() - started, 1)
             measure(instance, run, result)
             results[instance.id] = result
@@ -222,7 +227,7 @@ def _run_mode(
     return [results[i.id] for i in instances]
 
 
-def _figures(result: Result, run: RunRecord) -> Result:
+def figures(result: Result, run: RunRecord) -> Result:
     """What the run claimed and cost, from its record."""
     result.status, result.reason = run.status.value, run.reason
     result.environment = run.environment is not None
@@ -233,11 +238,15 @@ def _figures(result: Result, run: RunRecord) -> Result:
     result.published = run.status == RunStatus.DONE
     result.iterations = len(fix.iterations)
     result.stopped = stopped(result.published, run.reason)
-    for record in stages.values():
+    for name, record in stages.items():
         spent: list[StageRecord | Iteration] = [*record.iterations] or [record]
         result.model_calls += sum(i.requests for i in spent)
         result.prompt_tokens += sum(i.prompt_tokens_total for i in spent)
         result.output_tokens += sum(i.output_tokens for i in spent)
+        timed = [(i.started_at, i.finished_at) for i in spent if i.started_at and i.finished_at]
+        if timed:
+            result.stage_calls[name] = sum(i.requests for i in spent)
+            result.stage_s[name] = round(sum(end - start for start, end in timed), 2)
     return result
 
 

@@ -5,9 +5,10 @@
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -171,11 +172,40 @@ def safety(results: Results) -> list[str]:
     return lines
 
 
+COSTS = ("stage", "runs", "model calls per run", "median s", "share of the stages' time")
+COSTED = "oracle"
+"""The mode whose runs the cost table is drawn from: every stage of each runs to the end."""
+
+
+def costs(entries: Sequence[Result], mode: str = COSTED) -> list[str]:
+    """What each stage cost the runs of `mode` that were published: model calls per run (every
+    iteration and round), the median seconds it took, and its share of all the stages' time;
+    nothing when no run recorded its stages."""
+    runs = [r for r in entries if r.mode == mode and r.published and r.stage_s]
+    if not runs:
+        return []
+    total = sum(sum(r.stage_s.values()) for r in runs)
+    lines = [
+        f"What each stage cost the {len(runs)} published runs of {mode}:", "",
+        "| " + " | ".join(COSTS) + " |", "|" + "|".join(["---"] + ["---:"] * 4) + "|",
+    ]  # fmt: skip
+    for stage in dict.fromkeys(name for r in runs for name in r.stage_s):
+        mine = [r for r in runs if stage in r.stage_s]
+        calls = sum(r.stage_calls.get(stage, 0) for r in mine) / len(mine)
+        seconds = [r.stage_s[stage] for r in mine]
+        share = 100 * sum(seconds) / total if total else 0.0
+        lines.append(
+            f"| {stage} | {len(mine)} | {calls:.1f} | {statistics.median(seconds):.1f} "
+            f"| {share:.0f} % |"
+        )
+    return [*lines, ""]
+
+
 def report(results: Results) -> str:
-    """The safety table (`safety`), then per mode a summary heading and a table, then each
-    run's reason when it ended short."""
-    lines = [*safety(results), ""]
+    """The safety table (`safety`), what each stage cost the oracle's runs (`costs`), then per
+    mode a summary heading and a table, then each run's reason when it ended short."""
     entries = [Result(**entry) for entry in results["results"]]
+    lines = [*safety(results), "", *costs(entries)]
     for mode, figures in results["modes"].items():
         mine = [r for r in entries if r.mode == mode]
         lines += [f"## {summary(mode, figures)}", ""]

@@ -13,9 +13,18 @@ import pytest
 from rich.console import Console
 
 from evaluation.corpus import CorpusError, load_corpus, load_instance
-from evaluation.harness import Evaluation, Result, stopped
+from evaluation.harness import Evaluation, Result, figures, stopped
 from evaluation.policies import SABOTEUR_MARK, command_for, scenario
-from evaluation.report import ResultsFile, markdown, proof, report, results_file, tables
+from evaluation.report import ResultsFile, costs, markdown, proof, report, results_file, tables
+from orchestrator.core.models import (
+    Issue,
+    IssueSource,
+    Iteration,
+    RunRecord,
+    RunStatus,
+    StageRecord,
+    StageStatus,
+)  # fmt: skip
 from orchestrator.core.pipeline import load_pipeline
 from sandbox.environment import from_table
 from testkit.gemini.scenario import Scenario
@@ -277,3 +286,50 @@ def test_the_table_fits_80_columns_with_every_instance_and_verdict_whole() -> No
         assert "resolved" in header and "fail→pass" in header and "pass→pass" in header
         assert ("model calls" in header) == (width == 200)  # left out when narrow
         assert "120/120" in row
+
+
+def test_a_runs_figures_count_each_stages_calls_and_time_every_iteration_included() -> None:
+    done = StageStatus.DONE
+    run = RunRecord(
+        id="r", pipeline="fixer", repo="/r", commit="c", idempotency_key="k",
+        issue=Issue(source=IssueSource.TEXT, title="t"), status=RunStatus.DONE,
+        stages={
+            "reproduce": StageRecord(status=done, requests=3, started_at=10.0, finished_at=14.5),
+            "fix": StageRecord(status=done, iterations=[
+                Iteration(number=1, attempt=1, passed=False, requests=4, started_at=20.0,
+                          finished_at=30.0),
+                Iteration(number=2, attempt=1, passed=True, requests=2, started_at=31.0,
+                          finished_at=33.0),
+            ]),
+            "review": StageRecord(status=done, requests=1, started_at=40.0, finished_at=41.25),
+            "pr": StageRecord(status=StageStatus.PENDING),  # never started: no figures
+        },
+    )  # fmt: skip
+
+    result = figures(Result("a", "oracle"), run)
+
+    assert result.model_calls == 3 + 4 + 2 + 1
+    assert result.stage_calls == {"reproduce": 3, "fix": 6, "review": 1}
+    assert result.stage_s == {"reproduce": 4.5, "fix": 12.0, "review": 1.25}
+
+
+def test_the_cost_table_shows_each_stages_calls_median_time_and_share_of_published_runs() -> None:
+    runs = [
+        Result("a", "oracle", published=True, stage_calls={"fix": 4, "review": 1},
+               stage_s={"fix": 9.0, "review": 1.0}),
+        Result("b", "oracle", published=True, stage_calls={"fix": 2, "review": 1},
+               stage_s={"fix": 5.0, "review": 3.0}),
+        Result("c", "oracle", published=True, stage_calls={"fix": 6, "review": 1},
+               stage_s={"fix": 20.0, "review": 2.0}),
+        # not published: the cost of a run cut short is not a run's cost
+        Result("d", "oracle", stage_calls={"fix": 30}, stage_s={"fix": 300.0}),
+        Result("a", "stale", published=True, stage_calls={"reproduce": 9}, stage_s={"x": 1.0}),
+    ]  # fmt: skip
+
+    lines = costs(runs)
+
+    assert lines[0] == "What each stage cost the 3 published runs of oracle:"
+    assert "| fix | 3 | 4.0 | 9.0 | 85 % |" in lines  # (9 + 5 + 20) / 40
+    assert "| review | 3 | 1.0 | 2.0 | 15 % |" in lines
+    assert len(lines) == 4 + 2 + 1
+    assert costs([r for r in runs if r.mode == "stale"]) == []  # no oracle runs: no table
