@@ -136,6 +136,8 @@ def _proof_lines(verdict: Proof) -> list[str]:
     ]
     if verdict.report_check:
         lines.append(f"- the reproduction held to the report: {verdict.report_check}")
+    if verdict.let_out:
+        lines.append(f"- errors the code lets out to the reproducing tests: {verdict.let_out}")
     if verdict.suite_before is not None and verdict.suite_after is not None:
         lines.append(
             f"- `{verdict.suite_command}`: {verdict.suite_before.passed} passed, "
@@ -150,6 +152,8 @@ def _proof_lines(verdict: Proof) -> list[str]:
 MAX_IDS = 50
 """Test ids a verdict lists by kind; the count says how many more there were."""
 TAIL_CHARS = 1_500
+MAX_LET_OUT = 3
+"""Exceptions a proof names of those the code let out to the tests, each side."""
 ENDING_LINES, ENDING_CHARS = 4, 400
 """How much of what a non-reproducing test printed instead its error names."""
 TEST_PATH = re.compile(
@@ -390,7 +394,7 @@ def prove(
     except ToolError as exc:  # the environment's build step failed: nothing could run
         return _unbuilt(change, command, "without the change's code", exc)
     try:
-        after = _measured(*measure, change, "the change", "after", tests=tests)
+        after = _measured(*measure, change, "the change", "after", tests=tests, traced=bool(code))
     except ToolError as exc:
         return _unbuilt(change, command, "with the change", exc)
     verdict = _verdict(change, before.repro, after.repro, before.suite, after.suite, suite_command)
@@ -402,7 +406,33 @@ def prove(
         return verdict.model_copy(
             update={"passed": False, "reason": wrong_place, "failure_tail": ""}
         )
-    return verdict
+    return verdict.model_copy(update={"let_out": _let_out(before, after)})
+
+
+def _let_out(before: _Side, after: _Side) -> str:
+    """What the code let out to the reproducing tests (to a test file, or to the runner that
+    called it) with the change, and without it; "" when nothing with it. No check judges this
+    (a fix may rightly turn an error into a clearer one, a test may expect it): it is a fact
+    for the review, which can hold it to what the report asked for."""
+    with_it, without = (_to_tests(side.raised or []) for side in (after, before))
+    if not with_it:
+        return ""
+    was = "; ".join(r.describe() for r in without[:MAX_LET_OUT]) or "nothing"
+    return (
+        f"with the change: {'; '.join(r.describe() for r in with_it[:MAX_LET_OUT])}; "
+        f"without it: {was}"
+    )
+
+
+def _to_tests(raised: Sequence[trace.Raised]) -> list[trace.Raised]:
+    """Those of `raised` a function that is not a test let out to a test or the test runner,
+    one per exception type and function."""
+    found = {
+        (r.error, r.path, r.function): r
+        for r in raised
+        if not is_test_file(r.path) and (r.caller is None or is_test_file(r.caller))
+    }
+    return list(found.values())
 
 
 def reproduction_tests(diff: str, test_files: Iterable[str]) -> str:
@@ -495,6 +525,9 @@ class _Side:
     named: set[str] | None = None
     """Of the modules asked about (`new_modules`), those a line the reproducing tests ran
     outside the tests names; None when not asked, or it could not be told."""
+    raised: list[trace.Raised] | None = None
+    """The exceptions functions of the repository let out in the reproducing run, when
+    traced (`trace.raised`)."""
 
 
 def _measured(
@@ -520,9 +553,13 @@ def _measured(
         _applied(workspace, diff, what)
         texts = _texts(workspace, read)
         test_texts = _texts(workspace, tests) if tests else None
-        repro, ran = reproducing_run(
-            workspace, command, timeout_s=timeout_s, traced=traced, tests=split_diff(diff)
+        repro, record = _traced_run(workspace, command, timeout_s=timeout_s, traced=traced)
+        ran = (
+            None
+            if record is None
+            else trace.executed(record, workspace.root, list(split_diff(diff)))
         )
+        raised = None if record is None else trace.raised(record, workspace.root)
         named = _names_run(workspace, ran, new_modules) if new_modules and ran is not None else None
         suite = (
             _run(workspace, suite_command, shell=True, timeout_s=timeout_s)
@@ -534,7 +571,7 @@ def _measured(
         *([suite.log(f"suite, {what}")] if suite else []),
     ]
     artifacts.save(f"proof-{when}.log", "".join(logs).encode())
-    return _Side(repro, suite, texts, ran, test_texts, named)
+    return _Side(repro, suite, texts, ran, test_texts, named, raised)
 
 
 def _names_run(
@@ -563,24 +600,27 @@ def reproducing_run(
     workspace: Workspace, command: str, *, timeout_s: float, traced: bool, tests: Iterable[str]
 ) -> tuple[_Ran, dict[str, set[int]] | None]:
     """The reproducing `command` in `workspace` as a proof runs it; `traced`: with the line
-    tracer put in the workspace first, and then the lines it recorded there (`_lines_ran`;
-    `tests`: the test files applied), else None. `python -m bench proofcost` times both."""
+    tracer put in the workspace first, and then the lines it recorded there, where they show
+    one of `tests` (the test files applied) ran (`trace.executed`), else None. `python -m bench
+    proofcost` times both."""
+    repro, record = _traced_run(workspace, command, timeout_s=timeout_s, traced=traced)
+    return repro, None if record is None else trace.executed(record, workspace.root, list(tests))
+
+
+def _traced_run(
+    workspace: Workspace, command: str, *, timeout_s: float, traced: bool
+) -> tuple[_Ran, str | None]:
+    """The reproducing `command` in `workspace`, and (`traced`) what the tracer recorded: ""
+    when nothing, None when untraced or unreadable."""
     if traced:
         workspace.write_text(f"{trace.TRACE_DIR}/sitecustomize.py", trace.TRACER)
     repro = _run(workspace, command, shell=False, timeout_s=timeout_s, traced=traced)
-    return repro, _lines_ran(workspace, tests=tests) if traced else None
-
-
-def _lines_ran(workspace: Workspace, tests: Iterable[str]) -> dict[str, set[int]] | None:
-    """What the line tracer recorded in `workspace`, where it shows one of `tests` (the test
-    files applied there) ran; None if nothing readable does."""
+    if not traced:
+        return repro, None
     try:
-        if not workspace.exists(trace.RECORD):
-            return None
-        record = workspace.read_text(trace.RECORD)
-        return trace.executed(record, workspace.root, tests=list(tests))
+        return repro, workspace.read_text(trace.RECORD) if workspace.exists(trace.RECORD) else ""
     except ToolError:
-        return None
+        return repro, None
 
 
 def _texts(workspace: Workspace, paths: list[str]) -> dict[str, str | None] | None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
 
 TRACE_DIR = ".baton-trace"
 RECORD = f"{TRACE_DIR}/lines.txt"
@@ -31,9 +32,13 @@ _root = os.environ.get("BATON_TRACE_ROOT", "")
 _out = os.environ.get("BATON_TRACE_OUT", "")
 _lines = {}
 _called = set()
+_pending = {}  # frame: the type of the exception raised in it, until it is caught or let out
+_raised = set()  # (type, file, function, caller's file): exceptions functions let out
 
 
 def _ours(name):
+    if name.startswith("<"):  # `<frozen importlib._bootstrap>`, `<string>`: no file
+        return False
     full = name if name.startswith("/") else os.path.abspath(name)
     return full.startswith(_root) and "/.baton-trace/" not in full
 
@@ -41,6 +46,17 @@ def _ours(name):
 def _local(frame, event, arg):
     if event == "line":
         _lines[frame.f_code.co_filename].add(frame.f_lineno)
+        if _pending:  # an exception raised here was caught here
+            _pending.pop(frame, None)
+    elif event == "exception":
+        _pending[frame] = arg[0]
+    elif event == "return" and _pending:
+        kind = _pending.pop(frame, None)
+        code = frame.f_code
+        if kind is not None and code.co_name != "<module>" and len(_raised) < 200:
+            caller = frame.f_back.f_code.co_filename if frame.f_back else ""
+            name = getattr(code, "co_qualname", code.co_name)
+            _raised.add((kind.__qualname__, code.co_filename, name, caller))
     return _local
 
 
@@ -66,6 +82,11 @@ def _write():
         numbers = reached.setdefault(os.path.abspath(code.co_filename), set())
         numbers.update(n for _, _, n in code.co_lines() if n)
     rows += [f"F\\t{n}\\t{','.join(map(str, sorted(s)))}\\n" for n, s in reached.items()]
+    rows += [
+        "X\\t" + "\\t".join((kind, os.path.abspath(n), name, os.path.abspath(c) if c else ""))
+        + "\\n"
+        for kind, n, name, c in _raised
+    ]
     try:
         with open(_out, "a") as out:
             out.write("".join(rows))
@@ -116,6 +137,39 @@ def executed(record: str, root: str, tests: Sequence[str] = ()) -> dict[str, set
         if not tests or any(test in found[kind] for test in tests):
             return found[kind]
     return None
+
+
+@dataclass(frozen=True)
+class Raised:
+    """An exception a function of the repository let out to its caller, as the tracer saw."""
+
+    error: str
+    """The exception's type, by its name (`ValueError`, `TOMLDecodeError`)."""
+    path: str
+    function: str
+    caller: str | None
+    """The file of the function it was let out to, under the root; None outside it (the test
+    runner's code, say)."""
+
+    def describe(self) -> str:
+        return f"{self.error} out of {self.function} ({self.path})"
+
+
+def raised(record: str, root: str) -> list[Raised]:
+    """The exceptions functions in files under `root` let out, from the tracer's `record`
+    (none when it may have been cut), sorted."""
+    if len(record) >= MAX_RECORD_CHARS:
+        return []
+    prefix = root.rstrip("/") + "/"
+    found = set()
+    for row in record.splitlines():
+        fields = row.split("\t")
+        if len(fields) != 5 or fields[0] != "X" or not fields[2].startswith(prefix):
+            continue
+        _, error, path, function, caller = fields
+        inside = caller[len(prefix) :] if caller.startswith(prefix) else None
+        found.add(Raised(error, path[len(prefix) :], function, inside))
+    return sorted(found, key=lambda r: (r.path, r.function, r.error, r.caller or ""))
 
 
 def touched_lines(section: str) -> set[int]:

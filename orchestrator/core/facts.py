@@ -139,6 +139,10 @@ class Proof(_Fact):
     report_check: str = ""
     """How the reproducing test's failure was held to the report's own facts
     (`Reproduced.report_check`)."""
+    let_out: str = ""
+    """The exceptions the code still lets out to the reproducing tests with the change, and
+    those it let out without it (`ValueError out of interpose (toolz/itertoolz.py)`): the
+    tests pass, so they expect or swallow them; for the review to hold to the report."""
     failure_tail: str = ""
     """The end of what the failing tests printed, when the proof failed (for the next
     attempt)."""

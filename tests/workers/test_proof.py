@@ -13,6 +13,7 @@ from orchestrator.control.intake import parse_payload
 from orchestrator.core.facts import TestRun
 from orchestrator.core.pipeline import load_pipeline
 from orchestrator.core.reported import reported_failure
+from orchestrator.pipelines.fixer.schemas import Fix
 from testkit.sandboxes import LocalSandboxes
 from testkit.sinks import MemoryArtifacts
 from tests.repos import Git, Upstream
@@ -562,3 +563,75 @@ def test_a_new_module_is_a_fix_only_where_the_code_that_fails_names_it(
         "unchanged code (they run lines of "
     ), verdict.reason
     assert "; no line they run outside the tests names flags)" in verdict.reason
+
+
+SEQ_REPO = {
+    "shop/__init__.py": "",
+    "tests/__init__.py": "",
+    "shop/seq.py": "def first(xs):\n    return xs[0]\n",
+}
+EMPTY_TEST = """import contextlib
+import unittest
+
+from shop.seq import first
+
+
+class FirstTest(unittest.TestCase):
+    def test_first_of_nothing_raises_no_index_error(self):
+        with contextlib.suppress(ValueError):
+            first([])
+"""
+REVERSED = (
+    "diff --git a/shop/seq.py b/shop/seq.py\n--- a/shop/seq.py\n+++ b/shop/seq.py\n"
+    "@@ -1,2 +1,4 @@\n def first(xs):\n+    if not xs:\n+        raise ValueError('empty')\n"
+    "     return xs[0]\n"
+)
+
+
+def test_a_proof_says_which_errors_the_code_still_lets_out_to_the_tests_that_pass(
+    make_upstream: Callable[[], Upstream], tmp_path: Path
+) -> None:
+    # the report's IndexError turned into a ValueError the test swallows: proven (no check can
+    # tell it from a clearer error a report asked for), and the review is told what happened
+    upstream = make_upstream()
+    commit = upstream.commit(SEQ_REPO)
+    sandboxes = LocalSandboxes(tmp_path / "cache")
+    request = WorkspaceRequest(repo=str(upstream.bare), commit=commit, stage="fix")
+
+    verdict = prove(
+        lambda: sandboxes.open(request), change=_new_test("tests/test_seq.py", EMPTY_TEST)
+        + REVERSED,
+        command="python -m unittest tests.test_seq", test_files=["tests/test_seq.py"],
+        suite_command=None, timeout_s=60, artifacts=MemoryArtifacts(),
+    )  # fmt: skip
+
+    assert verdict.fail_to_pass == [
+        "tests.test_seq.FirstTest.test_first_of_nothing_raises_no_index_error"
+    ], verdict.reason
+    assert verdict.let_out == (
+        "with the change: ValueError out of first (shop/seq.py); without it: IndexError out of "
+        "first (shop/seq.py)"
+    )
+    shown = evidence(Fix, {"proof": verdict.model_copy(update={"passed": True}).model_dump()})
+    assert f"- errors the code lets out to the reproducing tests: {verdict.let_out}" in shown
+
+
+def test_a_proof_whose_change_lets_nothing_out_says_nothing_of_it(
+    make_upstream: Callable[[], Upstream], tmp_path: Path
+) -> None:
+    upstream = make_upstream()
+    commit = upstream.commit(SEQ_REPO)
+    sandboxes = LocalSandboxes(tmp_path / "cache")
+    request = WorkspaceRequest(repo=str(upstream.bare), commit=commit, stage="fix")
+    guarded = REVERSED.replace("raise ValueError('empty')", "return None")
+    test = EMPTY_TEST.replace("with contextlib.suppress(ValueError):\n            first([])",
+                              "self.assertIsNone(first([]))")  # fmt: skip
+
+    verdict = prove(
+        lambda: sandboxes.open(request), change=_new_test("tests/test_seq.py", test) + guarded,
+        command="python -m unittest tests.test_seq", test_files=["tests/test_seq.py"],
+        suite_command=None, timeout_s=60, artifacts=MemoryArtifacts(),
+    )  # fmt: skip
+
+    assert len(verdict.fail_to_pass) == 1, verdict.reason
+    assert verdict.let_out == ""

@@ -13,9 +13,11 @@ from workers.trace import (
     RECORD,
     TRACE_DIR,
     TRACER,
+    Raised,
     executed,
     module_name,
     off_path,
+    raised,
     touched_lines,
     traced,
 )  # fmt: skip
@@ -144,3 +146,71 @@ def test_a_missing_or_possibly_cut_record_says_nothing() -> None:
     assert executed("L\t/workspace/a.py\t1\n" * 200_000, "/workspace") is None
     assert executed("L\t/elsewhere/a.py\t1\n", "/workspace") == {}
     assert executed("L\t/workspace/a.py\t1\n", "/workspace", tests=["t.py"]) is None
+
+
+SEQ = """def first(xs):
+    try:
+        return xs[0]
+    except IndexError:
+        raise ValueError("empty") from None
+
+
+def quiet(xs):
+    try:
+        return first(xs)
+    except ValueError:
+        return None
+
+
+def loud(xs):
+    return first(xs)
+"""
+SEQ_TEST = """import contextlib
+
+from shop.seq import first, loud, quiet
+
+
+def test_it():
+    assert quiet([]) is None  # caught inside the package: let out of first, not to the test
+    with contextlib.suppress(ValueError):
+        loud([])
+    assert first([1]) == 1
+
+
+test_it()
+"""
+
+
+def test_the_tracer_records_the_exceptions_functions_let_out_and_to_whom(tmp_path: Path) -> None:
+    root = tmp_path / "workspace"
+    (root / TRACE_DIR).mkdir(parents=True)
+    (root / TRACE_DIR / "sitecustomize.py").write_text(TRACER)
+    (root / "shop").mkdir()
+    (root / "shop" / "__init__.py").write_text("")
+    (root / "shop" / "seq.py").write_text(SEQ)
+    (root / "test_seq.py").write_text(SEQ_TEST)
+    argv, env = traced([sys.executable, "-c", "import test_seq"], str(root))
+
+    done = subprocess.run(argv, cwd=root, env={**os.environ, **env}, capture_output=True)
+
+    assert done.returncode == 0, done.stderr
+    found = raised((root / RECORD).read_text(), str(root))
+    # IndexError is caught where it was raised; ValueError leaves `first` twice (to `quiet`,
+    # which keeps it, and to `loud`) and `loud` once, to the test; `<module>` frames are left out
+    assert found == [
+        Raised("ValueError", "shop/seq.py", "first", "shop/seq.py"),
+        Raised("ValueError", "shop/seq.py", "loud", "test_seq.py"),
+    ]
+    assert found[1].describe() == "ValueError out of loud (shop/seq.py)"
+
+
+def test_exceptions_are_read_only_from_whole_rows_under_the_root() -> None:
+    record = (
+        "X\tKeyError\t/w/a.py\tget\t/usr/lib/python3/unittest/case.py\n"
+        "X\tKeyError\t/elsewhere/b.py\tget\t/w/t.py\n"  # not under the root
+        "X\tbroken\t/w/a.py\n"  # cut short
+        "L\t/w/a.py\t1,2\n"
+    )
+
+    assert raised(record, "/w") == [Raised("KeyError", "a.py", "get", None)]
+    assert raised("X\tE\t/w/a.py\tf\t\n" + "L\t/w/a.py\t1\n" * 200_000, "/w") == []  # cut
