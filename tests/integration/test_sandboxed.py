@@ -305,6 +305,60 @@ def test_a_publish_refusal_in_the_first_iteration_and_a_clean_second_give_one_br
     assert changed == ["shopcart/cart.py", "tests/test_empty_cart_checkout.py"]
 
 
+def _edit(old: str, new: str) -> dict[str, Any]:
+    args = {"path": "shopcart/cart.py", "old_text": old, "new_text": new}
+    return {"call": {"name": "edit_file", "args": args}}
+
+
+CULPRIT = "        return self.total_cents() // self.item_count()\n"
+
+
+def test_a_comment_and_a_change_off_the_failing_path_are_sent_back_with_their_reasons(
+    stack: Stack, git: Git
+) -> None:
+    """Iteration 1 only comments the line that fails; iteration 2, told why, changes `add`,
+    which the reproducing test never runs; iteration 3, told why, fixes it: one branch."""
+    scenario = demo_scenario()
+    right = scenario["agents"]["fix"]["steps"]
+
+    def instead(edit: dict[str, Any]) -> list[dict[str, Any]]:
+        return [right[0], edit, *right[2:]]
+
+    comment = _edit(CULPRIT, "        # an empty cart has no items to average\n" + CULPRIT)
+    off_path = _edit(
+        "        self.items.append(item)\n", "        self.items = [*self.items, item]\n"
+    )
+    scenario["agents"]["fix"] = {
+        "steps": instead(comment),
+        "variants": [
+            {"when": "Your previous attempt (iteration 1 of 3)", "steps": instead(off_path)},
+            {"when": "Your previous attempt (iteration 2 of 3)", "steps": right},
+        ],
+    }
+    stack.fake.set_scenario(scenario)
+    repo = stack.sample_repo()
+    run = stack.wait(stack.enqueue(SENTRY_EVENT.read_bytes(), repo), timeout_s=200)
+
+    assert run.status == RunStatus.DONE, run.reason
+    first, second, third = run.stages["fix"].iterations
+    assert (first.passed, second.passed, third.passed) == (False, False, True)
+    inert = "the change alters only comments, whitespace or docstrings in shopcart/cart.py"
+    off = (
+        "the change touches no line of shopcart/cart.py that the reproducing tests run on the "
+        "unchanged code"
+    )
+    assert first.reason.startswith(inert), first.reason
+    assert second.reason.startswith(off), second.reason
+    systems = [e["request"]["systemInstruction"]["parts"][0]["text"]
+               for e in stack.requests("fix")]  # fmt: skip
+    told_2 = [t for t in systems if "Your previous attempt (iteration 1 of 3)" in t]
+    told_3 = [t for t in systems if "Your previous attempt (iteration 2 of 3)" in t]
+    assert told_2 and all(inert in t for t in told_2)
+    assert told_3 and all(off in t for t in told_3)
+    assert git("branch", "--list", "baton/*", cwd=repo).split() == [f"baton/{run.id}"]
+    assert "count = self.item_count()" in git("show", f"baton/{run.id}:shopcart/cart.py", cwd=repo)
+
+
 REVIEW_PROBLEM = "the test only checks the average; the empty cart's summary is never exercised"
 
 
