@@ -159,12 +159,14 @@ def test_a_fix_that_never_passes_its_proof_fails_with_the_last_reason(
     assert git("branch", "--list", "baton/*", cwd=repo) == ""
 
 
-def test_a_fix_that_passes_only_tests_that_passed_already_is_not_published(
+def test_a_fix_that_rewrites_its_reproducing_test_to_pass_is_refused_as_weakening_it(
     stack: Stack, git: Git, tmp_path: Path
 ) -> None:
     """The "fix" rewrites the reproducing test into one that passes on the unchanged code and
-    touches no code: its tests pass after, and it is refused. Relaxed: one iteration (a
-    pipeline copy with `max_iterations = 1`), as a second would only do the same again."""
+    touches no code: its tests pass after, and it is refused as a weakened test (the proof's
+    run without the change's code keeps the reproduction's own test, which failed when it was
+    measured). Relaxed: one iteration (a pipeline copy with `max_iterations = 1`), as a second
+    would only do the same again."""
     fixer = FIXER_SPEC.read_text()
     once = tmp_path / "fixer-once.toml"
     once.write_text(fixer.replace("max_iterations = 3", "max_iterations = 1"))
@@ -183,9 +185,10 @@ def test_a_fix_that_passes_only_tests_that_passed_already_is_not_published(
     assert run.status == RunStatus.FAILED
     assert run.reason is not None
     assert run.reason.startswith(
-        "fix: the reproducing tests already pass without the change's code (exit code 0, 1 "
-        "passed, 0 failed): they prove nothing about it (after 1 iteration)"
+        f"fix: the change weakens the tests: {REPRO_ID} failed when the reproduction ran, but "
+        "with the change's test files alone they pass, are skipped or do not run"
     ), run.reason
+    assert run.reason.endswith("(after 1 iteration)"), run.reason
     assert run.stages["fix"].iterations[0].passed is False
     assert git("branch", "--list", "baton/*", cwd=repo) == ""
 
