@@ -33,7 +33,7 @@ def added_lines(section: str) -> set[int]:
         if hunk:
             new = int(hunk.group(1))
             continue
-        if not new or line.startswith(("+++", "---")):
+        if not new:  # the file's header, before its first hunk
             continue
         if line.startswith("+"):
             added.add(new)

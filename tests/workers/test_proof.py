@@ -588,22 +588,24 @@ REVERSED = (
 )
 
 
+def _seq_proof(make_upstream: Callable[[], Upstream], tmp_path: Path, test: str, fix: str) -> Any:
+    """The proof of `fix` with `test` as the reproduction, on a repository of `SEQ_REPO`."""
+    commit = (upstream := make_upstream()).commit(SEQ_REPO)
+    sandboxes = LocalSandboxes(tmp_path / "cache")
+    request = WorkspaceRequest(repo=str(upstream.bare), commit=commit, stage="fix")
+    return prove(
+        lambda: sandboxes.open(request), change=_new_test("tests/test_seq.py", test) + fix,
+        command="python -m unittest tests.test_seq", test_files=["tests/test_seq.py"],
+        suite_command=None, timeout_s=60, artifacts=MemoryArtifacts(),
+    )  # fmt: skip
+
+
 def test_a_proof_says_which_errors_the_code_still_lets_out_to_the_tests_that_pass(
     make_upstream: Callable[[], Upstream], tmp_path: Path
 ) -> None:
     # the report's IndexError turned into a ValueError the test swallows: proven (no check can
     # tell it from a clearer error a report asked for), and the review is told what happened
-    upstream = make_upstream()
-    commit = upstream.commit(SEQ_REPO)
-    sandboxes = LocalSandboxes(tmp_path / "cache")
-    request = WorkspaceRequest(repo=str(upstream.bare), commit=commit, stage="fix")
-
-    verdict = prove(
-        lambda: sandboxes.open(request), change=_new_test("tests/test_seq.py", EMPTY_TEST)
-        + REVERSED,
-        command="python -m unittest tests.test_seq", test_files=["tests/test_seq.py"],
-        suite_command=None, timeout_s=60, artifacts=MemoryArtifacts(),
-    )  # fmt: skip
+    verdict = _seq_proof(make_upstream, tmp_path, EMPTY_TEST, REVERSED)
 
     assert verdict.fail_to_pass == [
         "tests.test_seq.FirstTest.test_first_of_nothing_raises_no_index_error"
@@ -619,19 +621,11 @@ def test_a_proof_says_which_errors_the_code_still_lets_out_to_the_tests_that_pas
 def test_a_proof_whose_change_lets_nothing_out_says_nothing_of_it(
     make_upstream: Callable[[], Upstream], tmp_path: Path
 ) -> None:
-    upstream = make_upstream()
-    commit = upstream.commit(SEQ_REPO)
-    sandboxes = LocalSandboxes(tmp_path / "cache")
-    request = WorkspaceRequest(repo=str(upstream.bare), commit=commit, stage="fix")
     guarded = REVERSED.replace("raise ValueError('empty')", "return None")
     test = EMPTY_TEST.replace("with contextlib.suppress(ValueError):\n            first([])",
                               "self.assertIsNone(first([]))")  # fmt: skip
 
-    verdict = prove(
-        lambda: sandboxes.open(request), change=_new_test("tests/test_seq.py", test) + guarded,
-        command="python -m unittest tests.test_seq", test_files=["tests/test_seq.py"],
-        suite_command=None, timeout_s=60, artifacts=MemoryArtifacts(),
-    )  # fmt: skip
+    verdict = _seq_proof(make_upstream, tmp_path, test, guarded)
 
     assert len(verdict.fail_to_pass) == 1, verdict.reason
     assert verdict.let_out == ""

@@ -38,6 +38,13 @@ def _found(new: str, tests: dict[str, str | None] | None = None) -> list[str]:
     return special_cases({path: new}, {path: _diff(path, BASE, new)}, tests or TESTS)
 
 
+def test_inside_a_hunk_lines_that_start_with_dashes_or_pluses_are_code_not_headers() -> None:
+    # `--x` removed shows as `---x`, `++x` added as `+++x`
+    section = "--- a/m.py\n+++ b/m.py\n@@ -7,2 +7,3 @@\n x = 1\n---x\n+++x\n+y = 2\n"
+
+    assert added_lines(section) == {8, 9}
+
+
 def test_added_lines_are_counted_on_the_new_side() -> None:
     section = (
         "diff --git a/x.py b/x.py\n--- a/x.py\n+++ b/x.py\n"
