@@ -219,11 +219,18 @@ def _broken_sdist(instance: Instance, source: Source, work: Path, downloads: Pat
         raise CorpusError(f"{instance.folder / BREAK_PATCH} does not apply: {applied.stderr}")
 
 
+MAX_BASE_BYTES = 512 * 1024 * 1024
+MAX_BASE_MEMBERS = 100_000
+"""What a base archive may unpack to: far above a project's sdist-sized tree."""
+
+
 def unpack_base(archive: Path, dest: Path) -> None:
     """The tree in `archive` (a gzipped tar, as `git archive` writes it) unpacked into `dest`,
     which must not exist. Hostile archives are refused, nothing of them kept: a member whose
     path is absolute or climbs out (`..`), a link that points out of `dest`, a device or FIFO
-    (tarfile's `data` filter), and a `.git` folder, which would be a repository of its own.
+    (tarfile's `data` filter), and a `.git` folder, which would be a repository of its own; and
+    an archive that would unpack to more than MAX_BASE_BYTES or MAX_BASE_MEMBERS files (a
+    gzip bomb), before anything is written.
 
     Raises:
         CorpusError: naming the archive and the member.
@@ -231,7 +238,14 @@ def unpack_base(archive: Path, dest: Path) -> None:
     dest.mkdir(parents=True)
     try:
         with tarfile.open(archive, "r:gz") as tar:
-            for member in tar.getmembers():
+            members = tar.getmembers()
+            size = sum(member.size for member in members)
+            if size > MAX_BASE_BYTES or len(members) > MAX_BASE_MEMBERS:
+                raise CorpusError(
+                    f"{archive}: unpacks to {size:,} bytes in {len(members):,} members; a base "
+                    f"may hold at most {MAX_BASE_BYTES:,} bytes in {MAX_BASE_MEMBERS:,}"
+                )
+            for member in members:
                 parts = Path(member.name).parts
                 if member.name.startswith("/") or ".." in parts:
                     raise CorpusError(f"{archive}: {member.name}: a path out of the tree")

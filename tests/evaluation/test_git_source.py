@@ -196,6 +196,36 @@ def test_a_hostile_base_archive_is_refused_and_nothing_is_kept(
     assert not Path("/tmp/absolute.txt").exists()
 
 
+def test_a_base_archive_that_would_unpack_too_large_is_refused_before_anything_is_written(
+    tmp_path: Path,
+) -> None:
+    # 600 MiB of zeros: a few hundred kilobytes gzipped
+    zeros = tarfile.TarInfo("calc/zeros.bin")
+    zeros.size = 600 * 1024 * 1024
+    bad = tmp_path / "base.tar.gz"
+    with tarfile.open(bad, "w:gz", compresslevel=1) as tar:
+        tar.addfile(zeros, _Zeros(zeros.size))
+    assert bad.stat().st_size < 5 * 1024 * 1024
+    dest = tmp_path / "tree"
+
+    with pytest.raises(CorpusError, match=r"base\.tar\.gz: unpacks to 629,145,600 bytes in 1 "):
+        unpack_base(bad, dest)
+
+    assert not dest.exists()
+
+
+class _Zeros:
+    """A file of `size` zero bytes, read without holding them."""
+
+    def __init__(self, size: int) -> None:
+        self.left = size
+
+    def read(self, n: int = -1) -> bytes:
+        n = self.left if n < 0 else min(n, self.left)
+        self.left -= n
+        return bytes(n)
+
+
 def test_a_base_archive_that_is_not_a_tar_is_refused(tmp_path: Path) -> None:
     bad = tmp_path / "base.tar.gz"
     bad.write_bytes(b"not gzip")
