@@ -90,6 +90,8 @@ class Result:
     stage_s: dict[str, float] = field(default_factory=dict)
     """Per stage that ran: seconds from its start to its end, each iteration (a looped stage)
     or its last round (one a `send_back` ran again) counted."""
+    stage_tokens: dict[str, list[int]] = field(default_factory=dict)
+    """Per stage that ran: [prompt tokens, output tokens], every iteration counted."""
 
 
 @dataclass
@@ -247,6 +249,10 @@ def figures(result: Result, run: RunRecord) -> Result:
         if timed:
             result.stage_calls[name] = sum(i.requests for i in spent)
             result.stage_s[name] = round(sum(end - start for start, end in timed), 2)
+            result.stage_tokens[name] = [
+                sum(i.prompt_tokens_total for i in spent),
+                sum(i.output_tokens for i in spent),
+            ]
     return result
 
 

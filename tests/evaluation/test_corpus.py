@@ -294,14 +294,16 @@ def test_a_runs_figures_count_each_stages_calls_and_time_every_iteration_include
         id="r", pipeline="fixer", repo="/r", commit="c", idempotency_key="k",
         issue=Issue(source=IssueSource.TEXT, title="t"), status=RunStatus.DONE,
         stages={
-            "reproduce": StageRecord(status=done, requests=3, started_at=10.0, finished_at=14.5),
+            "reproduce": StageRecord(status=done, requests=3, started_at=10.0, finished_at=14.5,
+                                     prompt_tokens_total=300, output_tokens=30),
             "fix": StageRecord(status=done, iterations=[
                 Iteration(number=1, attempt=1, passed=False, requests=4, started_at=20.0,
-                          finished_at=30.0),
+                          finished_at=30.0, prompt_tokens_total=600, output_tokens=60),
                 Iteration(number=2, attempt=1, passed=True, requests=2, started_at=31.0,
-                          finished_at=33.0),
+                          finished_at=33.0, prompt_tokens_total=400, output_tokens=40),
             ]),
-            "review": StageRecord(status=done, requests=1, started_at=40.0, finished_at=41.25),
+            "review": StageRecord(status=done, requests=1, started_at=40.0, finished_at=41.25,
+                                  prompt_tokens_total=50, output_tokens=5),
             "pr": StageRecord(status=StageStatus.PENDING),  # never started: no figures
         },
     )  # fmt: skip
@@ -311,14 +313,17 @@ def test_a_runs_figures_count_each_stages_calls_and_time_every_iteration_include
     assert result.model_calls == 3 + 4 + 2 + 1
     assert result.stage_calls == {"reproduce": 3, "fix": 6, "review": 1}
     assert result.stage_s == {"reproduce": 4.5, "fix": 12.0, "review": 1.25}
+    assert result.stage_tokens == {"reproduce": [300, 30], "fix": [1000, 100], "review": [50, 5]}
 
 
 def test_the_cost_table_shows_each_stages_calls_median_time_and_share_of_published_runs() -> None:
     runs = [
         Result("a", "oracle", published=True, stage_calls={"fix": 4, "review": 1},
-               stage_s={"fix": 9.0, "review": 1.0}),
+               stage_s={"fix": 9.0, "review": 1.0},
+               stage_tokens={"fix": [3000, 300], "review": [2001, 20]}),
         Result("b", "oracle", published=True, stage_calls={"fix": 2, "review": 1},
-               stage_s={"fix": 5.0, "review": 3.0}),
+               stage_s={"fix": 5.0, "review": 3.0},
+               stage_tokens={"fix": [1500, 100], "review": [1999, 10]}),
         Result("c", "oracle", published=True, stage_calls={"fix": 6, "review": 1},
                stage_s={"fix": 20.0, "review": 2.0}),
         # not published: the cost of a run cut short is not a run's cost
@@ -329,7 +334,7 @@ def test_the_cost_table_shows_each_stages_calls_median_time_and_share_of_publish
     lines = costs(runs)
 
     assert lines[0] == "What each stage cost the 3 published runs of oracle:"
-    assert "| fix | 3 | 4.0 | 9.0 | 85 % |" in lines  # (9 + 5 + 20) / 40
-    assert "| review | 3 | 1.0 | 2.0 | 15 % |" in lines
+    assert "| fix | 3 | 4.0 | 1,500/133 | 9.00 | 85 % |" in lines  # (9 + 5 + 20) / 40
+    assert "| review | 3 | 1.0 | 1,333/10 | 2.00 | 15 % |" in lines  # c recorded no tokens
     assert len(lines) == 4 + 2 + 1
     assert costs([r for r in runs if r.mode == "stale"]) == []  # no oracle runs: no table
