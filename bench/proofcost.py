@@ -1,7 +1,8 @@
 """What the proof's line tracer costs a run of the reproducing tests (`python -m bench proofcost`).
 
-A proof runs the reproducing tests on the unchanged code under a line tracer (`workers.trace`),
-so that it can refuse a change none of whose lines the failing tests ran. This benchmark times
+A proof runs the reproducing tests under a line tracer (`workers.trace`) twice: on the unchanged
+code, so that it can refuse a change none of whose lines the failing tests ran, and with the
+change, to say which errors the code still lets out to the tests. This benchmark times
 that run with and without the tracer, through the proof's own code (`workers.proof.
 reproducing_run`: untraced, the command alone; traced, the tracer written into the workspace,
 the command under it, and the record read back), on real bugs of the evaluation corpus:

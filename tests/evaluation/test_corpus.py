@@ -333,8 +333,9 @@ def test_the_cost_table_shows_each_stages_calls_median_time_and_share_of_publish
 
     lines = costs(runs)
 
-    assert lines[0] == "What each stage cost the 3 published runs of oracle:"
-    assert "| fix | 3 | 4.0 | 1,500/133 | 9.00 | 85 % |" in lines  # (9 + 5 + 20) / 40
-    assert "| review | 3 | 1.0 | 1,333/10 | 2.00 | 15 % |" in lines  # c recorded no tokens
+    assert lines[0] == "What each stage cost the 3 published runs of oracle (medians):"
+    assert "| fix | 3 | 4 | 1,500/100 | 9.00 | 85 % |" in lines  # (9 + 5 + 20) / 40
+    # two runs recorded the review's tokens, c none: the lower middle one of 0, 1999 and 2001
+    assert "| review | 3 | 1 | 1,999/10 | 2.00 | 15 % |" in lines
     assert len(lines) == 4 + 2 + 1
     assert costs([r for r in runs if r.mode == "stale"]) == []  # no oracle runs: no table
