@@ -173,7 +173,7 @@ def safety(results: Results) -> list[str]:
 
 
 COSTS = (
-    "stage", "runs", "model calls", "tokens in/out", "seconds", "share of the stages' time",
+    "stage", "runs", "model calls", "tokens in/out", "seconds",
 )  # fmt: skip
 COSTED = "oracle"
 """The mode whose runs the cost table is drawn from: every stage of each runs to the end."""
@@ -182,26 +182,23 @@ COSTED = "oracle"
 def costs(entries: Sequence[Result], mode: str = COSTED) -> list[str]:
     """What each stage cost the runs of `mode` that were published, as the median run of each
     figure (the lower of the middle two: a figure a run recorded): its model calls and tokens
-    (every iteration and round), the seconds it took; and its share of all the stages' time;
-    nothing when no run recorded its stages."""
+    (every iteration and round) and the seconds it took; nothing when no run recorded its
+    stages."""
     runs = [r for r in entries if r.mode == mode and r.published and r.stage_s]
     if not runs:
         return []
-    total = sum(sum(r.stage_s.values()) for r in runs)
     lines = [
         f"What each stage cost the {len(runs)} published runs of {mode} (medians):", "",
-        "| " + " | ".join(COSTS) + " |", "|" + "|".join(["---"] + ["---:"] * 5) + "|",
+        "| " + " | ".join(COSTS) + " |", "|" + "|".join(["---"] + ["---:"] * 4) + "|",
     ]  # fmt: skip
     for stage in dict.fromkeys(name for r in runs for name in r.stage_s):
         mine = [r for r in runs if stage in r.stage_s]
         calls = statistics.median_low(r.stage_calls.get(stage, 0) for r in mine)
         tokens = [statistics.median_low(r.stage_tokens.get(stage, [0, 0])[i] for r in mine)
                   for i in (0, 1)]  # fmt: skip
-        seconds = [r.stage_s[stage] for r in mine]
-        share = 100 * sum(seconds) / total if total else 0.0
+        seconds = statistics.median_low(r.stage_s[stage] for r in mine)
         lines.append(
-            f"| {stage} | {len(mine)} | {calls} | {tokens[0]:,}/{tokens[1]:,} "
-            f"| {statistics.median_low(seconds):.2f} | {share:.0f} % |"
+            f"| {stage} | {len(mine)} | {calls} | {tokens[0]:,}/{tokens[1]:,} | {seconds:.2f} |"
         )
     return [*lines, ""]
 
