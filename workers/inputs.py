@@ -82,7 +82,8 @@ class StageInputs:
     stage its `proof.publishable_by` names, with the planned files resolved; None: nothing."""
     reported: ReportedFailure | None = None
     """The failure the run's report shows (its exception type and where it was raised), which a
-    reproducing test's failure is held to; None: the report shows none."""
+    reproducing test's failure is held to and a proven change may not trade for another error;
+    None: the report shows none, or the stage neither reproduces nor proves."""
     tools: Mapping[str, ToolDeclaration] = field(default_factory=dict)
     """The declarations of the pipeline's tools this stage names (built-in ones have none)."""
     branch: str | None = None
@@ -181,7 +182,11 @@ def resolve(
         planned_files=_planned_files(run, spec, store),
         publishable=_publishable(run, pipeline, spec, store),
         iteration=iteration,
-        reported=reported_failure(run.issue) if spec.reproduce is not None else None,
+        reported=(
+            reported_failure(run.issue)
+            if spec.reproduce is not None or spec.proof is not None
+            else None
+        ),
         reproduction=_reproduction(run, pipeline, spec, store),
         tools={name: pipeline.tools[name] for name in spec.tools if name in pipeline.tools},
         branch=branch,

@@ -173,6 +173,7 @@ CHECKS = {
     "regression": "that passed before fail with the change",
     "not built": "the tests could not run",
     "publish rule": "would not be published",
+    "another error": "the change trades the reported error for another",
 }
 """Each refusal of a proof by name, and the words its reason holds (`baton eval` counts where a
 wrong fix was stopped by them)."""
@@ -374,12 +375,14 @@ def prove(
     timeout_s: float,
     artifacts: ArtifactSink,
     reproduced: Sequence[str] = (),
+    reported: ReportedFailure | None = None,
 ) -> Proof:
     """Baton's verdict on `change`: the reproducing `command` with only the reproduction's test
     files (and new ones) applied (must fail) and with all of it (must pass), and the suite
     (`suite_command`, through a shell) in both (nothing that passed before may fail after, no
     test that ran may be skipped or gone); each in a clean workspace. `reproduced`: the tests
-    that failed when the reproduction was measured (they must still fail without the code)."""
+    that failed when the reproduction was measured (they must still fail without the code);
+    `reported`: the failure the report shows, which the change may not trade for another."""
     named = set(test_files)
     sections = split_diff(change)
     code = [p for p in sections if p not in named and not is_test_file(p)]
@@ -406,7 +409,39 @@ def prove(
         return verdict.model_copy(
             update={"passed": False, "reason": wrong_place, "failure_tail": ""}
         )
+    traded = _another_error(reported, before, after) if after.repro.ok else None
+    if traded is not None:
+        return verdict.model_copy(update={"passed": False, "reason": traded, "failure_tail": ""})
     return verdict.model_copy(update={"let_out": _let_out(before, after)})
+
+
+def _another_error(reported: ReportedFailure | None, before: _Side, after: _Side) -> str | None:
+    """Why the change trades the report's error for another that its tests accept instead of
+    fixing it: a function that let the report's error (or a kind of it) out to the reproducing
+    tests without the change lets out, with it, an error that is no kind of the report's and
+    that the report's text never names. A fix may rightly turn an error into a clearer one: a
+    report that asks for one names it, and one that refines the report's (a `TOMLDecodeError`
+    that is a `ValueError`) still stops whatever caught the old. None when that cannot be said
+    (no report's error, or no traced run)."""
+    if reported is None:
+        return None
+    failed_in = {
+        (r.path, r.function) for r in _to_tests(before.raised or []) if r.is_a(reported.error_type)
+    }
+    for out in _to_tests(after.raised or []):
+        if (
+            (out.path, out.function) in failed_in
+            and not out.is_a(reported.error_type)
+            and not reported.names(out.error)
+        ):
+            return (
+                f"{CHECKS['another error']}: without it {out.function} ({out.path}) lets "
+                f"{reported.error_type} out to the reproducing tests, as the report shows; with "
+                f"it {out.error}, which is no kind of {reported.error_type} and which the report "
+                f"never names, so the tests pass by accepting another error, not because the "
+                f"failure is fixed; make the code do what the report expected"
+            )
+    return None
 
 
 def _let_out(before: _Side, after: _Side) -> str:

@@ -362,6 +362,7 @@ def _prove(
             reproduced=(
                 inputs.reproduction.measured.failed_tests if inputs.reproduction.measured else ()
             ),
+            reported=inputs.reported,
         )
     measured = inputs.reproduction.measured
     if measured is not None and measured.report_check:

@@ -33,7 +33,7 @@ _out = os.environ.get("BATON_TRACE_OUT", "")
 _lines = {}
 _called = set()
 _pending = {}  # frame: the type of the exception raised in it, until it is caught or let out
-_raised = set()  # (type, file, function, caller's file): exceptions functions let out
+_raised = set()  # (types, file, function, caller's file): exceptions functions let out
 
 
 def _ours(name):
@@ -56,7 +56,8 @@ def _local(frame, event, arg):
         if kind is not None and code.co_name != "<module>" and len(_raised) < 200:
             caller = frame.f_back.f_code.co_filename if frame.f_back else ""
             name = getattr(code, "co_qualname", code.co_name)
-            _raised.add((kind.__qualname__, code.co_filename, name, caller))
+            kinds = ",".join(k.__qualname__ for k in kind.__mro__[:-1])  # itself first
+            _raised.add((kinds, code.co_filename, name, caller))
     return _local
 
 
@@ -150,9 +151,18 @@ class Raised:
     caller: str | None
     """The file of the function it was let out to, under the root; None outside it (the test
     runner's code, say)."""
+    kinds: tuple[str, ...] = ()
+    """The names of the types it is an instance of, its own type's first (`TOMLDecodeError`,
+    `ValueError`, `Exception`, `BaseException`); empty when the tracer did not say."""
 
     def describe(self) -> str:
         return f"{self.error} out of {self.function} ({self.path})"
+
+    def is_a(self, name: str) -> bool:
+        """Whether it is a `name` (a type's own name, without a module), itself or by a base:
+        an `except name` would catch it."""
+        own = {kind.rsplit(".", 1)[-1] for kind in (self.error, *self.kinds)}
+        return name.rsplit(".", 1)[-1] in own
 
 
 def raised(record: str, root: str) -> list[Raised]:
@@ -166,9 +176,10 @@ def raised(record: str, root: str) -> list[Raised]:
         fields = row.split("\t")
         if len(fields) != 5 or fields[0] != "X" or not fields[2].startswith(prefix):
             continue
-        _, error, path, function, caller = fields
+        _, kinds, path, function, caller = fields
+        error, *bases = kinds.split(",")
         inside = caller[len(prefix) :] if caller.startswith(prefix) else None
-        found.add(Raised(error, path[len(prefix) :], function, inside))
+        found.add(Raised(error, path[len(prefix) :], function, inside, (error, *bases)))
     return sorted(found, key=lambda r: (r.path, r.function, r.error, r.caller or ""))
 
 

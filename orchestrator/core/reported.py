@@ -13,12 +13,14 @@ that raised it in the report must be on its failing stack.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 from orchestrator.core.models import Issue, IssueSource
 
 MAX_TRACEBACK_CHARS = 200_000
 """How much of a report's text is searched for a traceback (the end of it: the newest)."""
+MAX_TEXT_CHARS = 400_000
+"""How much of a report's text (title, message, body) is read for the words it holds."""
 SOURCES = {
     IssueSource.SENTRY_EVENT: "the Sentry event",
     IssueSource.SENTRY_ISSUE: "the Sentry issue's latest event",
@@ -30,6 +32,7 @@ SOURCES = {
 _TRACEBACK = re.compile(r"^([ \t>]*)Traceback \(most recent call last\):[ \t]*$", re.MULTILINE)
 _FRAME = re.compile(r'^[ \t]+File "([^"\n]+)", line \d+, in ([\w<>.]+)[ \t]*$')
 _RAISED = re.compile(r"^([A-Za-z_][\w.]*)(?::[ \t]|:?[ \t]*$)")
+_WORD = re.compile(r"[A-Za-z_]\w*")
 _NOT_THE_APPLICATION = re.compile(r"site-packages|dist-packages|/lib/python\d|^<frozen |^<")
 
 
@@ -44,6 +47,15 @@ class ReportedFailure:
     if the report shows one."""
     source: str
     """Where the facts come from, as a sentence says it: "the Sentry event"."""
+    words: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
+    """The words of the report's own text (title, error message, body), as a type's name would
+    be one: an error a fix lets out instead of the report's must be one of them (the report
+    asks for it) or a kind of the report's (`workers.proof`). Not a fact of the failure: two
+    reports of one failure are equal however they are worded."""
+
+    def names(self, type_name: str) -> bool:
+        """Whether the report's text names the type `type_name` (its own name, as a word)."""
+        return type_name.rsplit(".", 1)[-1] in self.words
 
     def describe(self) -> str:
         where = f" in {self.function}" if self.function else ""
@@ -59,8 +71,15 @@ def reported_failure(issue: Issue) -> ReportedFailure | None:
         named = [f.function for f in issue.frames if f.function]
         chosen = in_app or named
         function = chosen[-1] if chosen else None
-        return ReportedFailure(type_name(issue.error_type), function, SOURCES[issue.source])
-    return traceback_in(issue.body or "")
+        found: ReportedFailure | None = ReportedFailure(
+            type_name(issue.error_type), function, SOURCES[issue.source]
+        )
+    else:
+        found = traceback_in(issue.body or "")
+    if found is None:
+        return None
+    text = "\n".join((issue.title, issue.error_message or "", issue.body or ""))
+    return replace(found, words=frozenset(_WORD.findall(text[:MAX_TEXT_CHARS])))
 
 
 def traceback_in(text: str) -> ReportedFailure | None:

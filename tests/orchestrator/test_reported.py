@@ -98,3 +98,21 @@ def test_a_pull_request_reports_no_failure() -> None:
     issue = Issue(source=IssueSource.PULL_REQUEST, title="t", body=TOOLZ, error_type="TypeError")
 
     assert reported_failure(issue) is None
+
+
+def test_a_report_names_the_types_its_words_hold_wherever_they_are() -> None:
+    body = TOOLZ + "\nIn a generator it becomes `RuntimeError: generator raised StopIteration`."
+    issue = Issue(source=IssueSource.GITHUB, title="interpose and tomli.TOMLDecodeError", body=body)
+    sentry = Issue(
+        source=IssueSource.SENTRY_EVENT, title="CartError: bad", error_type="shop.CartError",
+        error_message="expected a PriceError",
+    )  # fmt: skip
+
+    found, event = reported_failure(issue), reported_failure(sentry)
+
+    assert found is not None and event is not None
+    for name in ("StopIteration", "RuntimeError", "TOMLDecodeError", "tomli.TOMLDecodeError"):
+        assert found.names(name), name
+    assert not found.names("ValueError") and not found.names("Runtime")
+    assert event.names("PriceError") and event.names("CartError")
+    assert not event.names("KeyError")

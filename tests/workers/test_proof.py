@@ -11,6 +11,7 @@ from demo import SENTRY_EVENT
 from demo.runner import make_sample_repo
 from orchestrator.control.intake import parse_payload
 from orchestrator.core.facts import TestRun
+from orchestrator.core.models import Issue, IssueSource
 from orchestrator.core.pipeline import load_pipeline
 from orchestrator.core.reported import reported_failure
 from orchestrator.pipelines.fixer.schemas import Fix
@@ -588,8 +589,15 @@ REVERSED = (
 )
 
 
-def _seq_proof(make_upstream: Callable[[], Upstream], tmp_path: Path, test: str, fix: str) -> Any:
-    """The proof of `fix` with `test` as the reproduction, on a repository of `SEQ_REPO`."""
+def _seq_proof(
+    make_upstream: Callable[[], Upstream],
+    tmp_path: Path,
+    test: str,
+    fix: str,
+    report: Issue | None = None,
+) -> Any:
+    """The proof of `fix` with `test` as the reproduction, on a repository of `SEQ_REPO`; the
+    run's report is `report`'s failure, if given."""
     commit = (upstream := make_upstream()).commit(SEQ_REPO)
     sandboxes = LocalSandboxes(tmp_path / "cache")
     request = WorkspaceRequest(repo=str(upstream.bare), commit=commit, stage="fix")
@@ -597,14 +605,87 @@ def _seq_proof(make_upstream: Callable[[], Upstream], tmp_path: Path, test: str,
         lambda: sandboxes.open(request), change=_new_test("tests/test_seq.py", test) + fix,
         command="python -m unittest tests.test_seq", test_files=["tests/test_seq.py"],
         suite_command=None, timeout_s=60, artifacts=MemoryArtifacts(),
+        reported=reported_failure(report) if report is not None else None,
     )  # fmt: skip
+
+
+SEQ_TRACEBACK = """Traceback (most recent call last):
+  File "/srv/app/report.py", line 12, in <module>
+    head = first(rows)
+  File "/srv/app/shop/seq.py", line 2, in first
+    return xs[0]
+IndexError: list index out of range
+"""
+
+
+def _seq_report(expected: str) -> Issue:
+    """A GitHub issue quoting `first`'s IndexError, and what its writer `expected`."""
+    return Issue(
+        source=IssueSource.GITHUB, title="first() of an empty list crashes",
+        body=f"My report crashes when there are no rows:\n\n```\n{SEQ_TRACEBACK}```\n\n{expected}",
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("fixed", "expected", "let_out"),
+    [
+        # another error the report never names: the test accepts it, nothing is fixed
+        ("raise ValueError('empty')", "I expected None, as for a missing key.", None),
+        # the report asks for that error by name: a clearer error is the fix
+        ("raise ValueError('empty')", "I expected a ValueError saying it is empty.", "ValueError"),
+        # a kind of the report's error (a subclass): whatever caught the old still catches it
+        ("raise EmptyError('empty')", "I expected None, as for a missing key.", "EmptyError"),
+        # no error at all: nothing is let out to be judged
+        ("return None", "I expected None.", ""),
+    ],
+)
+def test_a_change_that_trades_the_reported_error_for_another_the_report_never_names_is_refused(
+    fixed: str,
+    expected: str,
+    let_out: str | None,
+    make_upstream: Callable[[], Upstream],
+    tmp_path: Path,
+) -> None:
+    # a test of the kind that asks only that the reported error stops
+    test = EMPTY_TEST.replace(
+        "with contextlib.suppress(ValueError):\n            first([])",
+        "try:\n            first([])\n        except Exception as error:\n"
+        "            self.assertIsNot(type(error), IndexError)",
+    )
+    fix = (
+        "diff --git a/shop/seq.py b/shop/seq.py\n--- a/shop/seq.py\n+++ b/shop/seq.py\n"
+        "@@ -1,2 +1,8 @@\n+class EmptyError(IndexError):\n+    pass\n+\n+\n def first(xs):\n"
+        f"+    if not xs:\n+        {fixed}\n     return xs[0]\n"
+    )
+
+    verdict = _seq_proof(make_upstream, tmp_path, test, fix, _seq_report(expected))
+
+    assert verdict.fail_to_pass == [
+        "tests.test_seq.FirstTest.test_first_of_nothing_raises_no_index_error"
+    ], verdict.reason
+    if let_out is not None:  # proven: the suite is not run here, the only thing missing
+        assert verdict.reason.startswith("the repository has no test command"), verdict.reason
+        if let_out:
+            assert verdict.let_out.startswith(f"with the change: {let_out} out of first (")
+        else:
+            assert verdict.let_out == ""
+        return
+    assert verdict.passed is False
+    assert verdict.reason == (
+        "the change trades the reported error for another: without it first (shop/seq.py) lets "
+        "IndexError out to the reproducing tests, as the report shows; with it ValueError, which "
+        "is no kind of IndexError and which the report never names, so the tests pass by "
+        "accepting another error, not because the failure is fixed; make the code do what the "
+        "report expected"
+    )
+    assert verdict.failure_tail == ""
 
 
 def test_a_proof_says_which_errors_the_code_still_lets_out_to_the_tests_that_pass(
     make_upstream: Callable[[], Upstream], tmp_path: Path
 ) -> None:
-    # the report's IndexError turned into a ValueError the test swallows: proven (no check can
-    # tell it from a clearer error a report asked for), and the review is told what happened
+    # an IndexError turned into a ValueError the test swallows, with no report's error to hold
+    # it to (tests/workers: `..._trades_the_reported_error_...`): proven, and the review is told
     verdict = _seq_proof(make_upstream, tmp_path, EMPTY_TEST, REVERSED)
 
     assert verdict.fail_to_pass == [

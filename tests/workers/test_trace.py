@@ -197,11 +197,14 @@ def test_the_tracer_records_the_exceptions_functions_let_out_and_to_whom(tmp_pat
     found = raised((root / RECORD).read_text(), str(root))
     # IndexError is caught where it was raised; ValueError leaves `first` twice (to `quiet`,
     # which keeps it, and to `loud`) and `loud` once, to the test; `<module>` frames are left out
+    kinds = ("ValueError", "Exception", "BaseException")
     assert found == [
-        Raised("ValueError", "shop/seq.py", "first", "shop/seq.py"),
-        Raised("ValueError", "shop/seq.py", "loud", "test_seq.py"),
+        Raised("ValueError", "shop/seq.py", "first", "shop/seq.py", kinds),
+        Raised("ValueError", "shop/seq.py", "loud", "test_seq.py", kinds),
     ]
     assert found[1].describe() == "ValueError out of loud (shop/seq.py)"
+    assert found[1].is_a("ValueError") and found[1].is_a("builtins.Exception")
+    assert not found[1].is_a("IndexError")
 
 
 def test_exceptions_are_read_only_from_whole_rows_under_the_root() -> None:
@@ -212,5 +215,9 @@ def test_exceptions_are_read_only_from_whole_rows_under_the_root() -> None:
         "L\t/w/a.py\t1,2\n"
     )
 
-    assert raised(record, "/w") == [Raised("KeyError", "a.py", "get", None)]
+    assert raised(record, "/w") == [Raised("KeyError", "a.py", "get", None, ("KeyError",))]
+    subclass = "X\tParseError,ValueError,Exception,BaseException\t/w/a.py\tload\t/w/t.py\n"
+    (found,) = raised(subclass, "/w")
+    assert (found.error, found.caller) == ("ParseError", "t.py")
+    assert found.is_a("ParseError") and found.is_a("ValueError") and not found.is_a("KeyError")
     assert raised("X\tE\t/w/a.py\tf\t\n" + "L\t/w/a.py\t1\n" * 200_000, "/w") == []  # cut
