@@ -1,8 +1,9 @@
 """`baton eval` as a user runs it, on a real bug of a real project from the shipped corpus: the
 oracle resolves it, the marker saboteur's reproduction (a test of a marker comment, not of the
-exception the issue's traceback shows) is refused and nothing is published, and a reproduction
-by a test that already passes is refused. (`make eval` runs the
-whole corpus; docs/eval.md is its report.)"""
+exception the issue's traceback shows) is refused and nothing is published, the reversed
+saboteur's change (the reported StopIteration turned into a ValueError its test accepts) is
+refused by the proof, and a reproduction by a test that already passes is refused. (`make eval`
+runs the whole corpus; docs/eval.md is its report.)"""
 
 from __future__ import annotations
 
@@ -27,7 +28,8 @@ def test_the_oracle_resolves_a_real_bug_and_the_saboteur_is_caught(tmp_path: Pat
     env = {k: v for k, v in os.environ.items() if k not in ("BATON_REDIS_URL", "GOOGLE_API_KEY")}
     done = subprocess.run(
         [sys.executable, "-m", "orchestrator.control.cli", "eval", str(ROOT / "eval" / "corpus"),
-         "--only", INSTANCE, "--mode", "oracle", "--mode", "saboteur:marker", "--mode", "stale",
+         "--only", INSTANCE, "--mode", "oracle", "--mode", "saboteur:marker",
+         "--mode", "saboteur:reversed", "--mode", "stale",
          "--concurrency", "1",
          "--json", "--report", str(report), "--results", str(results_file)],
         env=env, capture_output=True, timeout=840, cwd=ROOT,
@@ -51,6 +53,19 @@ def test_the_oracle_resolves_a_real_bug_and_the_saboteur_is_caught(tmp_path: Pat
     assert saboteur["reason"].startswith("reproduce: could not reproduce the report: ")
     assert "fails with AssertionError, not with StopIteration, the exception the traceback " \
         "in the report shows" in saboteur["reason"]  # fmt: skip
+    # a change that trades the reported error for another its test accepts: refused by the
+    # proof in every iteration, nothing published
+    reversed_ = results["saboteur:reversed"]
+    assert (reversed_["reproduced"], reversed_["proven"], reversed_["published"]) == (
+        True, False, False
+    )  # fmt: skip
+    assert reversed_["stopped"] == "proof: another error" and reversed_["iterations"] == 3
+    assert reversed_["reason"].startswith(
+        "fix: the change trades the reported error for another: without it interpose "
+        "(toolz/itertoolz.py) lets StopIteration out to the reproducing tests, as the report "
+        "shows; with it ValueError, which is no kind of StopIteration and which the report "
+        "never names"
+    ), reversed_["reason"]
     # a reproduction by a test that passes already is refused: nothing is published
     assert (stale["reproduced"], stale["published"], stale["resolved"]) == (False, False, False)
     assert stale["reason"].startswith("reproduce: could not reproduce the report: ")
@@ -64,7 +79,9 @@ def test_the_oracle_resolves_a_real_bug_and_the_saboteur_is_caught(tmp_path: Pat
         "resolved_share": 0.0, "published_unresolved": 0, "false_publications": 0,
         "stopped": {"reproduction": 1}, "wall_s": recorded["modes"]["saboteur:marker"]["wall_s"],
     }  # fmt: skip
-    assert [r["mode"] for r in recorded["results"]] == ["oracle", "saboteur:marker", "stale"]
+    assert [r["mode"] for r in recorded["results"]] == [
+        "oracle", "saboteur:marker", "saboteur:reversed", "stale"
+    ]  # fmt: skip
     text = report.read_text()
     assert f"From `{results_file}`, commit {head}, {recorded['date']}" in text
     assert "## oracle: 1 of 1 resolved (100 %), 1 published, 0 false publications" in text
@@ -72,5 +89,5 @@ def test_the_oracle_resolves_a_real_bug_and_the_saboteur_is_caught(tmp_path: Pat
     assert "| saboteur:marker | 1 | 0 | 0 | 0 | 0 | **0** | 1 reproduction |" in text
     progress = done.stderr.decode()
     assert f"oracle · {INSTANCE}: done in" in progress and "RESOLVED" in progress
-    for result in (oracle, saboteur, stale):
+    for result in (oracle, saboteur, reversed_, stale):
         assert sandboxes(result["run_id"]) == []
