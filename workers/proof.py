@@ -417,38 +417,44 @@ def prove(
 
 def _another_error(reported: ReportedFailure | None, before: _Side, after: _Side) -> str | None:
     """Why the change trades the report's error for another that its tests accept instead of
-    fixing it: a function that let the report's error (or a kind of it) out to the reproducing
-    tests without the change lets out, with it, an error that is no kind of the report's and
-    that the report's text never names. A fix may rightly turn an error into a clearer one: a
-    report that asks for one names it, and one that refines the report's (a `TOMLDecodeError`
-    that is a `ValueError`) still stops whatever caught the old. None when that cannot be said
-    (no report's error, or no traced run)."""
+    fixing it: at a call in the reproducing tests where the report's error (or a kind of it)
+    arrived without the change, another error arrives with it, one that did not arrive there
+    before, is no kind of the report's and that the report's text never names. A fix may rightly
+    turn an error into a clearer one: a report that asks for one names it, and one that refines
+    the report's (a `TOMLDecodeError` that is a `ValueError`) still stops whatever caught the
+    old. Held to the call, not to the function that let it out, so that raising it from another
+    function changes nothing, and an error a later call of the same test expects (one the test
+    did not reach before) is not taken for it. None when that cannot be said (no report's
+    error, or no traced run)."""
     if reported is None:
         return None
-    failed_in = {
-        (r.path, r.function) for r in _to_tests(before.raised or []) if r.is_a(reported.error_type)
-    }
-    for out in _to_tests(after.raised or []):
+    arrived = [r for r in before.raised or [] if _reaches_tests(r)]
+    calls = {(r.caller, r.line): r for r in arrived if r.is_a(reported.error_type)}
+    known = {(r.caller, r.line, r.error) for r in arrived}
+    for out in (r for r in after.raised or [] if _reaches_tests(r)):
+        was = calls.get((out.caller, out.line))
         if (
-            (out.path, out.function) in failed_in
+            was is not None
+            and (out.caller, out.line, out.error) not in known
             and not out.is_a(reported.error_type)
             and not reported.names(out.error)
         ):
+            where = f"{out.caller}:{out.line}" if out.caller else "the test runner"
             return (
-                f"{CHECKS['another error']}: without it {out.function} ({out.path}) lets "
-                f"{reported.error_type} out to the reproducing tests, as the report shows; with "
-                f"it {out.error}, which is no kind of {reported.error_type} and which the report "
-                f"never names, so the tests pass by accepting another error, not because the "
-                f"failure is fixed; make the code do what the report expected"
+                f"{CHECKS['another error']}: at {where} the reproducing tests get "
+                f"{was.describe()} without it, as the report shows, and {out.describe()} with "
+                f"it, which is no kind of {reported.error_type} and which the report never names, "
+                "so they pass by accepting another error, not because the failure is fixed; make "
+                "the code do what the report expected"
             )
     return None
 
 
 def _let_out(before: _Side, after: _Side) -> str:
     """What the code let out to the reproducing tests (to a test file, or to the runner that
-    called it) with the change, and without it; "" when nothing with it. No check judges this
-    (a fix may rightly turn an error into a clearer one, a test may expect it): it is a fact
-    for the review, which can hold it to what the report asked for."""
+    called it) with the change, and without it; "" when nothing with it. A fact for the review,
+    which can hold it to what the report asked for: a check judges it only against a report's
+    own error (`_another_error`)."""
     with_it, without = (_to_tests(side.raised or []) for side in (after, before))
     if not with_it:
         return ""
@@ -462,12 +468,13 @@ def _let_out(before: _Side, after: _Side) -> str:
 def _to_tests(raised: Sequence[trace.Raised]) -> list[trace.Raised]:
     """Those of `raised` a function that is not a test let out to a test or the test runner,
     one per exception type and function."""
-    found = {
-        (r.error, r.path, r.function): r
-        for r in raised
-        if not is_test_file(r.path) and (r.caller is None or is_test_file(r.caller))
-    }
+    found = {(r.error, r.path, r.function): r for r in raised if _reaches_tests(r)}
     return list(found.values())
+
+
+def _reaches_tests(raised: trace.Raised) -> bool:
+    """Whether a function that is not a test let it out to a test or the test runner."""
+    return not is_test_file(raised.path) and (raised.caller is None or is_test_file(raised.caller))
 
 
 def reproduction_tests(diff: str, test_files: Iterable[str]) -> str:

@@ -33,7 +33,7 @@ _out = os.environ.get("BATON_TRACE_OUT", "")
 _lines = {}
 _called = set()
 _pending = {}  # frame: the type of the exception raised in it, until it is caught or let out
-_raised = set()  # (types, file, function, caller's file): exceptions functions let out
+_raised = set()  # (types, file, function, caller's file, its line): exceptions let out
 
 
 def _ours(name):
@@ -53,11 +53,12 @@ def _local(frame, event, arg):
     elif event == "return" and _pending:
         kind = _pending.pop(frame, None)
         code = frame.f_code
-        if kind is not None and code.co_name != "<module>" and len(_raised) < 200:
-            caller = frame.f_back.f_code.co_filename if frame.f_back else ""
+        if kind is not None and code.co_name != "<module>" and len(_raised) < 1000:
+            back = frame.f_back
+            caller, at = (back.f_code.co_filename, back.f_lineno) if back else ("", 0)
             name = getattr(code, "co_qualname", code.co_name)
             kinds = ",".join(k.__qualname__ for k in kind.__mro__[:-1])  # itself first
-            _raised.add((kinds, code.co_filename, name, caller))
+            _raised.add((kinds, code.co_filename, name, caller, at))
     return _local
 
 
@@ -84,9 +85,10 @@ def _write():
         numbers.update(n for _, _, n in code.co_lines() if n)
     rows += [f"F\\t{n}\\t{','.join(map(str, sorted(s)))}\\n" for n, s in reached.items()]
     rows += [
-        "X\\t" + "\\t".join((kind, os.path.abspath(n), name, os.path.abspath(c) if c else ""))
+        "X\\t"
+        + "\\t".join((kind, os.path.abspath(n), name, os.path.abspath(c) if c else "", str(at)))
         + "\\n"
-        for kind, n, name, c in _raised
+        for kind, n, name, c, at in _raised
     ]
     try:
         with open(_out, "a") as out:
@@ -154,6 +156,8 @@ class Raised:
     kinds: tuple[str, ...] = ()
     """The names of the types it is an instance of, its own type's first (`TOMLDecodeError`,
     `ValueError`, `Exception`, `BaseException`); empty when the tracer did not say."""
+    line: int = 0
+    """The line of the caller's file it arrived at (the call); 0 when unknown."""
 
     def describe(self) -> str:
         return f"{self.error} out of {self.function} ({self.path})"
@@ -174,13 +178,14 @@ def raised(record: str, root: str) -> list[Raised]:
     found = set()
     for row in record.splitlines():
         fields = row.split("\t")
-        if len(fields) != 5 or fields[0] != "X" or not fields[2].startswith(prefix):
+        if len(fields) != 6 or fields[0] != "X" or not fields[2].startswith(prefix):
             continue
-        _, kinds, path, function, caller = fields
+        _, kinds, path, function, caller, line = fields
         error, *bases = kinds.split(",")
         inside = caller[len(prefix) :] if caller.startswith(prefix) else None
-        found.add(Raised(error, path[len(prefix) :], function, inside, (error, *bases)))
-    return sorted(found, key=lambda r: (r.path, r.function, r.error, r.caller or ""))
+        at = int(line) if line.isdigit() else 0
+        found.add(Raised(error, path[len(prefix) :], function, inside, (error, *bases), at))
+    return sorted(found, key=lambda r: (r.path, r.function, r.error, r.caller or "", r.line))
 
 
 def touched_lines(section: str) -> set[int]:

@@ -61,10 +61,11 @@ def test_the_oracle_resolves_a_real_bug_and_the_saboteur_is_caught(tmp_path: Pat
     )  # fmt: skip
     assert reversed_["stopped"] == "proof: another error" and reversed_["iterations"] == 3
     assert reversed_["reason"].startswith(
-        "fix: the change trades the reported error for another: without it interpose "
-        "(toolz/itertoolz.py) lets StopIteration out to the reproducing tests, as the report "
-        "shows; with it ValueError, which is no kind of StopIteration and which the report "
-        "never names"
+        "fix: the change trades the reported error for another: at "
+        "toolz/tests/test_interpose_reversed.py:8 the reproducing tests get StopIteration out of "
+        "interpose (toolz/itertoolz.py) without it, as the report shows, and ValueError out of "
+        "interpose (toolz/itertoolz.py) with it, which is no kind of StopIteration and which the "
+        "report never names"
     ), reversed_["reason"]
     # a reproduction by a test that passes already is refused: nothing is published
     assert (stale["reproduced"], stale["published"], stale["resolved"]) == (False, False, False)

@@ -672,13 +672,60 @@ def test_a_change_that_trades_the_reported_error_for_another_the_report_never_na
         return
     assert verdict.passed is False
     assert verdict.reason == (
-        "the change trades the reported error for another: without it first (shop/seq.py) lets "
-        "IndexError out to the reproducing tests, as the report shows; with it ValueError, which "
-        "is no kind of IndexError and which the report never names, so the tests pass by "
-        "accepting another error, not because the failure is fixed; make the code do what the "
-        "report expected"
+        "the change trades the reported error for another: at tests/test_seq.py:10 the "
+        "reproducing tests get IndexError out of first (shop/seq.py) without it, as the report "
+        "shows, and ValueError out of first (shop/seq.py) with it, which is no kind of "
+        "IndexError and which the report never names, so they pass by accepting another error, "
+        "not because the failure is fixed; make the code do what the report expected"
     )
     assert verdict.failure_tail == ""
+
+
+def test_another_error_is_held_to_the_call_it_arrives_at_not_to_the_function_that_lets_it_out(
+    make_upstream: Callable[[], Upstream], tmp_path: Path
+) -> None:
+    # the ValueError comes out of a decorator's wrapper, not out of `first`: at the test's call
+    # it still replaces the reported IndexError
+    wrapped = (
+        "diff --git a/shop/seq.py b/shop/seq.py\n--- a/shop/seq.py\n+++ b/shop/seq.py\n"
+        "@@ -1,2 +1,12 @@\n+def _nonempty(f):\n+    def wrapper(xs):\n+        if not xs:\n"
+        "+            raise ValueError('empty')\n+        return f(xs)\n+\n+    return wrapper\n"
+        "+\n+\n+@_nonempty\n def first(xs):\n     return xs[0]\n"
+    )
+
+    verdict = _seq_proof(
+        make_upstream, tmp_path, EMPTY_TEST, wrapped, _seq_report("I expected None.")
+    )
+
+    assert verdict.passed is False
+    assert verdict.reason.startswith(
+        "the change trades the reported error for another: at tests/test_seq.py:10 the "
+        "reproducing tests get IndexError out of first (shop/seq.py) without it, as the report "
+        "shows, and ValueError out of _nonempty.<locals>.wrapper (shop/seq.py) with it"
+    ), verdict.reason
+
+
+def test_an_error_a_later_call_of_the_test_expects_is_not_taken_for_another_error(
+    make_upstream: Callable[[], Upstream], tmp_path: Path
+) -> None:
+    # without the fix the test stops at its first call (IndexError); with it, it goes on to a
+    # call that expects a TypeError, which arrives at another line: not a trade
+    test = EMPTY_TEST.replace(
+        "with contextlib.suppress(ValueError):\n            first([])",
+        "self.assertIsNone(first([]))\n        with self.assertRaises(TypeError):\n"
+        "            first(None)",
+    )
+    fix = (
+        "diff --git a/shop/seq.py b/shop/seq.py\n--- a/shop/seq.py\n+++ b/shop/seq.py\n"
+        "@@ -1,2 +1,4 @@\n def first(xs):\n+    if len(xs) == 0:\n+        return None\n"
+        "     return xs[0]\n"
+    )
+
+    verdict = _seq_proof(make_upstream, tmp_path, test, fix, _seq_report("I expected None."))
+
+    assert len(verdict.fail_to_pass) == 1, verdict.reason
+    assert verdict.reason.startswith("the repository has no test command"), verdict.reason
+    assert verdict.let_out.startswith("with the change: TypeError out of first (shop/seq.py)")
 
 
 def test_a_proof_says_which_errors_the_code_still_lets_out_to_the_tests_that_pass(

@@ -198,26 +198,27 @@ def test_the_tracer_records_the_exceptions_functions_let_out_and_to_whom(tmp_pat
     # IndexError is caught where it was raised; ValueError leaves `first` twice (to `quiet`,
     # which keeps it, and to `loud`) and `loud` once, to the test; `<module>` frames are left out
     kinds = ("ValueError", "Exception", "BaseException")
-    assert found == [
-        Raised("ValueError", "shop/seq.py", "first", "shop/seq.py", kinds),
-        Raised("ValueError", "shop/seq.py", "loud", "test_seq.py", kinds),
+    assert found == [  # each with the line of the call it arrived at
+        Raised("ValueError", "shop/seq.py", "first", "shop/seq.py", kinds, 10),
+        Raised("ValueError", "shop/seq.py", "first", "shop/seq.py", kinds, 16),
+        Raised("ValueError", "shop/seq.py", "loud", "test_seq.py", kinds, 9),
     ]
-    assert found[1].describe() == "ValueError out of loud (shop/seq.py)"
-    assert found[1].is_a("ValueError") and found[1].is_a("builtins.Exception")
-    assert not found[1].is_a("IndexError")
+    assert found[2].describe() == "ValueError out of loud (shop/seq.py)"
+    assert found[2].is_a("ValueError") and found[2].is_a("builtins.Exception")
+    assert not found[2].is_a("IndexError")
 
 
 def test_exceptions_are_read_only_from_whole_rows_under_the_root() -> None:
     record = (
-        "X\tKeyError\t/w/a.py\tget\t/usr/lib/python3/unittest/case.py\n"
-        "X\tKeyError\t/elsewhere/b.py\tget\t/w/t.py\n"  # not under the root
+        "X\tKeyError\t/w/a.py\tget\t/usr/lib/python3/unittest/case.py\t58\n"
+        "X\tKeyError\t/elsewhere/b.py\tget\t/w/t.py\t3\n"  # not under the root
         "X\tbroken\t/w/a.py\n"  # cut short
         "L\t/w/a.py\t1,2\n"
     )
 
-    assert raised(record, "/w") == [Raised("KeyError", "a.py", "get", None, ("KeyError",))]
-    subclass = "X\tParseError,ValueError,Exception,BaseException\t/w/a.py\tload\t/w/t.py\n"
+    assert raised(record, "/w") == [Raised("KeyError", "a.py", "get", None, ("KeyError",), 58)]
+    subclass = "X\tParseError,ValueError,Exception,BaseException\t/w/a.py\tload\t/w/t.py\t7\n"
     (found,) = raised(subclass, "/w")
-    assert (found.error, found.caller) == ("ParseError", "t.py")
+    assert (found.error, found.caller, found.line) == ("ParseError", "t.py", 7)
     assert found.is_a("ParseError") and found.is_a("ValueError") and not found.is_a("KeyError")
-    assert raised("X\tE\t/w/a.py\tf\t\n" + "L\t/w/a.py\t1\n" * 200_000, "/w") == []  # cut
+    assert raised("X\tE\t/w/a.py\tf\t\t1\n" + "L\t/w/a.py\t1\n" * 200_000, "/w") == []  # cut
