@@ -21,6 +21,8 @@ import re
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
+from orchestrator.core.reported import type_name
+
 TRACE_DIR = ".baton-trace"
 RECORD = f"{TRACE_DIR}/lines.txt"
 MAX_RECORD_CHARS = 1_900_000
@@ -165,8 +167,7 @@ class Raised:
     def is_a(self, name: str) -> bool:
         """Whether it is a `name` (a type's own name, without a module), itself or by a base:
         an `except name` would catch it."""
-        own = {kind.rsplit(".", 1)[-1] for kind in (self.error, *self.kinds)}
-        return name.rsplit(".", 1)[-1] in own
+        return type_name(name) in {type_name(kind) for kind in (self.error, *self.kinds)}
 
 
 def raised(record: str, root: str) -> list[Raised]:

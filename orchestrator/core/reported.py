@@ -53,9 +53,9 @@ class ReportedFailure:
     asks for it) or a kind of the report's (`workers.proof`). Not a fact of the failure: two
     reports of one failure are equal however they are worded."""
 
-    def names(self, type_name: str) -> bool:
-        """Whether the report's text names the type `type_name` (its own name, as a word)."""
-        return type_name.rsplit(".", 1)[-1] in self.words
+    def names(self, error: str) -> bool:
+        """Whether the report's text names the type `error` (its own name, as a word)."""
+        return type_name(error) in self.words
 
     def describe(self) -> str:
         where = f" in {self.function}" if self.function else ""

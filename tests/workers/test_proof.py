@@ -582,9 +582,11 @@ class FirstTest(unittest.TestCase):
         with contextlib.suppress(ValueError):
             first([])
 """
+SEQ_DIFF = "diff --git a/shop/seq.py b/shop/seq.py\n--- a/shop/seq.py\n+++ b/shop/seq.py\n"
+"""The header of a diff of shop/seq.py; a hunk follows."""
 REVERSED = (
-    "diff --git a/shop/seq.py b/shop/seq.py\n--- a/shop/seq.py\n+++ b/shop/seq.py\n"
-    "@@ -1,2 +1,4 @@\n def first(xs):\n+    if not xs:\n+        raise ValueError('empty')\n"
+    SEQ_DIFF
+    + "@@ -1,2 +1,4 @@\n def first(xs):\n+    if not xs:\n+        raise ValueError('empty')\n"
     "     return xs[0]\n"
 )
 
@@ -653,8 +655,8 @@ def test_a_change_that_trades_the_reported_error_for_another_the_report_never_na
         "            self.assertIsNot(type(error), IndexError)",
     )
     fix = (
-        "diff --git a/shop/seq.py b/shop/seq.py\n--- a/shop/seq.py\n+++ b/shop/seq.py\n"
-        "@@ -1,2 +1,8 @@\n+class EmptyError(IndexError):\n+    pass\n+\n+\n def first(xs):\n"
+        SEQ_DIFF
+        + "@@ -1,2 +1,8 @@\n+class EmptyError(IndexError):\n+    pass\n+\n+\n def first(xs):\n"
         f"+    if not xs:\n+        {fixed}\n     return xs[0]\n"
     )
 
@@ -687,8 +689,8 @@ def test_another_error_is_held_to_the_call_it_arrives_at_not_to_the_function_tha
     # the ValueError comes out of a decorator's wrapper, not out of `first`: at the test's call
     # it still replaces the reported IndexError
     wrapped = (
-        "diff --git a/shop/seq.py b/shop/seq.py\n--- a/shop/seq.py\n+++ b/shop/seq.py\n"
-        "@@ -1,2 +1,12 @@\n+def _nonempty(f):\n+    def wrapper(xs):\n+        if not xs:\n"
+        SEQ_DIFF
+        + "@@ -1,2 +1,12 @@\n+def _nonempty(f):\n+    def wrapper(xs):\n+        if not xs:\n"
         "+            raise ValueError('empty')\n+        return f(xs)\n+\n+    return wrapper\n"
         "+\n+\n+@_nonempty\n def first(xs):\n     return xs[0]\n"
     )
@@ -716,8 +718,7 @@ def test_an_error_a_later_call_of_the_test_expects_is_not_taken_for_another_erro
         "            first(None)",
     )
     fix = (
-        "diff --git a/shop/seq.py b/shop/seq.py\n--- a/shop/seq.py\n+++ b/shop/seq.py\n"
-        "@@ -1,2 +1,4 @@\n def first(xs):\n+    if len(xs) == 0:\n+        return None\n"
+        SEQ_DIFF + "@@ -1,2 +1,4 @@\n def first(xs):\n+    if len(xs) == 0:\n+        return None\n"
         "     return xs[0]\n"
     )
 
