@@ -20,6 +20,10 @@ It connects to the very address it checked, so a name that resolves elsewhere a 
 cannot redirect it. With an upstream proxy configured it asks that one instead, after the same
 name check (the upstream resolves the name). Refusals are answered 403 with the reason and
 logged with the host only.
+
+What goes through is held to the registry that was checked, since a CDN routes by the name a
+request carries rather than by the address it reached: a plain HTTP request is sent on with
+`Host` made from its URL and only the headers a download needs (`FORWARDED_HEADERS`).
 """
 
 from __future__ import annotations
@@ -83,6 +87,17 @@ RESOLVED_TTL_S = 60.0
 same few names, and a resolver asked for each at once fails some (`EAI_AGAIN`)."""
 RESOLVE_ATTEMPTS = 4
 MAX_HEAD_BYTES = 16384
+FORWARDED_HEADERS = frozenset(
+    {b"accept", b"accept-encoding", b"accept-language", b"user-agent", b"cache-control",
+     b"pragma", b"range", b"if-range", b"if-modified-since", b"if-unmodified-since",
+     b"if-none-match", b"if-match"}
+)  # fmt: skip
+"""The request headers a plain HTTP download is passed on with: what apt, pip and curl send to
+negotiate, resume and revalidate a file. Every other header is dropped: `Host` (made from the
+URL instead), hop-by-hop and `Proxy-*` headers, `Content-*` (only GET and HEAD are let through,
+without a body), `Authorization` and `Cookie` (credentials do not cross a network in clear
+text: a registry that needs them is reached over HTTPS, through a tunnel), and any a client
+makes up."""
 
 RELAY = """\
 import socket, sys, threading, time
@@ -320,15 +335,21 @@ class EgressProxy:
     def _forwarded(
         self, request: h11.Request, path: str, query: str, host: str, port: int
     ) -> bytes:
-        """The head to send on for a plain HTTP request: origin form, hop-by-hop headers
-        dropped, `Connection: close` (one request per connection)."""
+        """The head to send on for a plain HTTP request: origin form, `Host` from the URL, only
+        the `FORWARDED_HEADERS`, `Connection: close` (one request per connection)."""
         target = f"{path}?{query}" if query else path
+        authority = f"[{host}]" if ":" in host else host
+        if port != 80:
+            authority = f"{authority}:{port}"
         if self.policy.upstream:
-            target = f"http://{host}:{port}{target}"
-        hop = {b"connection", b"proxy-connection", b"proxy-authorization", b"keep-alive",
-               b"te", b"trailer", b"upgrade", b"transfer-encoding", b"content-length"}  # fmt: skip
-        lines = [f"{request.method.decode()} {target} HTTP/1.1".encode()]
-        lines += [name + b": " + value for name, value in request.headers if name not in hop]
+            target = f"http://{authority}{target}"
+        lines = [
+            f"{request.method.decode()} {target} HTTP/1.1".encode(),
+            b"Host: " + authority.encode(),
+        ]
+        lines += [
+            name + b": " + value for name, value in request.headers if name in FORWARDED_HEADERS
+        ]
         lines.append(b"Connection: close")
         return b"\r\n".join(lines) + b"\r\n\r\n"
 

@@ -96,11 +96,12 @@ class Upstream:
     """A fake upstream proxy on loopback: records each request head and answers `reply`; then
     it echoes what else comes through a tunnel (CONNECT), or closes (a download)."""
 
-    def __init__(self, reply: bytes) -> None:
+    def __init__(self, reply: bytes, address: str = "127.0.0.1") -> None:
         self.reply = reply
         self.heads: list[bytes] = []
-        self.server = socket.create_server(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.server.getsockname()[1]}"
+        self.server = socket.create_server((address, 0))
+        self.port = self.server.getsockname()[1]
+        self.url = f"http://{address}:{self.port}"
         threading.Thread(target=self._serve, daemon=True).start()
 
     def _serve(self) -> None:
@@ -213,18 +214,87 @@ def test_a_plain_http_download_goes_on_without_proxy_credentials_and_one_per_con
 ) -> None:
     answer = ask(
         proxy,
-        b"GET http://pypi.org/simple/six/ HTTP/1.1\r\nHost: pypi.org\r\n"
+        b"GET http://pypi.org/simple/six/ HTTP/1.1\r\nHost: evil.example\r\n"
         b"Proxy-Authorization: Basic c2VjcmV0\r\nUser-Agent: pip\r\n\r\n"
         b"GET http://evil.example/ HTTP/1.1\r\nHost: evil.example\r\n\r\n",  # pipelined
     )
 
     assert answer.startswith(b"HTTP/1.1 200")
     (head,) = upstream.heads
-    assert head.startswith(b"GET http://pypi.org:80/simple/six/ HTTP/1.1\r\n")
-    assert b"user-agent: pip" in head.lower()
-    assert b"proxy-authorization" not in head.lower()
-    assert b"connection: close" in head.lower()
-    assert b"evil.example" not in head
+    assert head == (
+        b"GET http://pypi.org/simple/six/ HTTP/1.1\r\nHost: pypi.org\r\n"
+        b"user-agent: pip\r\nConnection: close\r\n\r\n"
+    )
+
+
+def an_address_of_this_host() -> str:
+    """An IPv4 address of this host's other than loopback, which the proxy would refuse."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect(("192.0.2.1", 9))  # sends nothing: it only picks the outgoing address
+        address: str = probe.getsockname()[0]
+    assert not address.startswith("127."), "this test needs an address other than loopback"
+    return address
+
+
+@pytest.fixture
+def registry() -> Iterator[Upstream]:
+    """A registry's web server, reached directly (no upstream proxy), recording each head."""
+    fake = Upstream(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", an_address_of_this_host())
+    yield fake
+    fake.server.close()
+
+
+@pytest.fixture
+def direct_proxy(tmp_path: Path, registry: Upstream) -> Iterator[Path]:
+    address = registry.server.getsockname()[0]
+    policy = EgressPolicy(hosts=frozenset({f"{address}:{registry.port}"}), allow_private=True)
+    path = tmp_path / "egress.sock"
+    with EgressProxy(policy, path):
+        yield path
+
+
+DOWNLOAD_HEADERS = [
+    ("accept", "text/*"),
+    ("accept-encoding", "gzip"),
+    ("user-agent", "Debian APT-HTTP/1.3 (2.6.1)"),
+    ("cache-control", "max-age=0"),
+    ("range", "bytes=100-"),
+    ("if-range", "Mon, 07 Dec 2026 00:00:00 GMT"),
+    ("if-modified-since", "Mon, 07 Dec 2026 00:00:00 GMT"),
+]
+"""What apt sends to resume and revalidate a file."""
+FORGED_HEADERS = [
+    ("Host", "attacker-service.example"),
+    ("X-Exfil", "c2VjcmV0LXRva2Vu"),
+    ("Authorization", "Basic c2VjcmV0"),
+    ("Cookie", "session=c2VjcmV0"),
+    ("Proxy-Authorization", "Basic c2VjcmV0"),
+    ("Proxy-Connection", "keep-alive"),
+    ("Forwarded", "host=attacker-service.example"),
+    ("X-Forwarded-Host", "attacker-service.example"),
+]
+
+
+def test_a_plain_http_request_reaches_the_registry_under_its_url_s_host_with_download_headers_only(
+    direct_proxy: Path, registry: Upstream
+) -> None:
+    address = registry.server.getsockname()[0]
+    headers = FORGED_HEADERS[:1] + DOWNLOAD_HEADERS + FORGED_HEADERS[1:]
+    request = f"GET http://{address}:{registry.port}/debian/dists/InRelease?x=1 HTTP/1.1\r\n"
+    request += "".join(f"{name}: {value}\r\n" for name, value in headers) + "\r\n"
+
+    answer = ask(direct_proxy, request.encode())
+
+    assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"ok")
+    (head,) = registry.heads
+    request_line, *lines = head.decode().split("\r\n")[:-2]
+    assert request_line == "GET /debian/dists/InRelease?x=1 HTTP/1.1"
+    received = [tuple(line.split(": ", 1)) for line in lines]
+    assert received == [
+        ("Host", f"{address}:{registry.port}"),
+        *DOWNLOAD_HEADERS,
+        ("Connection", "close"),
+    ]
 
 
 def test_a_registry_name_that_resolves_to_loopback_is_refused(tmp_path: Path) -> None:
