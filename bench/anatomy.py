@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.docs import ROOT, Source, latest_run, table
+from bench.record import SHARED, STACK
 from bench.stack import bench_settings
 from demo import SCENARIO, SENTRY_EVENT
 from demo.runner import make_sample_repo
@@ -50,6 +51,18 @@ from testkit import services
 from testkit.gemini import FakeGemini
 from testkit.services import worker_env
 from workers import timings
+
+CODE: tuple[str, ...] = (
+    "bench/anatomy.py",
+    *STACK,
+    "demo/",
+    "sandbox/",
+    "images/",
+    "evaluation/",
+    "eval/corpus/",
+    *SHARED,
+)
+"""The code whose change would change this benchmark's figures (`bench.stale`)."""
 
 PIPELINE = "fixer"
 WARM_RUNS = 3

@@ -24,11 +24,15 @@ from typing import Any
 from pydantic import SecretStr
 
 from bench.docs import Source, latest_run, table
+from bench.record import SHARED
 from orchestrator.core.rules import CompactionRule, StageBudget
 from orchestrator.core.settings import ModelConfig, RetryConfig
 from testkit.gemini import FakeGemini
 from workers.agent import AgentSpec, StageSession, Usage, build_agent
 from workers.gemini import build_model, close_model
+
+CODE: tuple[str, ...] = ("bench/compaction.py", "orchestrator/", "workers/", "testkit/", *SHARED)
+"""The code whose change would change this benchmark's figures (`bench.stale`)."""
 
 STAGE = "search"
 SUMMARISER = f"{STAGE}.compaction"

@@ -32,7 +32,7 @@ from typing import Any
 import redis
 
 from bench.docs import Source, latest_run, table
-from bench.record import percentile
+from bench.record import SHARED, percentile
 from orchestrator.core.children import Children, ChildStore
 from orchestrator.core.pipeline import ISSUE_KEY, load_pipeline
 from testkit import services
@@ -40,6 +40,9 @@ from testkit.inprocess import InProcessGemini
 from testkit.sinks import MemoryArtifacts
 from workers.inputs import StageInputs
 from workers.stage import StageSinks, execute_stage
+
+CODE: tuple[str, ...] = ("bench/delegation.py", "orchestrator/", "workers/", "testkit/", *SHARED)
+"""The code whose change would change this benchmark's figures (`bench.stale`)."""
 
 REPEATS = 100
 NOTE_CHARS = 200

@@ -35,6 +35,7 @@ import docker
 
 from bench import record
 from bench.docs import Source, latest_run, table, targets_table
+from bench.record import SHARED
 from orchestrator.core.store import connect
 from sandbox import IMAGE_TAG, ensure_image
 from sandbox.build import CA_PATH, BuildSettings, build_environment, environment_tag
@@ -44,6 +45,17 @@ from testkit import services
 from testkit.projects import as_git_repo, python_sdist, tree_tar
 from workers.environments import Environments
 from workers.mirrors import RepoCache
+
+CODE: tuple[str, ...] = (
+    "bench/environment.py",
+    "orchestrator/",
+    "workers/",
+    "sandbox/",
+    "images/",
+    "testkit/",
+    *SHARED,
+)
+"""The code whose change would change this benchmark's figures (`bench.stale`)."""
 
 PROJECT = ("python-dateutil", "2.9.0.post0")
 ROUNDS = 3

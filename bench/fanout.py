@@ -35,6 +35,7 @@ from pydantic import BaseModel, ConfigDict
 
 from bench import record, trace
 from bench.docs import Source, latest_run, table
+from bench.record import SHARED, STACK
 from bench.stack import bench_settings, empty_repo
 from orchestrator.control import api
 from orchestrator.core.pipeline import load_pipeline
@@ -43,6 +44,17 @@ from orchestrator.core.settings import QueueConfig, Settings
 from testkit import services
 from testkit.gemini import FakeGemini
 from testkit.services import worker_env
+
+CODE: tuple[str, ...] = (
+    "bench/fanout.py",
+    "bench/trace.py",
+    "bench/baton_app.py",
+    "bench/chain_app.py",
+    "bench/baseline.py",
+    *STACK,
+    *SHARED,
+)
+"""The code whose change would change this benchmark's figures (`bench.stale`)."""
 
 FAN_SIZES = (3, 10)
 RUNS = 15

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.docs import Source, latest_run, table, targets_table
+from bench.record import SHARED, STACK
 from bench.stack import bench_settings, empty_repo, together
 from orchestrator.control import api
 from orchestrator.core.pipeline import load_pipeline
@@ -47,6 +48,9 @@ from orchestrator.core.store import RunStore
 from testkit import services
 from testkit.gemini import FakeGemini
 from testkit.services import worker_env
+
+CODE: tuple[str, ...] = ("bench/governor.py", *STACK, *SHARED)
+"""The code whose change would change this benchmark's figures (`bench.stale`)."""
 
 MODEL = DEFAULT_MODEL
 """The model the workers call (their default), whose quota the runs configure."""

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.docs import Source, latest_run, table
+from bench.record import SHARED, STACK
 from bench.stack import bench_settings, together
 from demo import SENTRY_EVENT
 from demo.plus import FIXES, SELECTED, branch_marker, scenario
@@ -35,6 +36,9 @@ from testkit import services
 from testkit.gemini import FakeGemini
 from testkit.leaks import call_key, foreign_parts, scripted_calls
 from testkit.services import worker_env
+
+CODE: tuple[str, ...] = ("bench/graph.py", *STACK, "demo/", *SHARED)
+"""The code whose change would change this benchmark's figures (`bench.stale`)."""
 
 PIPELINE = "fixer-plus"
 WORKERS = 3

@@ -32,6 +32,7 @@ import httpx
 
 from bench import record
 from bench.docs import Source, latest_run, table, targets_table
+from bench.record import SHARED
 from orchestrator.core import keys
 from orchestrator.core.models import (
     ArtifactRef,
@@ -44,6 +45,9 @@ from orchestrator.core.models import (
 )
 from orchestrator.core.store import RunStore, run_fields
 from testkit import services
+
+CODE: tuple[str, ...] = ("bench/inspection.py", "orchestrator/", "testkit/", *SHARED)
+"""The code whose change would change this benchmark's figures (`bench.stale`)."""
 
 RUNS = 10_000
 AUDIT_ENTRIES = 2_000

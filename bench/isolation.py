@@ -31,6 +31,7 @@ from google.genai import types
 from pydantic import SecretStr
 
 from bench.docs import Source, latest_run, table
+from bench.record import SHARED, STACK
 from bench.stack import API_KEY, bench_settings
 from orchestrator.control import api
 from orchestrator.core.git import COMMITTER, git_output
@@ -45,6 +46,15 @@ from testkit.workspace import LocalWorkspace
 from workers.budget import request_trimmer, tool_output_limiter
 from workers.gemini import build_model, close_model
 from workers.tools.code import build_tools
+
+CODE: tuple[str, ...] = (
+    "bench/isolation.py",
+    "bench/pipelines/isolation.toml",
+    *STACK,
+    "sandbox/",
+    *SHARED,
+)
+"""The code whose change would change this benchmark's figures (`bench.stale`)."""
 
 STAGES = ["triage", "search", "plan", "fix", "pr"]
 PIPELINE = Path(__file__).parent / "pipelines" / "isolation.toml"

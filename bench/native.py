@@ -35,6 +35,7 @@ import docker
 
 from bench import record
 from bench.docs import Source, latest_run, table
+from bench.record import SHARED
 from orchestrator.core.git import run_git
 from sandbox import SandboxConfig, ensure_image
 from sandbox.build import build_environment, environment_tag, validate_environment
@@ -44,6 +45,17 @@ from workers.environments import Environment
 from workers.mirrors import RepoCache
 from workers.outcomes import Outcomes, parse, with_ids
 from workers.sandboxes import DockerSandboxes, WorkspaceRequest
+
+CODE: tuple[str, ...] = (
+    "bench/native.py",
+    "orchestrator/",
+    "workers/",
+    "sandbox/",
+    "images/",
+    "testkit/",
+    *SHARED,
+)
+"""The code whose change would change this benchmark's figures (`bench.stale`)."""
 
 DOWNLOADS = record.ROOT / "build" / "test-projects"
 LABEL = {"baton.bench": "native"}

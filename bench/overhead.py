@@ -42,6 +42,7 @@ from celery import Celery, chain
 
 from bench import cpu, record, trace
 from bench.docs import Source, latest_run, table, targets_table
+from bench.record import SHARED, STACK
 from bench.stack import bench_settings, empty_repo
 from orchestrator.control import api
 from orchestrator.core.pipeline import load_pipeline
@@ -50,6 +51,20 @@ from orchestrator.core.settings import QueueConfig, Settings
 from testkit import services
 from testkit.gemini import FakeGemini
 from testkit.services import worker_env
+
+CODE: tuple[str, ...] = (
+    "bench/overhead.py",
+    "bench/pipelines/handoff.toml",
+    "bench/cpu.py",
+    "bench/trace.py",
+    "bench/baton_app.py",
+    "bench/chain_app.py",
+    "bench/adk_chain_app.py",
+    "bench/baseline.py",
+    *STACK,
+    *SHARED,
+)
+"""The code whose change would change this benchmark's figures (`bench.stale`)."""
 
 PIPELINE = Path(__file__).parent / "pipelines" / "handoff.toml"
 BATON_STAGES = ["h1", "h2", "h3", "h4", "h5"]

@@ -42,6 +42,7 @@ import docker
 
 from bench import record
 from bench.docs import Source, latest_run, table, targets_table
+from bench.record import SHARED
 from bench.sandbox import stats
 from sandbox import IMAGE_TAG, SandboxConfig, ensure_image
 from sandbox.build import build_environment, environment_tag
@@ -53,6 +54,18 @@ from workers.outcomes import Outcomes
 from workers.rebuild import BuildRun
 from workers.sandboxes import DockerSandboxes, WorkspaceRequest
 from workers.tools.container import ContainerWorkspace
+
+CODE: tuple[str, ...] = (
+    "bench/products.py",
+    "bench/sandbox.py",
+    "orchestrator/",
+    "workers/",
+    "sandbox/",
+    "images/",
+    "testkit/",
+    *SHARED,
+)
+"""The code whose change would change this benchmark's figures (`bench.stale`)."""
 
 ROUNDS = 12
 WARMUP = 2

@@ -42,6 +42,7 @@ from rich.markup import escape
 
 from bench import record
 from bench.docs import Source, latest_run, table
+from bench.record import SHARED
 from evaluation.cli import DOWNLOADS
 from evaluation.corpus import Instance, load_corpus, materialize
 from evaluation.policies import command_for
@@ -54,6 +55,19 @@ from workers.mirrors import RepoCache
 from workers.proof import reproducing_run, split_diff
 from workers.sandboxes import DockerSandboxes, Sandboxes, WorkspaceRequest
 from workers.settings import WorkerSettings
+
+CODE: tuple[str, ...] = (
+    "bench/proofcost.py",
+    "orchestrator/",
+    "workers/",
+    "sandbox/",
+    "images/",
+    "testkit/",
+    "evaluation/",
+    "eval/corpus/",
+    *SHARED,
+)
+"""The code whose change would change this benchmark's figures (`bench.stale`)."""
 
 COMMAND = "python -m bench proofcost"
 INSTANCES = (

@@ -10,26 +10,42 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from orchestrator.core.git import run_git
+from orchestrator.core.git import source_stamp, uncommitted
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 HISTORY = RESULTS / "history"
+SHARED = ("bench/record.py", "requirements.lock")
+"""What every benchmark's figures depend on besides its own code: how they are recorded and
+the exact versions of every dependency. Each benchmark's `CODE` (repo-relative paths, folders
+ending in `/`) names these and the rest of the code whose change would change its figures; a
+results file is stale once a later commit touches them (`bench.stale`)."""
+STACK = ("bench/stack.py", "orchestrator/", "workers/", "testkit/")
+"""The code a benchmark that runs Baton's stack (redis, Celery workers, the fake Gemini server)
+measures."""
 
 
-def commit() -> str:
-    """The short sha of the checkout the benchmark ran from, or "unknown" outside a clone."""
-    done = run_git(["-C", str(ROOT), "rev-parse", "--short", "HEAD"])
-    return done.stdout.decode().strip() if done.returncode == 0 else "unknown"
+def commit(code: Sequence[str], root: Path = ROOT) -> str:
+    """The short sha of the checkout the benchmark ran from, ending `-dirty` when its `code` has
+    uncommitted changes; "unknown" outside a clone."""
+    return source_stamp(root, code)
 
 
-def save(name: str, figures: Mapping[str, Any], results: Path = RESULTS) -> Path:
-    """Write a run's figures as `<name>.json` (with its date and commit) and add them to the
-    benchmark's history; the path written."""
+def dirty(code: Sequence[str], root: Path = ROOT) -> list[str]:
+    """The files of `code` with uncommitted changes: a run now would measure code no commit
+    holds."""
+    return uncommitted(root, code)
+
+
+def save(
+    name: str, figures: Mapping[str, Any], code: Sequence[str], results: Path = RESULTS
+) -> Path:
+    """Write a run's figures as `<name>.json` (with its date, and the commit of its `code`) and
+    add them to the benchmark's history; the path written."""
     stamped = {
         "benchmark": name,
         "date": time.strftime("%Y-%m-%d %H:%M"),
-        "commit": commit(),
+        "commit": commit(code),
         **figures,
     }
     (results / "history").mkdir(parents=True, exist_ok=True)

@@ -38,9 +38,13 @@ import docker
 
 from bench import record
 from bench.docs import Source, latest_run, table, targets_table
+from bench.record import SHARED
 from sandbox import IMAGE_TAG, DockerSandbox, SandboxConfig, ensure_image
 from sandbox.pool import WarmPool
 from testkit import services
+
+CODE: tuple[str, ...] = ("bench/sandbox.py", "sandbox/", "images/", "testkit/", *SHARED)
+"""The code whose change would change this benchmark's figures (`bench.stale`)."""
 
 RUNS = 30
 WARMUP = 2

@@ -28,6 +28,7 @@ from typing import Any
 import redis
 
 from bench.docs import Source, latest_run, table
+from bench.record import SHARED, STACK
 from bench.stack import bench_settings
 from demo import SCENARIO, SENTRY_EVENT
 from demo.runner import make_sample_repo
@@ -37,6 +38,9 @@ from orchestrator.core.settings import Settings
 from testkit import services
 from testkit.gemini import FakeGemini
 from testkit.services import worker_env
+
+CODE: tuple[str, ...] = ("bench/saturation.py", *STACK, "demo/", "sandbox/", *SHARED)
+"""The code whose change would change this benchmark's figures (`bench.stale`)."""
 
 LEVELS = (1, 2, 3, 4, 6, 8)
 """Worker processes per level, tried in order until the knee."""

@@ -32,6 +32,7 @@ from typing import Any
 
 import sandbox
 from bench.docs import Source, latest_run, table
+from bench.record import SHARED, STACK
 from bench.stack import bench_settings
 from demo import SCENARIO, SENTRY_EVENT
 from demo.runner import make_sample_repo
@@ -43,6 +44,9 @@ from orchestrator.core.store import RunStore
 from testkit import services
 from testkit.gemini import FakeGemini
 from testkit.services import worker_env
+
+CODE: tuple[str, ...] = ("bench/soak.py", *STACK, "demo/", "sandbox/", "images/", *SHARED)
+"""The code whose change would change this benchmark's figures (`bench.stale`)."""
 
 RUNS = 60
 ARRIVAL_S = 4.0

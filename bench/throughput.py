@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.docs import Source, latest_run, table
+from bench.record import SHARED, STACK
 from bench.stack import bench_settings, empty_repo, together
 from orchestrator.control import api
 from orchestrator.core.pipeline import load_pipeline
@@ -32,6 +33,15 @@ from orchestrator.core.settings import Settings
 from testkit import services
 from testkit.gemini import FakeGemini
 from testkit.services import worker_env
+
+CODE: tuple[str, ...] = (
+    "bench/throughput.py",
+    "bench/pipelines/handoff.toml",
+    *STACK,
+    "sandbox/",
+    *SHARED,
+)
+"""The code whose change would change this benchmark's figures (`bench.stale`)."""
 
 PIPELINE = Path(__file__).parent / "pipelines" / "handoff.toml"
 RUNS = 40

@@ -46,6 +46,7 @@ from google.genai import _common, types
 from pydantic import BaseModel, SecretStr
 
 from bench.docs import Source, latest_run, table
+from bench.record import SHARED
 from orchestrator.core.pipeline import StageSpec, load_pipeline
 from orchestrator.core.settings import ModelConfig, RetryConfig
 from testkit.sinks import MemoryArtifacts
@@ -53,6 +54,9 @@ from testkit.workspace import LocalWorkspace
 from workers.gemini import BatonGemini, build_model, close_model
 from workers.output import contract
 from workers.tools.code import build_tools
+
+CODE: tuple[str, ...] = ("bench/upstream.py", "orchestrator/", "workers/", "testkit/", *SHARED)
+"""The code whose change would change this benchmark's figures (`bench.stale`)."""
 
 PIPELINE = "fixer"
 REQUESTS = {

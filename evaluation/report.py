@@ -18,7 +18,7 @@ from rich.table import Table
 from evaluation.harness import Evaluation, Result, false_publication
 from evaluation.policies import kind
 from orchestrator.control.tables import Column, fitted_table
-from orchestrator.core.git import run_git
+from orchestrator.core.git import source_stamp
 
 COLUMNS = (
     "instance", "env", "reproduced", "proven", "published", "resolved", "fail→pass",
@@ -26,6 +26,13 @@ COLUMNS = (
 )  # fmt: skip
 SOURCE = Path(__file__).resolve().parent.parent
 """The checkout Baton runs from, when it runs from one (`source_commit`)."""
+CODE: tuple[str, ...] = (
+    "evaluation/", "eval/corpus/", "orchestrator/", "workers/", "sandbox/", "images/", "testkit/",
+    "requirements.lock",
+)  # fmt: skip
+"""The code whose change would change an evaluation's figures (every eval/results/*.json;
+`bench.stale`): the harness and its corpus, the pipeline it runs, the sandboxes and their
+images, the fake model server, and every dependency's exact version."""
 
 
 class Results(Protocol):
@@ -129,10 +136,10 @@ def tables(evaluation: Evaluation, *, width: int | None = None) -> list[Table]:
     return found
 
 
-def source_commit() -> str:
-    """The short sha of the checkout Baton runs from, or "unknown" when it is installed."""
-    done = run_git(["-C", str(SOURCE), "rev-parse", "--short", "HEAD"])
-    return done.stdout.decode().strip() if done.returncode == 0 else "unknown"
+def source_commit(root: Path = SOURCE) -> str:
+    """The short sha of the checkout Baton runs from, ending `-dirty` when the code it
+    evaluates (`CODE`) has uncommitted changes; "unknown" when it is installed."""
+    return source_stamp(root, CODE)
 
 
 def results_file(

@@ -270,3 +270,28 @@ def redact(text: str, secrets: Iterable[str] = ()) -> str:
         if secret:
             text = text.replace(secret, "***")
     return re.sub(r"://[^/@\s]+@", "://***@", text)
+
+
+DIRTY = "-dirty"
+"""What a source stamp ends with when the code it names has uncommitted changes
+(`source_stamp`)."""
+
+
+def uncommitted(root: Path, paths: Sequence[str]) -> list[str]:
+    """The files under `paths` (relative to the clone at `root`) that differ from HEAD or are
+    untracked, as `git status --porcelain` names them; none outside a clone."""
+    done = run_git(["-C", str(root), "status", "--porcelain", "--", *paths])
+    if done.returncode != 0:
+        return []
+    return [line[3:] for line in done.stdout.decode(errors="replace").splitlines() if line]
+
+
+def source_stamp(root: Path, paths: Sequence[str]) -> str:
+    """The short sha of the clone at `root`, ending `-dirty` when any of `paths` has
+    uncommitted changes (`uncommitted`); "unknown" outside a clone. What a results file records
+    as its commit."""
+    done = run_git(["-C", str(root), "rev-parse", "--short", "HEAD"])
+    if done.returncode != 0:
+        return "unknown"
+    sha = done.stdout.decode().strip()
+    return sha + DIRTY if uncommitted(root, paths) else sha

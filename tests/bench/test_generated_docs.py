@@ -151,8 +151,8 @@ def test_each_history_ends_with_its_latest_results_file(name: str) -> None:
 
 
 def test_save_writes_the_latest_figures_and_appends_them_to_the_history(tmp_path: Path) -> None:
-    record.save("probe", {"p50_ms": 1.5}, results=tmp_path)
-    record.save("probe", {"p50_ms": 2.5}, results=tmp_path)
+    record.save("probe", {"p50_ms": 1.5}, ("bench/record.py",), results=tmp_path)
+    record.save("probe", {"p50_ms": 2.5}, ("bench/record.py",), results=tmp_path)
 
     latest = json.loads((tmp_path / "probe.json").read_text())
     history = [
