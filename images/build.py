@@ -5,7 +5,7 @@ changed, all without a registry.
 
 Python packages reach the image as wheels fetched on the host, at the versions and with the
 hashes of requirements.lock (`images.lock`): of the lock, the image gets what Baton's service
-needs (`baton[fake]`) on the image's python, and pip in the image installs them with
+needs (`baton[litellm]`) on the image's python, and pip in the image installs them with
 `--require-hashes`. `build/wheels` caches the wheels; the package index is asked only when one
 is not in it yet. Baton's own wheel is made from a clean copy of its source (so no stale file of
 an old build gets in), with the venv's locked setuptools. The Docker build context holds just the
@@ -55,10 +55,10 @@ HOST_PYTHON = "/usr/bin/python3"
 for it (environment markers such as `python_full_version < "3.11.3"` depend on it)."""
 SOURCES = ("pyproject.toml", "README.md", "orchestrator", "workers", "sandbox", "testkit", "demo")
 """What Baton's wheel is made of (pyproject.toml names README.md as its long description)."""
-SERVICE_EXTRA = "fake"
-"""The extra of Baton's wheel the image installs: the test kit's servers, for Compose's offline
-profile. Of the lock, the image gets what Baton needs with it, and the locked pip and setuptools
-(which a venv of Python 3.11 starts with, at the interpreter's own versions)."""
+SERVICE_EXTRA = "litellm"
+"""The extra of Baton's wheel the image installs: LiteLLM, so a worker of the image runs stages
+on any provider. Of the lock, the image gets what Baton needs with it, and the locked pip and
+setuptools (which a venv of Python 3.11 starts with, at the interpreter's own versions)."""
 IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
 K8S = ROOT / "k8s"
 K8S_OVERLAY = ROOT / "build" / "k8s"
@@ -226,8 +226,15 @@ def _prepare_context(source: Path, python: Path, say: Progress) -> None:
                 str(constraints), "--find-links", str(WHEEL_CACHE)]  # fmt: skip
     offline = [*download, "--no-index", "--dest", str(wheels / "deps"), *wanted]
     if _pip(offline, say, show=False, quiet=True) != 0:
+        # Every locked file this python takes, each checked against its hash, and nothing
+        # resolved against the index (--no-deps): a release newer than the lock changes nothing.
+        # What the service needs is then chosen from these alone (`offline`).
         say("fetching the locked wheels from the package index into build/wheels")
-        fetch = [*download, "--progress-bar", "off", "--dest", str(WHEEL_CACHE), *wanted]
+        locked = CONTEXT.parent / "locked.txt"
+        locked.write_text("".join(f"{pin.requirement()}\n" for pin in pins.values()))
+        fetch = [str(python), "-m", "pip", "download", "--only-binary", ":all:", "--no-deps",
+                 "--require-hashes", "--requirement", str(locked), "--progress-bar", "off",
+                 "--dest", str(WHEEL_CACHE)]  # fmt: skip
         if _pip(fetch, say, show=True) != 0 or _pip(offline, say, show=False) != 0:
             raise ImageBuildError(
                 "pip could not fetch the locked wheels (see above); is the package index "

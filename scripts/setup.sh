@@ -27,7 +27,7 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 
 # Python packages: exactly what requirements.lock lists (`make lock` writes it), each file checked
-# against its hash, then Baton itself, editable, with no dependency of its own and the locked
+# against its hash, nothing resolved against the index, then Baton itself, editable, with no dependency of its own and the locked
 # setuptools as its build backend. .venv/.installed holds the hashes of the lock and of
 # pyproject.toml it was made from: a changed lock makes .venv afresh (so nothing the lock no
 # longer lists stays behind), a changed pyproject.toml reinstalls Baton.
@@ -44,9 +44,8 @@ if [ "${installed[0]:-}" != "$lock_sum" ]; then
   fi
   echo "setup: creating .venv from requirements.lock"
   "${PYTHON:-python3}" -m venv .venv
-  # -qq: errors only (this machine's pip configuration names find-links folders that may not
-  # exist, and pip warns of each one of them for every package)
-  .venv/bin/pip install -qq --require-hashes -r requirements.lock
+  # Exactly the lock, never what the index offers that day (scripts/install-lock.sh).
+  bash scripts/install-lock.sh .venv/bin/python requirements.lock
 fi
 if [ "${installed[0]:-}" != "$lock_sum" ] || [ "${installed[1]:-}" != "$project_sum" ]; then
   echo "setup: installing Baton into .venv"

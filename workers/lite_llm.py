@@ -33,13 +33,14 @@ from google.adk.models.llm_request import LlmRequest
 from google.adk.models.llm_response import LlmResponse
 from pydantic import Field, PrivateAttr, SkipValidation
 
-from orchestrator.core.providers import ModelRef
+from orchestrator.core.providers import LITELLM_EXTRA, ModelRef, litellm_missing
 from orchestrator.core.settings import ProviderConfig, RetryConfig
 from workers.errors import (
     ExecutionError,
     ModelRejectedError,
     ModelUnavailableError,
     RateLimitedError,
+    UnrunnableStageError,
 )
 from workers.governed import GovernedLlm
 from workers.governor import Governor, WaitCallback
@@ -63,7 +64,12 @@ def import_litellm() -> Any:
     """LiteLLM, imported once, quietly and without fetching anything (module docstring)."""
     for name, value in LITELLM_ENVIRONMENT.items():
         os.environ.setdefault(name, value)
-    import litellm
+    try:
+        import litellm
+    except ImportError as exc:
+        raise UnrunnableStageError(
+            f"this stage's model runs through LiteLLM, which is not installed here: {LITELLM_EXTRA}"
+        ) from exc
 
     litellm.suppress_debug_info = True  # no "Give Feedback / Get Help" banner on every error
     return litellm
@@ -150,6 +156,9 @@ def build_model(
 def unusable(ref: ModelRef, cfg: ProviderConfig) -> str | None:
     """What keeps `ref` from being called with `cfg` (a key or a server not configured), as a
     person should read it; None when nothing does. A vLLM server's key is optional."""
+    missing = litellm_missing(ref)
+    if missing is not None:
+        return missing
     if cfg.key_variable is not None and cfg.api_key is None and ref.provider != "hosted_vllm":
         return missing_key_message(ref, cfg)
     needed = NEEDS_BASE_URL.get(ref.provider)

@@ -32,6 +32,7 @@ from orchestrator.core.pipeline import (
     placeholders,
 )
 from orchestrator.core.prices import ModelPrice
+from orchestrator.core.providers import litellm_missing, parse_model
 from orchestrator.core.queue import check_time_limits
 from orchestrator.core.runbudget import check_priced
 from orchestrator.core.settings import QueueConfig, RetryConfig
@@ -126,6 +127,7 @@ def check_text(
     if problems:
         return Checked(None, problems)
     problems += [_tool_problem(found, origin) for found in check_tools(pipeline)]
+    problems += _model_problems(pipeline, model, origin)
     if queue is not None and retry is not None:
         try:
             check_time_limits(pipeline, queue, retry)
@@ -137,6 +139,20 @@ def check_text(
         except ConfigError as exc:
             problems.append(Problem(origin, None, "run_budget.cost_usd", str(exc)))
     return Checked(pipeline if not problems else None, problems)
+
+
+def _model_problems(pipeline: Pipeline, default: str | None, origin: str) -> list[Problem]:
+    """A stage whose model needs a package that is not installed (LiteLLM, an extra)."""
+    problems = []
+    for stage in pipeline.stages:
+        named = {"model": stage.model or pipeline.model or default}
+        if stage.compaction is not None:
+            named["compaction.model"] = stage.compaction.model
+        for field, model in named.items():
+            missing = litellm_missing(parse_model(model)) if model else None
+            if missing is not None:
+                problems.append(Problem(origin, stage.name, field, missing))
+    return problems
 
 
 def _stages(table: Mapping[str, Any]) -> list[dict[str, Any]]:

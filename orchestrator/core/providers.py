@@ -20,6 +20,7 @@ holds a `/`, so two providers' quotas and cooldowns never share a key.
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from dataclasses import dataclass
 
@@ -84,3 +85,19 @@ def parse_model(model_id: str) -> ModelRef:
 
 def _known() -> str:
     return ", ".join(["gemini-…", *(f"{p}/…" for p in LITELLM_PROVIDERS)])
+
+
+LITELLM_EXTRA = "pip install 'baton[litellm]'"
+"""What installs LiteLLM beside Baton: it is an extra (pyproject.toml says why)."""
+
+
+def litellm_missing(ref: ModelRef) -> str | None:
+    """Why `ref` cannot run here when it needs LiteLLM and LiteLLM is not installed, with the
+    command that installs it; None when nothing is missing."""
+    if not ref.via_litellm or _importable("litellm"):
+        return None
+    return f"{ref.id} runs through LiteLLM, which is not installed here: {LITELLM_EXTRA}"
+
+
+def _importable(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None

@@ -3,6 +3,7 @@ problem names the file, the stage and the field, and the command exits 2."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -161,3 +162,30 @@ def test_a_fan_out_stage_may_read_its_branch_id(tmp_path: Path) -> None:
     path = tmp_path / "best2.toml"
     path.write_text(BEST_OF_TWO)
     assert check_pipeline(str(path)).problems == []
+
+
+LITELLM_STAGE = GOOD.replace(
+    'instruction = "Label', 'model = "openai/gpt-4.1-mini"\ninstruction = "Label'
+)
+
+
+def test_a_litellm_stage_where_litellm_is_not_installed_is_refused_with_the_install_command(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spec = tmp_path / "labeller.toml"
+    spec.write_text(LITELLM_STAGE)
+    monkeypatch.setitem(sys.modules, "litellm", None)  # what an install without the extra has
+
+    checked = check_pipeline(str(spec))
+
+    assert [(p.stage, p.field) for p in checked.problems] == [("label", "model")]
+    assert "pip install 'baton[litellm]'" in checked.problems[0].message
+
+
+def test_control_the_same_litellm_stage_passes_where_litellm_is_installed(tmp_path: Path) -> None:
+    spec = tmp_path / "labeller.toml"
+    spec.write_text(LITELLM_STAGE)
+
+    checked = check_pipeline(str(spec))
+
+    assert checked.problems == []

@@ -3,6 +3,7 @@ where each provider's key and base URL come from."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,7 @@ from pydantic import ValidationError
 
 from orchestrator.core.errors import PipelineError
 from orchestrator.core.pipeline import load_pipeline
-from orchestrator.core.providers import GEMINI, parse_model
+from orchestrator.core.providers import GEMINI, litellm_missing, parse_model
 from orchestrator.core.settings import Settings
 from workers.settings import WorkerSettings
 
@@ -146,3 +147,19 @@ def test_each_provider_has_its_key_and_base_url_and_keys_may_come_from_files(
     assert (anthropic.base_url, vllm.base_url, vllm.api_key) == (None, "http://vllm:8000/v1", None)
     assert (ollama.api_key, ollama.key_variable) == (None, None)
     assert "sk-openai" not in repr(settings) and "sk-ant-from-a-file" not in repr(settings)
+
+
+def test_a_litellm_model_without_litellm_installed_names_the_extra_to_install(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, "litellm", None)  # what an install without the extra has
+
+    said = litellm_missing(parse_model("anthropic/claude-sonnet-4-5"))
+
+    assert said is not None
+    assert "anthropic/claude-sonnet-4-5" in said and "pip install 'baton[litellm]'" in said
+    assert litellm_missing(parse_model("gemini-3.8-flash")) is None  # Gemini needs no LiteLLM
+
+
+def test_control_a_litellm_model_with_litellm_installed_misses_nothing() -> None:
+    assert litellm_missing(parse_model("anthropic/claude-sonnet-4-5")) is None

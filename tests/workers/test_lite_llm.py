@@ -29,8 +29,14 @@ from orchestrator.core.rules import StageBudget
 from orchestrator.core.settings import ProviderConfig, RetryConfig
 from testkit.gemini.harness import serve_in_thread
 from testkit.openai import FakeOpenAI
+from workers import lite_llm
 from workers.agent import AgentSpec, StageSession, Usage, build_agent
-from workers.errors import ModelRejectedError, ModelUnavailableError, RateLimitedError
+from workers.errors import (
+    ModelRejectedError,
+    ModelUnavailableError,
+    RateLimitedError,
+    UnrunnableStageError,
+)
 from workers.lite_llm import BatonLiteLlm, build_model
 
 KEY = "sk-canary-litellm-0123456789abcdef"
@@ -249,3 +255,15 @@ def test_importing_baton_does_not_import_litellm() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=60, check=True)  # fmt: skip
     assert done.stdout.strip() == "[]"
+
+
+def test_a_worker_without_litellm_refuses_the_stage_with_the_install_command(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, "litellm", None)  # what an install without the extra has
+    lite_llm.import_litellm.cache_clear()  # an earlier test of this worker imported it
+    try:
+        with pytest.raises(UnrunnableStageError, match=r"pip install 'baton\[litellm\]'"):
+            lite_llm.import_litellm()
+    finally:
+        lite_llm.import_litellm.cache_clear()
