@@ -41,14 +41,12 @@ unit: setup
 		-o tmp_path_retention_policy=failed --hypothesis-profile=unit \
 		--ignore=tests/integration --ignore=tests/deploy
 
-# Everything: lint, then both tiers against real redis-server, Celery workers, dockerd, Chromium:
-# the unit tier on both cores (with every property example), then the integration tier, whose
-# tests share workers, servers and dockerd, one at a time.
+# Everything: lint, then both tiers against real redis-server, Celery workers, dockerd, Chromium
+# (scripts/test.sh): the service images build in the background while the unit tier runs on both
+# cores (with every property example); then the integration tier, several test processes at once
+# (INTEGRATION_WORKERS), each with its own services.
 test: lint
-	env -u PYTHONDONTWRITEBYTECODE bash scripts/with-docker.sh --runsc sh -c '\
-		$(BIN)/pytest -q -m "not integration" -n 2 --dist worksteal \
-			-o tmp_path_retention_policy=failed --ignore=tests/integration --ignore=tests/deploy \
-		&& $(BIN)/pytest -q -m integration --durations=15'
+	bash scripts/test.sh
 
 bench: setup
 	bash scripts/with-docker.sh --runsc $(BIN)/python -m bench

@@ -9,6 +9,11 @@
 # --runsc: COMMAND needs the runsc runtime (the tests do; the demo does not). A dockerd already
 # running without it, as Baton registers it, stops this at once with the one-line fix, rather
 # than failing the sandbox tests on runsc much later.
+#
+# BATON_DOCKER_DATA_ROOT=DIR: the dockerd started here keeps its images and containers in DIR
+# (`dockerd --data-root`), e.g. an empty folder, to run as a new machine would, with no image
+# built before (scripts/rehearse.sh does). A dockerd already running with another data root
+# stops this at once.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -39,13 +44,25 @@ pathlib.Path(sys.argv[1]).write_text(json.dumps(config, indent=2))
 
 started=""
 conf=""
+if [ -n "${BATON_DOCKER_DATA_ROOT:-}" ] && docker info >/dev/null 2>&1; then
+  running=$(docker info --format '{{.DockerRootDir}}')
+  if [ "$running" != "$BATON_DOCKER_DATA_ROOT" ]; then
+    echo "with-docker: a dockerd already runs with its data in $running, not" \
+      "BATON_DOCKER_DATA_ROOT=$BATON_DOCKER_DATA_ROOT: stop it first (kill \$(pidof dockerd))" >&2
+    exit 1
+  fi
+fi
 if ! docker info >/dev/null 2>&1; then
-  echo "with-docker: starting dockerd"
+  echo "with-docker: starting dockerd${BATON_DOCKER_DATA_ROOT:+ with its data in $BATON_DOCKER_DATA_ROOT}"
   log=$(mktemp -t baton-dockerd.XXXXXX.log)
   config=()
+  if [ -n "${BATON_DOCKER_DATA_ROOT:-}" ]; then
+    mkdir -p "$BATON_DOCKER_DATA_ROOT"
+    config+=(--data-root "$BATON_DOCKER_DATA_ROOT")
+  fi
   if command -v runsc >/dev/null; then
     conf=$(mktemp -t baton-dockerd.XXXXXX.json)
-    daemon_config "$conf" && config=(--config-file "$conf")
+    daemon_config "$conf" && config+=(--config-file "$conf")
   elif [ -n "$need_runsc" ]; then
     echo "with-docker: runsc is not installed: run scripts/setup.sh (it installs it)" >&2
     exit 1

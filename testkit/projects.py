@@ -5,18 +5,22 @@ from the npm registry (`npm pack`), unpacked, and made into git repositories on 
     root = python_sdist("six", "1.16.0", cache)      # the unpacked sdist
     repo = as_git_repo(root, tmp / "six.git")         # a repository Baton can run on
 
-Downloads are kept in `cache`, so a second test session does not fetch them again.
+Downloads are kept in `cache`, so a second test session does not fetch them again; test
+processes running at once (pytest-xdist) share it, one fetching a project while the others wait
+for it (`_claimed`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import io
 import re
 import shutil
 import subprocess
 import sys
 import tarfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import docker
@@ -29,9 +33,12 @@ DOWNLOAD_TIMEOUT_S = 300
 def python_sdist(name: str, version: str, cache: Path) -> Path:
     """`name==version`'s source distribution from PyPI, unpacked under `cache`; its root."""
     unpacked = cache / f"{name}-{version}"
-    if not (unpacked / ".complete").is_file():
-        downloads = cache / "downloads"
-        downloads.mkdir(parents=True, exist_ok=True)
+    with _claimed(unpacked):
+        if (unpacked / ".complete").is_file():
+            return unpacked
+        downloads = cache / "downloads" / unpacked.name
+        shutil.rmtree(downloads, ignore_errors=True)
+        downloads.mkdir(parents=True)
         fetched = subprocess.run(
             [sys.executable, "-m", "pip", "download", "--quiet", "--no-binary", name,
              "--no-deps", "--dest", str(downloads), f"{name}=={version}"],
@@ -51,9 +58,12 @@ def python_sdist(name: str, version: str, cache: Path) -> Path:
 def npm_package(name: str, version: str, cache: Path) -> Path:
     """`name@version` from the npm registry (`npm pack`), unpacked under `cache`; its root."""
     unpacked = cache / f"npm-{name}-{version}"
-    if not (unpacked / ".complete").is_file():
-        downloads = cache / "downloads"
-        downloads.mkdir(parents=True, exist_ok=True)
+    with _claimed(unpacked):
+        if (unpacked / ".complete").is_file():
+            return unpacked
+        downloads = cache / "downloads" / unpacked.name
+        shutil.rmtree(downloads, ignore_errors=True)
+        downloads.mkdir(parents=True)
         packed = subprocess.run(
             ["npm", "pack", "--silent", f"{name}@{version}"],
             cwd=downloads, check=True, capture_output=True, text=True,
@@ -93,6 +103,19 @@ def tree_tar(root: Path, *, uid: int = 1000, gid: int = 1000) -> bytes:
             else:
                 archive.addfile(info)
     return buffer.getvalue()
+
+
+@contextlib.contextmanager
+def _claimed(unpacked: Path) -> Iterator[None]:
+    """Held while this process fetches and unpacks `unpacked`: a lock file beside it, so
+    another process asking for the same project waits, then finds it complete."""
+    unpacked.parent.mkdir(parents=True, exist_ok=True)
+    with open(unpacked.with_name(unpacked.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def _unpack(archive: Path, dest: Path) -> None:

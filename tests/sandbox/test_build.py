@@ -9,6 +9,7 @@ run by hand in the same image."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 from collections.abc import Iterator
@@ -144,8 +145,11 @@ def test_a_failing_setup_command_names_itself_with_its_output_and_leaves_no_imag
     spec = detect(tmp_path)
     tag = environment_tag("test-failing-setup")
 
+    # A label of this test's own: other test processes build at the same time.
+    mine = {TEST_LABEL: f"failing-setup-{tmp_path.name}-{os.getpid()}"}
+
     with pytest.raises(EnvironmentBuildError) as raised:
-        build_environment(spec, tree_tar(tmp_path), tag=tag, client=docker_client)
+        build_environment(spec, tree_tar(tmp_path), tag=tag, labels=mine, client=docker_client)
 
     message = str(raised.value)
     assert message.startswith(
@@ -157,7 +161,8 @@ def test_a_failing_setup_command_names_itself_with_its_output_and_leaves_no_imag
     assert "$ cd /workspace && python -m pip install -r requirements.txt" in raised.value.log
     with pytest.raises(docker.errors.ImageNotFound):
         docker_client.images.get(tag)
-    leftover = docker_client.containers.list(all=True, filters={"label": "baton.build=1"})
+    label = "{}={}".format(*mine.popitem())
+    leftover = docker_client.containers.list(all=True, filters={"label": ["baton.build=1", label]})
     assert leftover == []
 
 
