@@ -23,7 +23,9 @@ logged with the host only.
 
 What goes through is held to the registry that was checked, since a CDN routes by the name a
 request carries rather than by the address it reached: a plain HTTP request is sent on with
-`Host` made from its URL and only the headers a download needs (`FORWARDED_HEADERS`).
+`Host` made from its URL and only the headers a download needs (`FORWARDED_HEADERS`); a tunnel
+goes on only for a TLS ClientHello whose server name is the `CONNECT` host (none, for an address
+literal; `sandbox.clienthello` reads it), and is closed otherwise, with the reason logged.
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ from urllib.parse import urlsplit
 import h11
 from pydantic import BaseModel, ConfigDict, Field
 
+from sandbox import clienthello
+from sandbox.errors import ClientHelloError
 from sandbox.sockets import RECV_BYTES, pump
 
 logger = logging.getLogger(__name__)
@@ -87,6 +91,9 @@ RESOLVED_TTL_S = 60.0
 same few names, and a resolver asked for each at once fails some (`EAI_AGAIN`)."""
 RESOLVE_ATTEMPTS = 4
 MAX_HEAD_BYTES = 16384
+MAX_HELLO_READS = 32
+"""Reads a tunnel's ClientHello may take (a client writes it at once; a relay passes it in a
+few pieces), which bounds the parsing a client that trickles it can cause."""
 FORWARDED_HEADERS = frozenset(
     {b"accept", b"accept-encoding", b"accept-language", b"user-agent", b"cache-control",
      b"pragma", b"range", b"if-range", b"if-modified-since", b"if-unmodified-since",
@@ -276,10 +283,17 @@ class EgressProxy:
             logger.debug("egress: a client's request ended early: %s", exc)
             return
         with upstream:
-            early, _ = http.trailing_data
             client.sendall(reply)
-            if early and request.method == b"CONNECT":  # the tunnel's first bytes; on plain
-                upstream.sendall(early)  # HTTP, a pipelined request is not passed on unread
+            if request.method == b"CONNECT":  # on plain HTTP, a pipelined request is not
+                target = request.target.decode("ascii", "replace")  # passed on unread
+                try:
+                    upstream.sendall(_client_hello(client, http.trailing_data[0], target))
+                except (_Refused, ClientHelloError) as exc:
+                    logger.warning("egress closed a tunnel to %s: %s", target, exc)
+                    return
+                except OSError as exc:
+                    logger.debug("egress: a tunnel ended before its ClientHello: %s", exc)
+                    return
             _splice(client, upstream)
 
     def _open(self, request: h11.Request) -> tuple[socket.socket, bytes]:
@@ -383,6 +397,40 @@ def _read_head(client: socket.socket, http: h11.Connection) -> h11.Request:
         if event is not h11.NEED_DATA:
             raise OSError(f"no request ({type(event).__name__})")
         http.receive_data(client.recv(RECV_BYTES))
+
+
+def _client_hello(client: socket.socket, early: bytes, target: str) -> bytes:
+    """The bytes a client sent first through its tunnel to `target`, up to the end of its
+    ClientHello at least, once that names the tunnel's host as its server (no server, for an
+    address literal)."""
+    host, _ = _authority(target)
+    data = bytes(early)
+    deadline = time.monotonic() + HEAD_TIMEOUT_S
+    for _ in range(MAX_HELLO_READS):
+        hello = clienthello.parse(data)
+        if hello is not None:
+            break
+        client.settimeout(max(deadline - time.monotonic(), 0.001))
+        received = client.recv(RECV_BYTES)
+        if not received:
+            raise ClientHelloError("the client closed before its ClientHello was complete")
+        data += received
+    else:
+        raise ClientHelloError(f"a ClientHello in more than {MAX_HELLO_READS} pieces")
+    expected = None if _is_address(host) else host.lower().rstrip(".")
+    if hello.server_name != expected:
+        named = "no server" if hello.server_name is None else hello.server_name
+        raise _Refused(403, f"its ClientHello names {named[:80]}, not {expected or 'none'}")
+    client.settimeout(IDLE_TIMEOUT_S)
+    return data
+
+
+def _is_address(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host.partition("%")[0])
+    except ValueError:
+        return False
+    return True
 
 
 def _authority(target: str) -> tuple[str, int]:

@@ -6,6 +6,8 @@
     │                                               mid-stage; retryable
     ├── SandboxFileError         (OSError)          a file operation failed inside the sandbox
     ├── EnvironmentSpecError     (ValueError)       a repository's environment spec is not valid
+    ├── ClientHelloError         (ValueError)       a tunnel's first bytes are no ClientHello the
+    │                                               egress proxy accepts (sandbox.clienthello)
     ├── EnvironmentBuildError    (RuntimeError)     a setup command failed (sandbox.build)
     └── EnvironmentValidationError (RuntimeError)   its tests cannot start there (sandbox.build)
 
@@ -51,3 +53,9 @@ class EnvironmentSpecError(SandboxError, ValueError):
     (or `--env FILE`) is not TOML or not a valid spec, a manifest it was detected from does not
     parse, or a dependency file is too large to key. The message names the file and the fault;
     retrying will not help."""
+
+
+class ClientHelloError(SandboxError, ValueError):
+    """Raised when the first bytes a build sends through an egress tunnel are not a well-formed
+    TLS ClientHello within the parser's bounds (`sandbox.clienthello`). The proxy closes that
+    tunnel and logs the message, which names the fault."""

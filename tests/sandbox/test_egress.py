@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from sandbox.build import CA_PATH, BuildSettings
+from sandbox.clienthello import ENCRYPTED_CLIENT_HELLO
 from sandbox.egress import (
     PROXY_URL,
     EgressPolicy,
@@ -19,8 +20,11 @@ from sandbox.egress import (
     Resolver,
     with_registries,
 )
+from tests.sandbox.test_clienthello import built, extension, real_hello, server_name
 
-REGISTRIES = EgressPolicy(hosts=frozenset({"pypi.org", "mirror.example:8443", "localhost"}))
+REGISTRIES = EgressPolicy(
+    hosts=frozenset({"pypi.org", "mirror.example:8443", "localhost", "203.0.113.80"})
+)
 
 
 @pytest.mark.parametrize(
@@ -99,6 +103,7 @@ class Upstream:
     def __init__(self, reply: bytes, address: str = "127.0.0.1") -> None:
         self.reply = reply
         self.heads: list[bytes] = []
+        self.tunnelled = b""
         self.server = socket.create_server((address, 0))
         self.port = self.server.getsockname()[1]
         self.url = f"http://{address}:{self.port}"
@@ -123,6 +128,7 @@ class Upstream:
             self.heads.append(head)
             conn.sendall(self.reply)
             while head.startswith(b"CONNECT") and (data := conn.recv(4096)):
+                self.tunnelled += data
                 conn.sendall(data)
 
 
@@ -163,14 +169,71 @@ def ask(path: Path, request: bytes, then: bytes = b"") -> bytes:
         return answer
 
 
+ESTABLISHED = b"HTTP/1.1 200 Connection established\r\n\r\n"
+
+
+@pytest.mark.parametrize(
+    ("authority", "server_hostname"),
+    [("pypi.org:443", "pypi.org"), ("PyPI.org:443", "pypi.org."), ("203.0.113.80:443", None)],
+)
 def test_a_connect_to_a_registry_is_tunnelled_through_the_upstream(
+    proxy: Path, upstream: Upstream, authority: str, server_hostname: str | None
+) -> None:
+    hello = real_hello(server_hostname)
+    head = f"CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n\r\n".encode()
+
+    answer = ask(proxy, head, hello)
+
+    assert answer == ESTABLISHED + hello  # the tunnel carries bytes both ways
+    assert upstream.heads == [f"CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n\r\n".encode()]
+    assert upstream.tunnelled == hello
+
+
+def test_a_client_hello_that_arrives_with_the_head_and_in_pieces_goes_on_whole(
     proxy: Path, upstream: Upstream
 ) -> None:
-    answer = ask(proxy, b"CONNECT pypi.org:443 HTTP/1.1\r\nHost: pypi.org:443\r\n\r\n", b"tls!")
+    hello = real_hello("pypi.org")
+    head = b"CONNECT pypi.org:443 HTTP/1.1\r\nHost: pypi.org:443\r\n\r\n"
 
-    assert answer.startswith(b"HTTP/1.1 200")
-    assert answer.endswith(b"tls!")  # the tunnel carries bytes both ways
-    assert upstream.heads == [b"CONNECT pypi.org:443 HTTP/1.1\r\nHost: pypi.org:443\r\n\r\n"]
+    answer = ask(proxy, head + hello[:7], hello[7:])  # the proxy reads 7 bytes with the head
+
+    assert answer == ESTABLISHED + hello
+    assert upstream.tunnelled == hello
+
+
+@pytest.mark.parametrize(
+    ("authority", "first_bytes", "reason"),
+    [
+        ("pypi.org:443", real_hello("attacker-service.example"),
+         "names attacker-service.example, not pypi.org"),
+        ("pypi.org:443", real_hello("pypi.org.attacker-service.example"),
+         "names pypi.org.attacker-service.example, not pypi.org"),
+        ("pypi.org:443", real_hello(None), "names no server, not pypi.org"),
+        ("203.0.113.80:443", real_hello("attacker-service.example"),
+         "names attacker-service.example, not none"),
+        ("pypi.org:443", built(server_name(b"pypi.org") + extension(ENCRYPTED_CLIENT_HELLO, b"x")),
+         "an encrypted ClientHello"),
+        ("pypi.org:443", b"tls!", "not a TLS handshake record"),
+    ],
+    ids=["another-name", "a-name-under-it", "no-name", "a-name-for-an-address", "encrypted",
+         "not-tls"],
+)  # fmt: skip
+def test_a_tunnel_whose_client_hello_names_another_server_is_closed_before_it_goes_on(
+    proxy: Path,
+    upstream: Upstream,
+    caplog: pytest.LogCaptureFixture,
+    authority: str,
+    first_bytes: bytes,
+    reason: str,
+) -> None:
+    head = f"CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n\r\n".encode()
+
+    answer = ask(proxy, head, first_bytes)
+
+    assert answer == ESTABLISHED  # and then closed, nothing echoed
+    assert upstream.tunnelled == b""
+    assert f"egress closed a tunnel to {authority}: " in caplog.text
+    assert reason in caplog.text
 
 
 @pytest.mark.parametrize(
