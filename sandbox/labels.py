@@ -100,6 +100,12 @@ def _pid_exists(pid: int) -> str | None:
 
 @cache
 def _owner(pid: int) -> str:
+    return owner_of(pid)
+
+
+def owner_of(pid: int) -> str:
+    """The `baton.owner` value of process `pid` as this process sees it (the sandbox gate
+    stamps it for the peer of the socket that created a container)."""
     return f"{_host()}:{pid}:{process_start_time(pid) or '?'}"
 
 

@@ -4,6 +4,8 @@ labels and an exec's container never change)."""
 
 from __future__ import annotations
 
+import base64
+import json
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -66,6 +68,23 @@ class Lookup:
                 found = str(info["ContainerID"])
                 self._remember(self._execs, str(info["ID"]), found)
             return found
+
+    def is_link(self, container_id: str, path: str) -> bool:
+        """Whether `path` in the container is a symbolic link (False when it does not exist),
+        as dockerd's `HEAD /containers/{id}/archive` states it, without following it.
+
+        Raises:
+            docker.errors.DockerException, OSError: dockerd failed or cannot be reached.
+        """
+        with self._lock:
+            api = self._client()
+            url = f"{api.base_url}/v{api.api_version}/containers/{container_id}/archive"
+            answer = api.head(url, params={"path": path})
+        if answer.status_code == 404:
+            return False
+        answer.raise_for_status()
+        stated = json.loads(base64.b64decode(answer.headers["X-Docker-Container-Path-Stat"]))
+        return bool(stated.get("linkTarget"))
 
     def close(self) -> None:
         if self._api is not None:

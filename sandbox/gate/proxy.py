@@ -3,8 +3,10 @@
 A client connection has its own connection to dockerd, opened at its first forwarded request
 and kept alive with it. What goes to dockerd is written by the gate: the target `routes.py`
 rebuilt, a few headers of its own (never the caller's, but an exec's upgrade), and a body that
-`rules.py` rebuilt, or none where a request takes none; only an archive is streamed as it
-comes (it may be hundreds of MB). Answers come back as dockerd sends them, except a container
+`rules.py` rebuilt, or none where a request takes none; an uploaded archive (it may be hundreds
+of MB) is spooled, in memory then on disk up to `MAX_ARCHIVE_BYTES`, and forwarded only once
+`archive.py` read every member and no member nor the target folder passes through a symbolic
+link in the container. Answers come back as dockerd sends them, except a container
 list through the ordinary socket, from which build containers are taken out. An exec's
 `POST /exec/{id}/start` asks to upgrade the connection; when dockerd answers `101 UPGRADED`,
 the gate passes bytes both ways until dockerd ends the stream, passing on a half-close (the end
@@ -21,27 +23,41 @@ from __future__ import annotations
 
 import json
 import logging
+import posixpath
 import socket
+import struct
+import tempfile
 import time
+from typing import IO, cast
 from urllib.parse import urlsplit
 
 import docker.errors
 import h11
 from pydantic import BaseModel, ConfigDict, Field
 
+from sandbox import labels as label
+from sandbox.gate import archive
 from sandbox.gate.errors import Refused
 from sandbox.gate.idle import IdleConnections
 from sandbox.gate.lookup import Container, Lookup
 from sandbox.gate.peer import Dropped, Peer, splice
 from sandbox.gate.policy import GatePolicy, touch_refusal
 from sandbox.gate.routes import Refusal, Route, route, unversioned, without_builds
+from sandbox.sockets import RECV_BYTES
 
 logger = logging.getLogger(__name__)
+
+Body = bytes | IO[bytes]
+"""A request's body as forwarded: bytes the gate rebuilt, or a spooled archive it checked."""
 
 MAX_JSON_BYTES = 1 << 20
 """Most a body the gate reads whole may hold (a container's settings, with its environment)."""
 MAX_LIST_BYTES = 64 << 20
 """Most a container list the gate filters may hold."""
+MAX_ARCHIVE_BYTES = 2 << 30
+"""Most an uploaded archive may hold: it is spooled to the gate's disk before it is checked."""
+SPOOL_MEMORY_BYTES = 1 << 20
+"""An archive up to this size is spooled in memory; a larger one in a temporary file."""
 MIN_UPLOAD_BYTES_PER_S = 1 << 16
 """Slowest an archive upload may come on average, once its first `request_timeout_s` passed
 (a client trickling a byte at a time would hold its connection for ever)."""
@@ -115,6 +131,9 @@ class _Session:
         self.upstream: Peer | None = None
         self.deadline = 0.0
         """When the request being read must be whole."""
+        self.owner = _peer_owner(client.sock)
+        """The `baton.owner` of the process at the other end of the socket, which every
+        container it creates carries (None where the socket names no peer)."""
 
     def serve_one(self) -> bool:
         """Serve the next request; False when the connection is over."""
@@ -144,15 +163,18 @@ class _Session:
 
     # -- checks -------------------------------------------------------------------------------
 
-    def _checked(self, method: str, target: str) -> tuple[Route, Container | None, bytes | None]:
-        """The route, the container it acts on and the body to forward (None: streamed);
-        `_Answer` if refused."""
-        decided = route(self.gate.policy, method, target, build_socket=self.build_socket)
+    def _checked(self, method: str, target: str) -> tuple[Route, Container | None, Body]:
+        """The route, the container it acts on and the body to forward; `_Answer` if
+        refused."""
+        decided = route(
+            self.gate.policy, method, target, build_socket=self.build_socket, owner=self.owner
+        )
         if isinstance(decided, Refusal):
             raise _Answer(403, decided.reason)
         found = self._container(decided)
         if decided.streamed:
-            return decided, found, None
+            assert found is not None
+            return decided, found, self._checked_archive(found.id, decided.archive_path)
         raw = self._read_body()
         if decided.body is None:
             if raw:
@@ -219,9 +241,7 @@ class _Session:
 
     # -- forwarding ---------------------------------------------------------------------------
 
-    def _forward(
-        self, request: h11.Request, decided: Route, target: str, body: bytes | None
-    ) -> bool:
+    def _forward(self, request: h11.Request, decided: Route, target: str, body: Body) -> bool:
         head = h11.Request(
             method=request.method, target=target.encode(), headers=_headers(request, decided, body)
         )
@@ -229,10 +249,14 @@ class _Session:
             upstream = self._send_head(head)
         except OSError as exc:
             return self._answer(request.method.decode(), target, _Answer(502, f"dockerd: {exc}"))
-        if body is not None:
+        if isinstance(body, bytes):
             upstream.send(h11.Data(data=body), h11.EndOfMessage())
         else:
-            self._stream_upload(upstream)
+            with body:
+                body.seek(0)
+                while chunk := body.read(RECV_BYTES * 4):
+                    upstream.send(h11.Data(data=chunk))
+            upstream.send(h11.EndOfMessage())
         response = upstream.next_event()
         if isinstance(response, h11.InformationalResponse) and response.status_code == 101:
             self.client.send(response)
@@ -280,22 +304,63 @@ class _Session:
             h11.EndOfMessage(),
         )
 
-    def _stream_upload(self, upstream: Peer) -> None:
-        """Stream the client's archive to dockerd: it may stall for `request_timeout_s` at
-        most, and must average `MIN_UPLOAD_BYTES_PER_S` after its first `request_timeout_s`."""
+    def _checked_archive(self, container_id: str, path: str) -> IO[bytes]:
+        """The client's archive, spooled and checked (`archive.py`): none of its members, nor
+        the folder `path` it is unpacked into, passes through a symbolic link in the
+        container; `_Answer` otherwise."""
+        spool = self._spool_upload()
+        try:
+            try:
+                checked = archive.check(spool)
+            except Refused as refused:
+                raise _Answer(403, refused.reason) from None
+            folder = posixpath.normpath(path) if path.startswith("/") else ""
+            if not folder:
+                raise _Answer(
+                    403, f"path {path[:200]!r}: an archive is unpacked at an absolute path"
+                )
+            parts = folder.split("/")[1:]
+            into = ["/" + "/".join(parts[: i + 1]) for i in range(len(parts)) if parts[i]]
+            into += [posixpath.join(folder, parent) for parent in checked.parents_to_check]
+            for where in into:
+                if self._is_link(container_id, where):
+                    raise _Answer(403, f"{where!r} is a symbolic link in the container: an "
+                                       "archive is never unpacked through one")  # fmt: skip
+        except BaseException:
+            spool.close()
+            raise
+        return spool
+
+    def _is_link(self, container_id: str, path: str) -> bool:
+        try:
+            return self.gate.lookup.is_link(container_id, path)
+        except (docker.errors.DockerException, OSError) as exc:
+            raise _Answer(502, f"the sandbox gate cannot reach dockerd: {exc}") from exc
+
+    def _spool_upload(self) -> IO[bytes]:
+        """The client's archive, in memory up to `SPOOL_MEMORY_BYTES`, on disk beyond, at most
+        `MAX_ARCHIVE_BYTES`: it may stall for `request_timeout_s` at most, and must average
+        `MIN_UPLOAD_BYTES_PER_S` after its first `request_timeout_s`."""
+        spool = tempfile.SpooledTemporaryFile(max_size=SPOOL_MEMORY_BYTES)
         grace_s = self.limits.request_timeout_s
-        started, sent = time.monotonic(), 0
-        while True:
-            due = started + grace_s + sent / MIN_UPLOAD_BYTES_PER_S
-            event = self.client.next_event(due, stall_s=grace_s)
-            if isinstance(event, h11.Data):
-                sent += len(event.data)
-                upstream.send(h11.Data(data=event.data))
-            elif isinstance(event, h11.EndOfMessage):
-                upstream.send(h11.EndOfMessage())
-                return
-            else:
-                raise OSError(f"the client ended mid-archive ({type(event).__name__})")
+        started, received = time.monotonic(), 0
+        try:
+            while True:
+                due = started + grace_s + received / MIN_UPLOAD_BYTES_PER_S
+                event = self.client.next_event(due, stall_s=grace_s)
+                if isinstance(event, h11.Data):
+                    received += len(event.data)
+                    if received > MAX_ARCHIVE_BYTES:
+                        raise _Answer(413, f"its archive is larger than {MAX_ARCHIVE_BYTES} bytes")
+                    spool.write(event.data)
+                elif isinstance(event, h11.EndOfMessage):
+                    spool.seek(0)
+                    return cast(IO[bytes], spool)
+                else:
+                    raise OSError(f"the client ended mid-archive ({type(event).__name__})")
+        except BaseException:
+            spool.close()
+            raise
 
     @staticmethod
     def _stream_body(source: Peer, sink: Peer) -> None:
@@ -310,12 +375,24 @@ class _Session:
                 raise OSError(f"the connection ended mid-message ({type(event).__name__})")
 
 
+def _peer_owner(sock: socket.socket) -> str | None:
+    """The `baton.owner` of the process that connected `sock` (a unix socket's SO_PEERCRED:
+    its pid in the gate's pid namespace); None when the socket has no such peer."""
+    if sock.family != socket.AF_UNIX:
+        return None
+    try:
+        pid, _, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+    except OSError:
+        return None
+    return label.owner_of(pid) if pid > 0 else None
+
+
 UPGRADE_HEADERS = {b"connection": b"upgrade", b"upgrade": b"tcp"}
 """The headers (lower-cased, with their only accepted value) docker-py sends to have an exec's
 stream on the connection itself."""
 
 
-def _headers(request: h11.Request, decided: Route, body: bytes | None) -> list[tuple[bytes, bytes]]:
+def _headers(request: h11.Request, decided: Route, body: Body) -> list[tuple[bytes, bytes]]:
     """The headers forwarded: the gate's own, an exec's upgrade, and the body's framing."""
     headers = [(b"host", b"docker")]
     if decided.upgrade:
@@ -326,9 +403,9 @@ def _headers(request: h11.Request, decided: Route, body: bytes | None) -> list[t
         ]
     if decided.content_type is not None and body != b"":
         headers.append((b"content-type", decided.content_type.encode()))
-    if body is None:  # streamed: the caller's framing (h11 checks it as it passes)
-        framing = (b"content-length", b"transfer-encoding")
-        headers += [(name, value) for name, value in request.headers if name.lower() in framing]
+    if not isinstance(body, bytes):  # a spooled archive
+        body.seek(0, 2)
+        headers.append((b"content-length", str(body.tell()).encode()))
     elif body:
         headers.append((b"content-length", str(len(body)).encode()))
     return headers

@@ -67,7 +67,10 @@ class Route:
     """Set: the body is JSON, read whole and forwarded as this rebuilds it. Unset (and not
     `streamed`): the request must have no body."""
     streamed: bool = False
-    """The body is an archive, streamed as it comes."""
+    """The body is an archive to unpack at `archive_path`: spooled (bounded), checked member by
+    member (`archive.py`), then forwarded."""
+    archive_path: str = ""
+    """Where an archive is unpacked in the container (the query's `path`)."""
     content_type: str | None = None
     """The Content-Type forwarded with the body (the caller's is never forwarded)."""
     upgrade: bool = False
@@ -89,6 +92,8 @@ class Call:
     query: dict[str, str]
     """The query's checked parameters, as forwarded."""
     build_socket: bool
+    owner: str | None = None
+    """The `baton.owner` of a container created on this connection (`route`)."""
 
     def path(self, parts: tuple[str, ...] | None = None) -> str:
         """The target for `parts` (default: the request's), with the checked query."""
@@ -107,13 +112,18 @@ def unversioned(target: str) -> str:
     return f"/{rest}" if VERSION_LIKE.fullmatch(head) else path
 
 
-def route(policy: GatePolicy, method: str, target: str, *, build_socket: bool) -> Refusal | Route:
-    """How the gate handles `method target` on a socket; see the module's documentation."""
+def route(
+    policy: GatePolicy, method: str, target: str, *, build_socket: bool, owner: str | None = None
+) -> Refusal | Route:
+    """How the gate handles `method target` on a socket; see the module's documentation.
+    `owner`: the `baton.owner` a container created on this connection carries, whatever the
+    caller's labels say (None: it carries none)."""
     try:
         version, parts, raw_query = _split(target)
         for pattern, methods, params, handler in ROUTES:
             if method in methods and _matches(pattern, parts):
-                call = Call(policy, method, version, parts, read(raw_query, params), build_socket)
+                query = read(raw_query, params)
+                call = Call(policy, method, version, parts, query, build_socket, owner)
                 return handler(call)
     except Refused as refused:
         return Refusal(refused.reason)
@@ -166,7 +176,8 @@ def _on_container(call: Call) -> Route:
     if call.parts[2:] == ("exec",):
         return Route(target, container=ref, body=_exec_create, content_type=JSON)
     if call.parts[2:] == ("archive",) and call.method == PUT:
-        return Route(target, container=ref, streamed=True, content_type=TAR)
+        return Route(target, container=ref, streamed=True, content_type=TAR,
+                     archive_path=call.query.get("path", ""))  # fmt: skip
     return Route(target, container=ref)
 
 
@@ -184,7 +195,7 @@ def _on_exec(call: Call) -> Route:
 
 def _create(call: Call) -> Route:
     def rebuild(raw: bytes, _: Container | None) -> bytes:
-        return rules.create(call.policy, raw, build_socket=call.build_socket)
+        return rules.create(call.policy, raw, build_socket=call.build_socket, owner=call.owner)
 
     return Route(call.same, body=rebuild, content_type=JSON)
 
@@ -203,7 +214,8 @@ def _list(call: Call) -> Refusal | Route:
         return Refusal('its filters are not Docker\'s JSON ({"label": ["key=value", …]})')
     filters = {**filters, "label": [*wanted, label.SANDBOX_FILTER]}
     query = {**call.query, "filters": json.dumps(filters)}
-    listed = Call(call.policy, call.method, call.version, call.parts, query, call.build_socket)
+    listed = Call(call.policy, call.method, call.version, call.parts, query, call.build_socket,
+                  call.owner)  # fmt: skip
     return Route(listed.same, hides_builds=not call.build_socket)
 
 

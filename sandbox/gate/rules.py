@@ -263,17 +263,22 @@ def create_refusal(policy: GatePolicy, body: CreateBody, *, build_socket: bool) 
     return None
 
 
-def create(policy: GatePolicy, raw: bytes, *, build_socket: bool) -> bytes:
-    """The create body forwarded for `raw`; `Refused` with the reason otherwise."""
+def create(
+    policy: GatePolicy, raw: bytes, *, build_socket: bool, owner: str | None = None
+) -> bytes:
+    """The create body forwarded for `raw`; `Refused` with the reason otherwise. The container
+    is labelled `baton.owner` = `owner` (the process that asked, from its socket's peer
+    credentials), whatever `raw` says; without `owner`, it carries no owner label."""
     body = decode(CreateBody, raw)
     reason = create_refusal(policy, body, build_socket=build_socket)
     if reason is not None:
         raise Refused(reason)
-    return encode(rebuilt(policy, body))
+    return encode(rebuilt(policy, body, owner=owner))
 
 
-def rebuilt(policy: GatePolicy, body: CreateBody) -> CreateBody:
-    """`body`, which passed, in canonical spellings and under the gate's runtime."""
+def rebuilt(policy: GatePolicy, body: CreateBody, *, owner: str | None = None) -> CreateBody:
+    """`body`, which passed, in canonical spellings, under the gate's runtime and stamped
+    with `owner`."""
     assert body.HostConfig is not None
     host = body.HostConfig
     shape = BUILD if BUILD_LABEL in (body.Labels or {}) else SANDBOX
@@ -285,7 +290,12 @@ def rebuilt(policy: GatePolicy, body: CreateBody) -> CreateBody:
         "Runtime": shape.runtime(policy),
     })  # fmt: skip
     user = canonical_user(body.User or "")
-    return body.model_copy(update={"HostConfig": host, "NetworkingConfig": None, "User": user})
+    labels = {name: value for name, value in (body.Labels or {}).items() if name != label.OWNER}
+    if owner is not None:
+        labels[label.OWNER] = owner
+    return body.model_copy(update={
+        "HostConfig": host, "NetworkingConfig": None, "User": user, "Labels": labels,
+    })  # fmt: skip
 
 
 # -- execs and commits ------------------------------------------------------------------------

@@ -155,12 +155,17 @@ def build_body(recorded: Recorded) -> dict[str, Any]:
     return created_bodies(requests)[-1]
 
 
+STAMPED_OWNER = "gate-host/4026531836:4242:987654"
+"""The owner `forwarded` has the gate stamp, as it would for the process on a socket."""
+
+
 def forwarded(
     body: dict[str, Any], *, build_socket: bool = False, policy: GatePolicy = POLICY
 ) -> dict[str, Any]:
     """What the gate forwards for `body`."""
+    raw = json.dumps(body).encode()
     result: dict[str, Any] = json.loads(
-        rules.create(policy, json.dumps(body).encode(), build_socket=build_socket)
+        rules.create(policy, raw, build_socket=build_socket, owner=STAMPED_OWNER)
     )
     return result
 
@@ -197,6 +202,7 @@ def test_the_sandboxes_baton_creates_pass_as_sent(
     (body,) = created_bodies(requests)
     sent = copy.deepcopy(body)
     sent["HostConfig"]["Runtime"] = "runsc"  # the gate's, whatever was asked
+    sent["Labels"]["baton.owner"] = STAMPED_OWNER  # the socket's peer, whatever was said
     assert forwarded(body, build_socket=build_socket) == sent
 
 
@@ -206,8 +212,25 @@ def test_the_build_container_passes_as_sent_through_the_build_socket_only(
     assert build_body["HostConfig"]["CapAdd"] and build_body["User"] == "0:0"
     sent = copy.deepcopy(build_body)
     sent["HostConfig"]["Runtime"] = "runsc"
+    sent["Labels"]["baton.owner"] = STAMPED_OWNER
     assert forwarded(build_body, build_socket=True) == sent
     assert "only through the build socket" in refusal(build_body, build_socket=False)
+
+
+@pytest.mark.parametrize("build_socket", [False, True], ids=["socket", "build-socket"])
+def test_the_owner_a_caller_writes_is_replaced_by_the_one_the_gate_stamps(
+    recorded: Recorded, build_body: dict[str, Any], build_socket: bool
+) -> None:
+    client, requests = recorded
+    _create(client, SandboxConfig(), {"baton.owner": "forged-host/1:1:1"}, {})
+    body = created_bodies(requests)[-1]
+    chosen = build_body if build_socket else body
+    chosen["Labels"]["baton.owner"] = "forged-host/1:1:1"
+    assert forwarded(chosen, build_socket=build_socket)["Labels"]["baton.owner"] == STAMPED_OWNER
+    raw = json.dumps(chosen).encode()
+    unknown = json.loads(rules.create(POLICY, raw, build_socket=build_socket, owner=None))
+    assert "baton.owner" not in unknown["Labels"]
+    assert unknown["Labels"]["baton.sandbox"] == "1"  # the control: other labels are kept
 
 
 def test_the_build_container_of_sandbox_build_passes_without_a_network(
