@@ -10,7 +10,9 @@ tests/test_docs.py):
    word or an id (`p50`, `h3`, `94c0bc9`, `x16`) and not an enumerator like `(2)`.
 2. **Prose carries no measurement.** Outside generated sections, a number with a unit of time,
    size, share, ratio, tokens or rate (`15 ms`, `2 MB`, `7.9 %`, `2.3×`, `12,000 tokens`,
-   `7.8 runs/min`), or a count of the form `N of M`, is taken for a measurement, except
+   `7.8 runs/min`), or a count of the form `N of M`, is taken for a measurement, and so is a
+   number written as a word (one to ninety-nine, "a dozen": `WORDED`) with a unit or before a
+   noun that counts results (`eleven real bugs`, `nine projects`, `twenty of 20`), except
    - in code (a code span or a fenced block: a command, a setting, a literal value), and
    - where `ALLOWED` lists it: a limit, a default or a test's input, by document, with why.
    Keep `ALLOWED` small: a default is better written as its setting in a code span.
@@ -42,6 +44,42 @@ MEASUREMENT = re.compile(
     rf"|{_NUMBER} of {_NUMBER}(?![\w])"
 )
 """A number that reads as a measurement in prose: a unit after it, or `N of M`."""
+_ONES = r"one|two|three|four|five|six|seven|eight|nine"
+_WORD = (
+    rf"(?:(?:twenty|thirty|forty|fifty|sixty|seventy|eighty|ninety)(?:[- ](?:{_ONES}))?"
+    rf"|ten|eleven|twelve|thirteen|fourteen|fifteen|sixteen|seventeen|eighteen|nineteen"
+    rf"|{_ONES}|a dozen)"
+)
+"""A number from one to ninety-nine written as words (`eleven`, `twenty-one`), or "a dozen"."""
+_WORD_UNITS = (
+    r"milliseconds?|seconds?|minutes?|hours?|days?|bytes|kilobytes|megabytes|tokens|percent"
+    r"|per ?cent|times (?:faster|slower|as|more|less|fewer|the)|runs|(?:runs|calls|requests)"
+    r" (?:a|per) (?:second|minute)|retries|iterations"
+)
+"""Units a worded number measures, right after it (`five seconds`, `three times faster`)."""
+_COUNTED = (
+    r"bugs?|projects?|instances?|fixes|failures|publications|repositories|packages|issues"
+    r"|regressions|errors"
+)
+"""Nouns (and outcomes) whose count is a result: a corpus's size, what a run achieved."""
+_NOT_BETWEEN = (
+    r"(?:that|which|who|the|a|an|and|or|of|to|in|on|at|by|for|with|is|are|was|were|it|its"
+    r"|each|every|per|than|as)"
+)
+"""Words that end the noun phrase a worded number begins (`one stage that runs`)."""
+_COUNT = rf"(?<![\w-])(?<!the )(?<!the\n)(?<!'s )(?<!'s\n)(?!one\b)(?:{_WORD})"
+"""A worded number that counts: not "one" (an article as often as a count), not after "the"
+or a possessive, which name a set (`the two commands`, `tomli's two instances`)."""
+WORDED = re.compile(
+    rf"(?<![\w-])(?:{_WORD}|\d+)\s+of\s+(?:the\s+)?{_WORD}(?![\w-])"
+    rf"|(?<![\w-]){_WORD}\s+of\s+(?:the\s+)?{_NUMBER}(?![\w])"
+    rf"|{_COUNT}\s+(?:{_WORD_UNITS})(?![\w-])"
+    rf"|{_COUNT}(?:\s+(?!{_NOT_BETWEEN}\b)[\w-]+){{0,2}}?\s+(?:{_COUNTED})(?![\w-])",
+    re.IGNORECASE,
+)
+"""A number written as a word that reads as a measurement in prose: `N of M` with either one a
+word (`twenty of 20`, `nine of the eleven`), a unit after it (`five seconds`), or a count of
+results, with at most two words between (`eleven real bugs`, `nine PyPI projects`)."""
 CODE_SPAN = re.compile(r"`(?:[^`\n]|\n(?!\n))*`")
 """Inline code, which may wrap onto the next line but not past a paragraph's end."""
 
@@ -147,14 +185,18 @@ def measurements(doc: Path, root: Path = docs.ROOT) -> list[str]:
     """The measurements in `doc`'s prose that `ALLOWED` does not list, as `path:line: figure`."""
     name = doc.relative_to(root).as_posix()
     allowed = ALLOWED.get(name, {})
+    text = prose(doc.read_text())
     found = []
-    for number, line in enumerate(prose(doc.read_text()).splitlines(), start=1):
-        for match in MEASUREMENT.finditer(line):
-            if match.group() not in allowed:
-                found.append(
-                    f"{name}:{number}: {match.group()!r} in prose (rule 2 of bench/claims.py)"
-                )
+    for match in sorted((*MEASUREMENT.finditer(text), *WORDED.finditer(text)), key=_start):
+        said = " ".join(match.group().split())  # a worded count may wrap onto the next line
+        if said not in allowed:
+            number = text.count("\n", 0, match.start()) + 1
+            found.append(f"{name}:{number}: {said!r} in prose (rule 2 of bench/claims.py)")
     return found
+
+
+def _start(match: re.Match[str]) -> int:
+    return match.start()
 
 
 def problems(root: Path = docs.ROOT) -> list[str]:

@@ -140,7 +140,9 @@ def _doc(root: Path, name: str, text: str) -> Path:
     "prose",
     ["A warm sandbox is taken in 15 ms.", "It took 2.5 s.", "Baton sends 7.9 % of the tokens.",
      "2.28× the chain's", "11 of 11 wrong fixes", "about 111 KiB", "12,000 tokens a request",
-     "7.8 runs/min"],
+     "7.8 runs/min", "eleven real bugs", "Nine PyPI projects", "twenty of 20 resolved",
+     "nine of the eleven", "twenty-one instances", "a dozen projects", "three times faster",
+     "in five seconds", "a corpus of eleven real\nbugs"],
 )  # fmt: skip
 def test_a_measurement_in_prose_is_found(tmp_path: Path, prose: str) -> None:
     doc = _doc(tmp_path, "docs/page.md", f"# Page\n\nSome text.\n{prose}\n")
@@ -151,7 +153,9 @@ def test_a_measurement_in_prose_is_found(tmp_path: Path, prose: str) -> None:
 @pytest.mark.parametrize(
     "prose",
     ["`BATON_SANDBOX__TTL_S=1800` and `sleep 30 s`", "HTTP 429s and 5xx",
-     "Python 3.11, Kubernetes 1.30", "the p50 of h3 at 94c0bc9", "six real projects, 2 cores",
+     "Python 3.11, Kubernetes 1.30", "the p50 of h3 at 94c0bc9", "2 cores",
+     "one stage", "the two commands", "one run at a time", "one of the workers",
+     "tomli's two instances", "one stage that runs the tests", "someone fixes bugs",
      "```sh\ntimeout 30 s\n```", "<!-- 15 ms in a comment -->"],
 )  # fmt: skip
 def test_code_ids_versions_and_counts_are_not_measurements(tmp_path: Path, prose: str) -> None:
