@@ -55,8 +55,8 @@ def _telemetry() -> TelemetryConfig:
 
 def _skip_absent_a2a() -> None:
     """ADK imports `RemoteA2aAgent` each time it builds a run's node, to recognise one; without
-    the `a2a` package that import fails after running half the module again, every time (about
-    a millisecond a stage). Baton runs no A2A agents: when `a2a` is absent, the module is marked
+    the `a2a` package that import fails after running half the module again, every time, for
+    every stage. Baton runs no A2A agents: when `a2a` is absent, the module is marked
     missing, so the import fails at once. Where `a2a` is installed nothing changes."""
     if importlib.util.find_spec("a2a") is None:
         sys.modules.setdefault("google.adk.agents.remote_a2a_agent", None)  # type: ignore[arg-type]

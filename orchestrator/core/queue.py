@@ -42,9 +42,9 @@ class _PublishingChannel(kombu_redis.Channel):
     """A channel of kombu's Redis transport that publishes through one Redis client of its own.
 
     Kombu makes a new `redis.Redis` for every message it publishes (`conn_or_acquire`), and
-    redis-py builds its table of some 170 reply handlers for each: a quarter of the CPU time of
-    sending a stage, and as much again for each task event. A client only borrows connections
-    from the channel's pool, so one per channel serves every publish (from any thread).
+    redis-py builds its whole table of reply handlers for each, on every stage sent and every task
+    event. A client only borrows connections from the channel's pool, so one per channel serves
+    every publish (from any thread).
     """
 
     @contextmanager
@@ -77,8 +77,9 @@ def collect_less(**_: Any) -> None:
     parent imported (ADK, google-genai, their pydantic models: most of the heap, alive until
     the process ends) is moved out of the collector's sight, and young objects are collected
     every `YOUNG_COLLECTION_EVERY` allocations. A task allocates many short-lived objects; with
-    CPython's defaults, collecting them took about a tenth of a stage's CPU
-    (docs/benchmarks.md, orchestration overhead)."""
+    CPython's defaults young collections run far more often, and the older generations' walk
+    the heap inherited from the parent too (what a stage's CPU goes to: docs/benchmarks.md,
+    orchestration overhead)."""
     gc.freeze()
     gc.set_threshold(YOUNG_COLLECTION_EVERY, *gc.get_threshold()[1:])
 
