@@ -90,7 +90,8 @@ def new(name: str, parent: Path) -> None:
         "Run it on the fake model from the folder that holds it (its schemas import from there),\n"
         "made a git repository (a run works on one: `--repo .`):\n"
         f"  baton pipeline check {spec}\n"
-        f'  git init -q && git add -A && git commit -qm "{name} pipeline"\n'
+        f"  git init -q && git add -A && git -c user.name=me -c user.email=me@localhost "
+        f'commit -qm "{name} pipeline"\n'
         f"  baton fake-gemini --scenario {scenario} --port 8765 &\n"
         "  export BATON_GEMINI_BASE_URL=http://127.0.0.1:8765 GOOGLE_API_KEY=fake\n"
         f"  baton worker --pipeline {spec} &\n"

@@ -70,7 +70,7 @@ def test_new_writes_a_package_and_refuses_a_bad_name_or_an_existing_folder(tmp_p
     )
     # `--repo .` needs a git repository with a commit: the steps it prints make one first.
     steps = made.output.splitlines()
-    repo = next(i for i, line in enumerate(steps) if "git init" in line and "git commit" in line)
+    repo = next(i for i, line in enumerate(steps) if "git init" in line and " commit -qm" in line)
     assert repo < next(i for i, line in enumerate(steps) if "baton enqueue" in line)
 
     again = CliRunner().invoke(main, ["pipeline", "new", "notes", "--dir", str(tmp_path)])
