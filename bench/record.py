@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from orchestrator.core.git import source_stamp, uncommitted
+from orchestrator.core.git import code_digest, source_stamp, uncommitted
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -40,12 +40,14 @@ def dirty(code: Sequence[str], root: Path = ROOT) -> list[str]:
 def save(
     name: str, figures: Mapping[str, Any], code: Sequence[str], results: Path = RESULTS
 ) -> Path:
-    """Write a run's figures as `<name>.json` (with its date, and the commit of its `code`) and
-    add them to the benchmark's history; the path written."""
+    """Write a run's figures as `<name>.json` (with its date, the commit of its `code` and the
+    digest of that code, `code_digest`) and add them to the benchmark's history; the path
+    written."""
     stamped = {
         "benchmark": name,
         "date": time.strftime("%Y-%m-%d %H:%M"),
         "commit": commit(code),
+        "code": code_digest(ROOT, code),
         **figures,
     }
     (results / "history").mkdir(parents=True, exist_ok=True)

@@ -4,10 +4,13 @@ Every results file records the commit it was measured at (`bench.record.commit`,
 `evaluation.report.source_commit`), and the code that measurement depends on is named in one
 place, `measured`: each benchmark's `CODE` for `bench/results/<name>.json`, `evaluation.report.CODE`
 for every `eval/results/*.json`. A results file is stale when a commit after its own changed any
-of those paths (`git log <recorded>..HEAD -- <paths>`), and also when that cannot be told: its
-commit is unknown, ends `-dirty` (measured from uncommitted code), is not an ancestor of HEAD, or
-is missing from a shallow clone. Prints a table (`--json`: one object per file); exits 1 when any
-file is stale, so that scripts and CI can hold to it.
+of those paths, and also when that cannot be told: its commit is unknown or ends `-dirty`
+(measured from uncommitted code). A results file that keeps the digest of its code
+(`orchestrator.core.git.code_digest`, `code`) is fresh exactly when that digest is HEAD's, which
+HEAD's tree alone tells (a shallow clone too); one that keeps none is held to history: fresh when
+no commit since its own changed those paths (`git log <recorded>..HEAD -- <paths>`), stale when
+its commit is not an ancestor of HEAD or is missing from the clone. Prints a table (`--json`:
+one object per file); exits 1 when any file is stale, so that scripts and CI can hold to it.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from orchestrator.core.git import DIRTY, run_git
+from orchestrator.core.git import DIRTY, code_digest, run_git
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH_RESULTS = "bench/results"
@@ -64,12 +67,14 @@ def _git(root: Path, *args: str) -> tuple[bool, str]:
     return done.returncode == 0, done.stdout.decode(errors="replace").strip()
 
 
-def _recorded(root: Path, results: str) -> str:
+def _recorded(root: Path, results: str) -> tuple[str, str | None]:
+    """The commit a results file records ("unknown" when none) and its code's digest, if kept."""
     try:
-        commit = json.loads((root / results).read_text()).get("commit")
+        data = json.loads((root / results).read_text())
+        commit, digest = data.get("commit"), data.get("code")
     except (OSError, ValueError, AttributeError):
-        return "unknown"
-    return str(commit) if commit else "unknown"
+        return "unknown", None
+    return (str(commit) if commit else "unknown"), (str(digest) if digest else None)
 
 
 def _unreadable(root: Path, commit: str) -> str | None:
@@ -92,12 +97,17 @@ def _unreadable(root: Path, commit: str) -> str | None:
 
 def freshness(root: Path, results: str, code: Sequence[str]) -> Freshness:
     """Whether the figures of `results` still measure `code` as it is at HEAD in `root`."""
-    commit = _recorded(root, results)
+    commit, digest = _recorded(root, results)
+    if not code:
+        return Freshness(results, commit, stale=True, reason="no benchmark names its code")
+    if digest is not None and commit != "unknown" and not commit.endswith(DIRTY):
+        if digest == code_digest(root, code):
+            return Freshness(results, commit, stale=False, reason="fresh")
+        if _unreadable(root, commit) is not None:  # history cannot say which commits
+            return Freshness(results, commit, stale=True, reason="its code changed since")
     unreadable = _unreadable(root, commit)
     if unreadable is not None:
         return Freshness(results, commit, stale=True, reason=unreadable)
-    if not code:
-        return Freshness(results, commit, stale=True, reason="no benchmark names its code")
     ok, out = _git(root, "log", "--format=%h", f"{commit}..HEAD", "--", *code)
     if not ok:
         return Freshness(results, commit, stale=True, reason="git log failed")

@@ -109,7 +109,11 @@ def eval_command(
     )  # fmt: skip
     machine = f"{platform.machine()}, Python {platform.python_version()}"
     results = reports.results_file(
-        evaluation, command=command, environment=machine, commit=reports.source_commit()
+        evaluation,
+        command=command,
+        environment=machine,
+        commit=reports.source_commit(),
+        code=reports.source_code(),
     )
     for path in (results_path, report):
         if path is not None:

@@ -18,7 +18,7 @@ from rich.table import Table
 from evaluation.harness import Evaluation, Result, false_publication
 from evaluation.policies import kind
 from orchestrator.control.tables import Column, fitted_table
-from orchestrator.core.git import source_stamp
+from orchestrator.core.git import code_digest, source_stamp
 
 COLUMNS = (
     "instance", "env", "reproduced", "proven", "published", "resolved", "fail→pass",
@@ -142,14 +142,28 @@ def source_commit(root: Path = SOURCE) -> str:
     return source_stamp(root, CODE)
 
 
+def source_code(root: Path = SOURCE) -> str:
+    """The digest of the code it evaluates (`CODE`) at HEAD (`code_digest`), which a results
+    file keeps beside its commit (`bench.stale`)."""
+    return code_digest(root, CODE)
+
+
 def results_file(
-    evaluation: Evaluation, *, command: str, environment: str, commit: str, date: str | None = None
+    evaluation: Evaluation,
+    *,
+    command: str,
+    environment: str,
+    commit: str,
+    code: str = "unknown",
+    date: str | None = None,
 ) -> dict[str, Any]:
-    """What `baton eval --results FILE` writes: when, from which commit and how it ran, each
-    mode's totals and every instance's result."""
+    """What `baton eval --results FILE` writes: when, from which commit (and the digest of its
+    evaluated code, `source_code`) and how it ran, each mode's totals and every instance's
+    result."""
     return {
         "date": date or time.strftime("%Y-%m-%d %H:%M"),
         "commit": commit,
+        "code": code,
         "command": command,
         "environment": environment,
         "corpus": evaluation.corpus,

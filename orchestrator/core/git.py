@@ -10,6 +10,7 @@ limit and as the same committer.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import subprocess
@@ -295,3 +296,20 @@ def source_stamp(root: Path, paths: Sequence[str]) -> str:
         return "unknown"
     sha = done.stdout.decode().strip()
     return sha + DIRTY if uncommitted(root, paths) else sha
+
+
+def code_digest(root: Path, paths: Sequence[str]) -> str:
+    """A digest of what `paths` (relative to the clone at `root`; folders may end in `/`) hold
+    at HEAD, from git's own object ids: equal for two commits exactly when those paths are the
+    same in both. Read from HEAD's tree alone, so a shallow clone can tell it too; "unknown"
+    outside a clone."""
+    lines = []
+    for path in sorted(paths):
+        done = run_git(
+            ["-C", str(root), "rev-parse", "--verify", "--quiet", f"HEAD:{path.rstrip('/')}"]
+        )
+        if done.returncode != 0 and run_git(["-C", str(root), "rev-parse", "HEAD"]).returncode != 0:
+            return "unknown"
+        object_id = done.stdout.decode().strip() if done.returncode == 0 else "-"
+        lines.append(f"{path} {object_id}\n")
+    return hashlib.sha256("".join(lines).encode()).hexdigest()[:16]

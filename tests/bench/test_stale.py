@@ -13,6 +13,7 @@ import pytest
 from bench import __main__ as bench_main
 from bench import record, stale
 from evaluation import report
+from orchestrator.core.git import code_digest
 from tests.repos import Git, Upstream
 
 CODE = ("src/",)
@@ -183,3 +184,52 @@ def test_dirty_code_names_each_benchmark_whose_code_is_uncommitted(
     (measured.work / "src/a.py").write_text("x = 9\n")
     found = bench_main.dirty_code(["probe", "other"], root=measured.work)
     assert found == {"probe": ["src/a.py"]}
+
+
+def _record_with_digest(upstream: Upstream, git: Git) -> None:
+    """Commit a results file stamped as `bench.record.save` stamps one: HEAD's commit and the
+    digest of its code."""
+    digest = code_digest(upstream.work, CODE)
+    figures = {"commit": _short(git, upstream), "code": digest, "p50_ms": 1.5}
+    upstream.commit({RESULTS: json.dumps(figures)}, "results")
+
+
+def test_a_shallow_clone_tells_a_fresh_result_by_its_code_s_digest(
+    make_upstream: Callable[[], Upstream], git: Git, tmp_path: Path
+) -> None:
+    upstream = make_upstream()
+    upstream.commit({"src/a.py": "x = 1\n"}, "code")
+    _record_with_digest(upstream, git)
+    upstream.commit({"docs/notes.md": "later\n"}, "notes")  # not its code
+    shallow = tmp_path / "shallow"
+    git("clone", "--quiet", "--depth", "1", f"file://{upstream.bare}", shallow)
+
+    found = stale.freshness(shallow, RESULTS, CODE)
+
+    assert (found.stale, found.reason) == (False, "fresh")
+
+
+def test_control_a_shallow_clone_tells_a_changed_code_s_result_stale_by_its_digest(
+    make_upstream: Callable[[], Upstream], git: Git, tmp_path: Path
+) -> None:
+    upstream = make_upstream()
+    upstream.commit({"src/a.py": "x = 1\n"}, "code")
+    _record_with_digest(upstream, git)
+    upstream.commit({"src/a.py": "x = 2\n"}, "changed code")
+    shallow = tmp_path / "shallow"
+    git("clone", "--quiet", "--depth", "1", f"file://{upstream.bare}", shallow)
+
+    found = stale.freshness(shallow, RESULTS, CODE)
+
+    assert (found.stale, found.reason) == (True, "its code changed since")
+    # In the full clone, history names the commit that changed it.
+    full = stale.freshness(upstream.work, RESULTS, CODE)
+    assert full.stale and full.since == [_short(git, upstream)]
+
+
+def test_the_digest_changes_with_the_code_and_only_with_it(measured: Upstream) -> None:
+    before = code_digest(measured.work, CODE)
+    measured.commit({"docs/notes.md": "other\n"}, "notes")
+    assert code_digest(measured.work, CODE) == before
+    measured.commit({"src/a.py": "x = 3\n"}, "code")
+    assert code_digest(measured.work, CODE) != before
