@@ -5,19 +5,19 @@
 
 The build is the setup phase: a container from the base image, with no secret, gets the
 repository's tree at the workspace path, installs the spec's Debian packages and runs its setup
-commands as root, takes the tree's own files out again and is committed as the environment
-image, whose workspace keeps what the setup built there and git does not track (compiled
-modules, generated files: its products). A sandbox's workspace volume starts with them and gets
-its run's commit laid over them, so every tracked file is the run's. Those
-commands are the repository's own (its `setup.py` runs at `pip install -e .`): untrusted code.
-So the build container runs under the sandboxes' runtime (gVisor's runsc where one is set), with
-the least capabilities installing needs and NO network: its only way out is the egress proxy
-(`sandbox.egress`), which this process serves for the build's length on a unix socket bound
-into the container, and which connects to the package registries only — never to a link-local
-(cloud metadata), loopback or private address. Registry settings (`BuildSettings`: the index
-URL, an extra CA bundle, an upstream proxy) reach only the build's commands and the proxy,
-never the image or the agent phase. A setup command that fails ends the build with
-`EnvironmentBuildError`, naming the command and the tail of its output, and leaves no image.
+commands as root, takes the tree's own files out again and is committed as the environment image,
+which keeps what the setup built in the workspace and git does not track (compiled modules,
+generated files: its products) at `WORKSPACE_SEED`. A sandbox's workspace (a tmpfs of its own)
+starts with a copy of them and gets its run's commit laid over them, so every tracked file is the
+run's. Those commands are the repository's own (its `setup.py` runs at `pip install -e .`):
+untrusted code. So the build container runs under the sandboxes' runtime (gVisor's runsc where one
+is set), with the least capabilities installing needs and NO network: its only way out is the
+egress proxy (`sandbox.egress`), which this process serves for the build's length on a unix socket
+bound into the container, and which connects to the package registries only — never to a link-local
+(cloud metadata), loopback or private address. Registry settings (`BuildSettings`: the index URL,
+an extra CA bundle, an upstream proxy) reach only the build's commands and the proxy, never the
+image or the agent phase. A setup command that fails ends the build with `EnvironmentBuildError`,
+naming the command and the tail of its output, and leaves no image.
 
 Validation is the agent phase's first run: a hardened sandbox (no network, no capabilities,
 read-only root) from the new image runs the test command on the unchanged tree. Its outcomes by
@@ -47,7 +47,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from sandbox import labels as label
 from sandbox.client import connected, remove, translated
 from sandbox.config import IMAGE_TAG, SandboxConfig
-from sandbox.docker import DockerSandbox
+from sandbox.docker import WORKSPACE_SEED, DockerSandbox
 from sandbox.egress import (
     DEFAULT_REGISTRIES,
     PROXY_URL,
@@ -122,6 +122,11 @@ tree's place leads there: a sandbox's workspace volume starts with the link, not
 every package."""
 KEEP_PRODUCTS = (Path(__file__).parent / "products.py").read_text(encoding="utf-8")
 """The script (`sandbox.products`) that keeps, after the setup, what it built in the workspace."""
+MOVE_TO_SEED = (
+    f'mkdir -p {WORKSPACE_SEED} && find "$1" -mindepth 1 -maxdepth 1 '
+    f"-exec mv -t {WORKSPACE_SEED} {{}} +"
+)
+"""Moves the workspace's contents (its first argument) to `WORKSPACE_SEED`."""
 CLEAN_CACHES = "rm -rf /root/.cache /root/.npm /tmp/* /var/lib/apt/lists/*"
 BUILD_CAPABILITIES = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "SETUID", "SETGID", "KILL"]
 """What installing packages needs as root (apt drops to its `_apt` user, npm chowns)."""
@@ -302,6 +307,7 @@ def build_environment(
                 if result.status != "ok":
                     _failed(command, result, "".join(log))
             products = _keep_products(box, workspace, tree, user)
+            _move_to_seed(box, workspace)
             image_id = _commit(docker_client, box.id, tag, spec, workspace, build_labels)
         finally:
             remove(docker_client, box.id)
@@ -374,6 +380,17 @@ def _keep_products(
     except (IndexError, json.JSONDecodeError) as exc:
         raise EnvironmentBuildError(f"the build products' list is unreadable: {exc}") from exc
     return _checked_products(products)
+
+
+def _move_to_seed(box: DockerSandbox, workspace: str) -> None:
+    """Move what the workspace keeps to `WORKSPACE_SEED`, which a sandbox copies into its own
+    workspace (a fresh tmpfs, `SandboxConfig.workspace_mb`) when it starts."""
+    result = box.exec(["sh", "-c", MOVE_TO_SEED, "sh", workspace], timeout_s=600)
+    if result.exit_code != 0:
+        raise EnvironmentBuildError(
+            f"the build products could not be moved to {WORKSPACE_SEED}: "
+            f"{result.output.strip()[-500:]}"
+        )
 
 
 def _checked_products(products: Any) -> tuple[str, ...]:

@@ -32,8 +32,14 @@ class SandboxConfig(BaseModel):
     tmp_size_mb: int = Field(256, ge=1)
     """Size of the tmpfs at `/tmp` (rw, nosuid, nodev); it counts against `memory_mb`."""
     workspace: str = "/workspace"
-    """The writable working directory: an anonymous volume removed with the container. The rest
-    of the root file system is read-only."""
+    """The writable working directory: a volume of its own, removed with the container, that
+    starts with what the image keeps for it (`WORKSPACE_SEED`). The rest of the root file
+    system is read-only."""
+    workspace_mb: int = Field(512, ge=1)
+    """Size of the workspace: a tmpfs (Docker's local volume driver, `type=tmpfs`, nosuid,
+    nodev), so a command cannot fill the host's disk through it; a write past it fails with
+    "No space left on device". Like `/tmp`, what it holds counts against `memory_mb`. The
+    sandbox gate bounds it (`--max-workspace-mb`)."""
     user: str = Field("1000:1000", pattern=r"^\d+:\d+$")
     """`uid:gid` every process in the sandbox runs as; never root."""
     ttl_s: int = Field(1800, ge=1)

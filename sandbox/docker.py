@@ -37,11 +37,11 @@ from types import MappingProxyType
 
 import docker
 import docker.errors
-from docker.types import LogConfig
+from docker.types import DriverConfig, LogConfig, Mount
 
 from sandbox import labels as label
 from sandbox.client import connected, remove, translated
-from sandbox.config import SandboxConfig
+from sandbox.config import IMAGE_TAG, SandboxConfig
 from sandbox.errors import SandboxError, SandboxFileError, SandboxStartError
 from sandbox.files import read_archive_file
 from sandbox.models import ExecResult
@@ -81,6 +81,13 @@ KILL_GROUP = [
     "sh",
 ]
 OOM_SINCE = ["sh", "-c", f'read -r b < {STATE_DIR}/$1.oom; {_OOM_COUNT}; echo "$b $n"', "sh"]
+WORKSPACE_SEED = "/opt/baton/workspace"
+"""Where an environment image keeps what a sandbox's workspace starts with (its build's
+products, `sandbox.build`): the workspace is a fresh tmpfs, which Docker does not fill from the
+image, so each sandbox copies the seed in at its start."""
+SEED_WORKSPACE = [
+    "sh", "-c", f'[ ! -d {WORKSPACE_SEED} ] || cp -a {WORKSPACE_SEED}/. "$1"/', "sh",
+]  # fmt: skip
 WRITE_FILE = ["sh", "-c", 'umask 022 && mkdir -p "$(dirname "$1")" && cat > "$1"', "sh"]
 
 FIRST_POLL_S = 0.01
@@ -280,8 +287,11 @@ def _create(
     cfg: SandboxConfig,
     extra_labels: Mapping[str, str],
     env: Mapping[str, str],
+    *,
+    seed: bool = True,
 ) -> str:
-    """Create and start the container; its id."""
+    """Create and start the container; its id. `seed`: copy the image's `WORKSPACE_SEED` into
+    the workspace (an image other than the base one may have one)."""
     ttl_s = cfg.ttl_s
     all_labels = {
         **extra_labels,
@@ -295,6 +305,7 @@ def _create(
         security_opt=["no-new-privileges"],
         read_only=True,
         tmpfs={"/tmp": f"rw,nosuid,nodev,size={cfg.tmp_size_mb}m"},
+        mounts=[workspace_mount(cfg)],
         pids_limit=cfg.pids_limit,
         mem_limit=cfg.memory_mb * 2**20,
         memswap_limit=cfg.memory_mb * 2**20,
@@ -313,17 +324,48 @@ def _create(
             working_dir=cfg.workspace,
             environment={**BASE_ENV, **env},
             labels=all_labels,
-            volumes=[cfg.workspace],  # Config.Volumes: an anonymous volume, removed with it
             host_config=host_config,
         )["Id"]
     try:
         with translated(f"starting sandbox {container_id[:12]}", image=cfg.image):
             client.api.start(container_id)
+        if seed and cfg.image != IMAGE_TAG:
+            _seed_workspace(client, cfg, container_id)
     except SandboxError:
         remove(client, container_id)
         raise
     logger.debug("sandbox %s started from %s", container_id[:12], cfg.image)
     return container_id
+
+
+def workspace_mount(cfg: SandboxConfig) -> Mount:
+    """The workspace: an anonymous volume of Docker's local driver on a tmpfs of
+    `cfg.workspace_mb`, owned by the sandbox's user, removed with the container."""
+    uid, gid = cfg.uid_gid
+    options = f"size={cfg.workspace_mb}m,uid={uid},gid={gid},mode=0755,nosuid,nodev"
+    return Mount(
+        target=cfg.workspace,
+        source=None,
+        type="volume",
+        driver_config=DriverConfig("local", {"type": "tmpfs", "device": "tmpfs", "o": options}),
+    )
+
+
+def _seed_workspace(client: docker.DockerClient, cfg: SandboxConfig, container_id: str) -> None:
+    """Copy the environment image's `WORKSPACE_SEED` into the workspace, as the sandbox's
+    user; `SandboxStartError` when it does not fit (`workspace_mb`)."""
+    with translated(f"seeding the workspace of sandbox {container_id[:12]}", image=cfg.image):
+        exec_id = client.api.exec_create(
+            container_id, [*SEED_WORKSPACE, cfg.workspace], user=cfg.user
+        )["Id"]
+        output = client.api.exec_start(exec_id)
+        exit_code = client.api.exec_inspect(exec_id)["ExitCode"]
+    if exit_code != 0:
+        raise SandboxStartError(
+            f"the workspace of {cfg.image} could not be copied into sandbox "
+            f"{container_id[:12]} ({cfg.workspace_mb} MB, workspace_mb): "
+            f"{output.decode(errors='replace').strip()[-300:]}"
+        )
 
 
 @contextmanager

@@ -42,6 +42,10 @@ BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 KEY_CHARS = 16
 """Hex digits of the key that name the image (`baton-env:<key>`): 64 bits."""
+KEY_FORMAT = "workspace-seed"
+"""Hashed into every key: what an environment image holds and where. Changed when a built image
+no longer fits what sandboxes expect of it (its products moved to `sandbox.docker`'s
+`WORKSPACE_SEED`), so an image built before is never taken for one of the new kind."""
 
 MAX_INPUT_BYTES = 8_000_000
 """A dependency file larger than this is refused: the key reads every one in full."""
@@ -225,6 +229,7 @@ def environment_key(
         EnvironmentSpecError: an input file is larger than `MAX_INPUT_BYTES`.
     """
     digest = hashlib.sha256()
+    digest.update(KEY_FORMAT.encode() + b"\0")
     digest.update(base_image_id.encode())
     digest.update(b"\0" + repository.encode() + b"\0")
     digest.update(spec.model_dump_json(exclude={"source"}).encode())

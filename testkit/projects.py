@@ -26,6 +26,7 @@ from pathlib import Path
 import docker
 
 from orchestrator.core.git import COMMITTER
+from sandbox.docker import WORKSPACE_SEED
 
 DOWNLOAD_TIMEOUT_S = 300
 
@@ -157,10 +158,13 @@ def summary_counts(output: str) -> tuple[int, int]:
 def by_hand(
     client: docker.DockerClient, tag: str, root: Path, command: str, labels: Mapping[str, str]
 ) -> str:
-    """`command` run in image `tag` as a person would: `docker run` with `root` mounted
-    read-only and copied over /workspace first (its `.git` left out), as the sandbox's user, no
-    network; what it printed."""
-    script = f"cp -r /src/. /workspace/ && rm -rf /workspace/.git && cd /workspace && {command}"
+    """`command` run in image `tag` as a person would: `docker run` with the image's build
+    products (`WORKSPACE_SEED`, if it has one) and then `root`, mounted read-only, copied over
+    /workspace first (its `.git` left out), as the sandbox's user, no network; what it
+    printed."""
+    seed = f"[ ! -d {WORKSPACE_SEED} ] || cp -a {WORKSPACE_SEED}/. /workspace/"
+    script = f"{seed} && cp -r /src/. /workspace/ && rm -rf /workspace/.git && cd /workspace && "
+    script += command
     output: bytes = client.containers.run(
         tag, ["sh", "-c", script + "; true"], remove=True, network_mode="none",
         volumes={str(root): {"bind": "/src", "mode": "ro"}}, user="1000:1000",

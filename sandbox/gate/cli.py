@@ -92,6 +92,13 @@ POLICY = GatePolicy()
     help="Highest pids limit a container may have.",
 )
 @click.option(
+    "--max-workspace-mb",
+    type=int,
+    default=POLICY.max_workspace_mb,
+    show_default=True,
+    help="Largest workspace (a tmpfs volume) a sandbox may have; one without a size is refused.",
+)
+@click.option(
     "--socket-mode",
     default="660",
     show_default=True,
@@ -139,6 +146,7 @@ def sandbox_gate(  # one parameter per option
     max_memory_mb: int,
     max_cpus: float,
     max_pids: int,
+    max_workspace_mb: int,
     socket_mode: str,
     build_socket_mode: str,
     request_timeout_s: float,
@@ -158,6 +166,7 @@ def sandbox_gate(  # one parameter per option
             max_memory_mb=max_memory_mb,
             max_cpus=max_cpus,
             max_pids=max_pids,
+            max_workspace_mb=max_workspace_mb,
         )
         limits = ConnectionLimits(
             request_timeout_s=request_timeout_s,

@@ -59,6 +59,9 @@ class GatePolicy(BaseModel):
     """Most CPUs (`NanoCpus` / 1e9) a container may have."""
     max_pids: int = Field(4096, ge=8)
     """Highest `PidsLimit` a container may have."""
+    max_workspace_mb: int = Field(4096, ge=1)
+    """Largest workspace a sandbox may have (`SandboxConfig.workspace_mb`: a tmpfs volume of
+    that size); a sandbox without one is refused."""
 
     @field_validator("networks")
     @classmethod

@@ -25,7 +25,14 @@ from sandbox.build import BUILD_CAPABILITIES, BUILD_LABEL
 from sandbox.gate.decode import decode, encode
 from sandbox.gate.errors import Refused
 from sandbox.gate.policy import GatePolicy, image_refusal
-from sandbox.gate.schema import CommitBody, CreateBody, ExecBody, ExecStartBody, HostSettings
+from sandbox.gate.schema import (
+    CommitBody,
+    CreateBody,
+    ExecBody,
+    ExecStartBody,
+    HostSettings,
+    MountSettings,
+)
 
 NO_NEW_PRIVILEGES = frozenset({"no-new-privileges", "no-new-privileges:true",
                                "no-new-privileges=true"})  # fmt: skip
@@ -36,6 +43,10 @@ LOG_DRIVERS = frozenset({"json-file", "local", "none"})
 dockerd's default applies, which is the operator's."""
 LOG_OPTIONS = frozenset({"max-size", "max-file", "compress"})
 """The options of those drivers a container may set (not `labels`/`env`, which copy values)."""
+WORKSPACE_SIZE = re.compile(r"size=[0-9]{1,9}m")
+WORKSPACE_OPTION = re.compile(r"size=[0-9]{1,9}m|uid=[0-9]{1,10}|gid=[0-9]{1,10}|mode=[0-7]{3,4}"
+                              r"|nosuid|nodev|noexec")  # fmt: skip
+"""The tmpfs options (`o=`) a sandbox's workspace volume may have; its size is in MB."""
 TMPFS_OPTION = re.compile(r"rw|ro|nosuid|nodev|noexec|exec|size=[0-9]+[kmg]?|mode=[0-7]{3,4}")
 """An option a tmpfs may have; `nosuid` and `nodev` are required."""
 PATH = re.compile(r"(/[A-Za-z0-9_.-]+)+")
@@ -226,9 +237,53 @@ def filesystems(
         } <= set(tokens):  # fmt: skip
             return f"HostConfig.Tmpfs {path!r}: options {options!r} (nosuid and nodev, a size)"
     volumes = sorted(body.Volumes or {})
+    if volumes and not shape.build:
+        return (
+            f"Volumes {volumes}: a sandbox's workspace is a tmpfs volume of a bounded size "
+            "(HostConfig.Mounts), never an anonymous volume on the host's disk"
+        )
     if volumes and (volumes != [body.WorkingDir] or not _plain(volumes[0])):
         return f"Volumes {volumes}: a container's only volume is its working directory"
     return None
+
+
+def workspace(policy: GatePolicy, shape: Shape, body: CreateBody, host: HostSettings) -> str | None:
+    """A sandbox has one mount, its workspace: Docker's local driver on a tmpfs of at most
+    `--max-workspace-mb`, nosuid and nodev (`sandbox.docker.workspace_mount`); a build none."""
+    mounts = host.Mounts or []
+    if shape.build:
+        return "HostConfig.Mounts is set: a build container has none" if mounts else None
+    most = policy.max_workspace_mb
+    wanted = (
+        f"one volume at the working directory, driver local, type=tmpfs, device=tmpfs, "
+        f"o=size=<1 to {most}>m,nosuid,nodev (uid=, gid=, mode= allowed; --max-workspace-mb)"
+    )
+    if len(mounts) != 1:
+        return f"HostConfig.Mounts has {len(mounts)} mounts: a sandbox's workspace is {wanted}"
+    mount = mounts[0]
+    driver = mount.VolumeOptions.DriverConfig if mount.VolumeOptions else None
+    options = dict((driver.Options if driver else None) or {})
+    if (
+        mount.Type != "volume" or mount.Source or mount.ReadOnly
+        or mount.Target != body.WorkingDir or not _plain(mount.Target or "")
+        or driver is None or driver.Name != "local"
+        or options.pop("type", None) != "tmpfs" or options.pop("device", None) != "tmpfs"
+    ):  # fmt: skip
+        return f"HostConfig.Mounts {_said(mount)}: a sandbox's workspace is {wanted}"
+    tokens = options.pop("o", "").split(",")
+    sizes = [int(token[5:-1]) for token in tokens if WORKSPACE_SIZE.fullmatch(token)]
+    if options or not all(WORKSPACE_OPTION.fullmatch(token) for token in tokens) or not {
+        "nosuid", "nodev"
+    } <= set(tokens):  # fmt: skip
+        return f"HostConfig.Mounts {_said(mount)}: a sandbox's workspace is {wanted}"
+    if len(sizes) != 1 or not 0 < sizes[0] <= most:
+        size = sizes[0] if len(sizes) == 1 else "none" if not sizes else "several"
+        return f"the workspace's size is {size} MB: between 1 and {most} (--max-workspace-mb)"
+    return None
+
+
+def _said(mount: MountSettings) -> str:
+    return mount.model_dump_json(exclude_none=True)[:300]
 
 
 def runtime(policy: GatePolicy, shape: Shape, body: CreateBody, host: HostSettings) -> str | None:
@@ -242,7 +297,7 @@ def runtime(policy: GatePolicy, shape: Shape, body: CreateBody, host: HostSettin
 
 CREATE_RULES: tuple[Rule, ...] = (
     labelled, image, user, root_file_system, capabilities, security_options, binds, network,
-    limits, logs, filesystems, runtime,
+    limits, logs, filesystems, workspace, runtime,
 )  # fmt: skip
 
 

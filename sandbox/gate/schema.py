@@ -23,12 +23,39 @@ class LogSettings(GoStruct):
     """The log driver's options: a map."""
 
 
+class DriverSettings(GoStruct):
+    """`Mounts[].VolumeOptions.DriverConfig` (mount.Driver)."""
+
+    Name: str | None = None
+    Options: dict[str, str] | None = None
+    """The volume driver's options: a map."""
+
+
+class VolumeSettings(GoStruct):
+    """`Mounts[].VolumeOptions` (mount.VolumeOptions), without `Labels`."""
+
+    NoCopy: bool | None = None
+    DriverConfig: DriverSettings | None = None
+
+
+class MountSettings(GoStruct):
+    """`HostConfig.Mounts[]` (mount.Mount), without `Consistency`, `BindOptions` and
+    `TmpfsOptions`: a sandbox's one mount is its workspace volume."""
+
+    Type: str | None = None
+    Source: str | None = None
+    Target: str | None = None
+    ReadOnly: bool | None = None
+    VolumeOptions: VolumeSettings | None = None
+
+
 class HostSettings(GoStruct):
     """`HostConfig` (container.HostConfig with its embedded Resources). Nothing else of it is
-    accepted: no Privileged, Mounts, Devices, PidMode, IpcMode, UsernsMode, PortBindings, …,
+    accepted: no Privileged, Devices, PidMode, IpcMode, UsernsMode, PortBindings, …,
     not even with an empty value (docker-py sends none of them)."""
 
     Binds: list[str] | None = None
+    Mounts: list[MountSettings] | None = None
     CapAdd: list[str] | None = None
     CapDrop: list[str] | None = None
     SecurityOpt: list[str] | None = None

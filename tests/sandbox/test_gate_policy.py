@@ -189,7 +189,7 @@ def refusal(
         SandboxConfig(runtime="runsc", memory_mb=256, pids_limit=64, cpus=0.5),
         SandboxConfig(network="bridge"),
         SandboxConfig(image="baton-env:0123456789abcdef", ttl_s=60, user="1234:5678"),
-        SandboxConfig(memory_mb=8192, cpus=4, pids_limit=4096, tmp_size_mb=4096),
+        SandboxConfig(memory_mb=8192, cpus=4, pids_limit=4096, tmp_size_mb=4096, workspace_mb=4096),
     ],
     ids=["defaults", "runsc-small", "opted-in-network", "environment-image", "at-the-caps"],
 )
@@ -198,11 +198,12 @@ def test_the_sandboxes_baton_creates_pass_as_sent(
     recorded: Recorded, cfg: SandboxConfig, build_socket: bool
 ) -> None:
     client, requests = recorded
-    _create(client, cfg, {"baton.pool": "1"}, {"VAR": "value"})
+    _create(client, cfg, {"baton.pool": "1"}, {"VAR": "value"}, seed=False)
     (body,) = created_bodies(requests)
     sent = copy.deepcopy(body)
     sent["HostConfig"]["Runtime"] = "runsc"  # the gate's, whatever was asked
     sent["Labels"]["baton.owner"] = STAMPED_OWNER  # the socket's peer, whatever was said
+    assert sent["HostConfig"]["Mounts"][0].pop("Source") is None  # null: not forwarded
     assert forwarded(body, build_socket=build_socket) == sent
 
 
@@ -302,6 +303,41 @@ def drop_host(key: str) -> Callable[[dict[str, Any]], None]:
     return change
 
 
+WORKSPACE_VOLUME = {"/workspace": {}}
+"""An anonymous volume at the workspace: the host's disk, unbounded."""
+
+
+def both(*changes: Callable[[dict[str, Any]], None]) -> Callable[[dict[str, Any]], None]:
+    def change(body: dict[str, Any]) -> None:
+        for each in changes:
+            each(body)
+
+    return change
+
+
+def workspace_o(options: str) -> Callable[[dict[str, Any]], None]:
+    """Sets the tmpfs options (`o=`) of the workspace volume."""
+
+    def change(body: dict[str, Any]) -> None:
+        body["HostConfig"]["Mounts"][0]["VolumeOptions"]["DriverConfig"]["Options"]["o"] = options
+
+    return change
+
+
+def workspace_driver(name: str) -> Callable[[dict[str, Any]], None]:
+    def change(body: dict[str, Any]) -> None:
+        body["HostConfig"]["Mounts"][0]["VolumeOptions"]["DriverConfig"]["Name"] = name
+
+    return change
+
+
+def workspace_target(path: str) -> Callable[[dict[str, Any]], None]:
+    def change(body: dict[str, Any]) -> None:
+        body["HostConfig"]["Mounts"][0]["Target"] = path
+
+    return change
+
+
 def set_top(key: str, value: Any) -> Callable[[dict[str, Any]], None]:
     def change(body: dict[str, Any]) -> None:
         body[key] = value
@@ -345,7 +381,21 @@ SANDBOX_BREAKS = [
     ("bind-root", set_host("Binds", ["/:/host"]), "HostConfig.Binds ['/:/host']"),
     ("ca-bundle-in-a-sandbox", set_host("Binds", [f"{CA_BUNDLE}:{CA_PATH}:ro"]),
      "HostConfig.Binds"),
-    ("mounts", set_host("Mounts", [{"Type": "tmpfs", "Target": "/x"}]), f"'Mounts' {UNKNOWN}"),
+    ("mounts-tmpfs", set_host("Mounts", [{"Type": "tmpfs", "Target": "/workspace"}]),
+     "a sandbox's workspace is one volume"),
+    ("mounts-bind", set_host("Mounts", [{"Type": "bind", "Source": "/", "Target": "/workspace"}]),
+     "a sandbox's workspace is one volume"),
+    ("workspace-missing", drop_host("Mounts"), "HostConfig.Mounts has 0 mounts"),
+    ("workspace-anonymous-volume", both(drop_host("Mounts"), set_top("Volumes", WORKSPACE_VOLUME)),
+     "never an anonymous volume"),
+    ("workspace-no-size", workspace_o("uid=1000,gid=1000,nosuid,nodev"),
+     "the workspace's size is none MB"),
+    ("workspace-over-max", workspace_o("size=4097m,nosuid,nodev"),
+     "the workspace's size is 4097 MB: between 1 and 4096 (--max-workspace-mb)"),
+    ("workspace-in-gigabytes", workspace_o("size=1g,nosuid,nodev"), "a sandbox's workspace is"),
+    ("workspace-suid", workspace_o("size=64m,nodev"), "a sandbox's workspace is"),
+    ("workspace-other-driver", workspace_driver("nfs"), "a sandbox's workspace is"),
+    ("workspace-elsewhere", workspace_target("/etc"), "a sandbox's workspace is"),
     ("volume-driver", set_host("VolumeDriver", "local-persist"), f"'VolumeDriver' {UNKNOWN}"),
     ("devices", set_host("Devices", []), f"'Devices' {UNKNOWN}"),
     ("pid-host", set_host("PidMode", "host"), f"'PidMode' {UNKNOWN}"),

@@ -17,6 +17,7 @@ import pytest
 
 from sandbox import DockerSandbox, SandboxConfig, reap
 from sandbox import labels as label
+from sandbox.docker import workspace_mount
 from tests.sandbox.conftest import TEST_LABEL, Gate, started_gate
 
 pytestmark = pytest.mark.integration
@@ -139,12 +140,16 @@ def test_an_upload_through_a_symlink_the_sandbox_made_is_refused_and_through_a_f
 
 CREATE_SCRIPT = """
 import sys, docker
+from sandbox import SandboxConfig
+from sandbox.docker import workspace_mount
 client = docker.DockerClient(base_url="unix://" + sys.argv[1])
 host = client.api.create_host_config(
     network_mode="none", cap_drop=["ALL"], security_opt=["no-new-privileges"], read_only=True,
-    mem_limit=64 * 2**20, memswap_limit=64 * 2**20, nano_cpus=500_000_000, pids_limit=32)
+    mem_limit=64 * 2**20, memswap_limit=64 * 2**20, nano_cpus=500_000_000, pids_limit=32,
+    mounts=[workspace_mount(SandboxConfig())])
 created = client.api.create_container(
     "baton-sandbox:2", ["sleep", "60"], user="1000:1000", host_config=host,
+    working_dir="/workspace",
     labels={"baton.sandbox": "1", "baton.owner": sys.argv[2], "baton.test": sys.argv[3]})
 print(created["Id"])
 """
@@ -186,12 +191,13 @@ def create_through(gate: Gate, forged_owner: str, session_label: str) -> str:
         host = client.api.create_host_config(
             network_mode="none", cap_drop=["ALL"], security_opt=["no-new-privileges"],
             read_only=True, mem_limit=64 * 2**20, memswap_limit=64 * 2**20,
-            nano_cpus=500_000_000, pids_limit=32,
+            nano_cpus=500_000_000, pids_limit=32, mounts=[workspace_mount(SandboxConfig())],
         )  # fmt: skip
         labels = {"baton.sandbox": "1", "baton.owner": forged_owner, TEST_LABEL: session_label}
         created = client.api.create_container(
-            "baton-sandbox:2", ["sleep", "60"], user="1000:1000", host_config=host, labels=labels
-        )
+            "baton-sandbox:2", ["sleep", "60"], user="1000:1000", host_config=host,
+            labels=labels, working_dir="/workspace",
+        )  # fmt: skip
         return str(created["Id"])
     finally:
         client.close()
