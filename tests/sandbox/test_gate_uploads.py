@@ -9,7 +9,7 @@ import io
 import subprocess
 import sys
 import tarfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import docker
 import docker.errors
@@ -201,3 +201,15 @@ def create_through(gate: Gate, forged_owner: str, session_label: str) -> str:
         return str(created["Id"])
     finally:
         client.close()
+
+
+def test_without_the_gate_the_symlink_archive_writes_into_the_read_only_root(
+    docker_client: docker.DockerClient, start_sandbox: Callable[..., DockerSandbox]
+) -> None:
+    """The control of the refusals above: the hazard is dockerd's own, so the same archive sent
+    straight to it writes `/etc/pwned` into a sandbox's read-only root."""
+    box = start_sandbox()
+    hostile = tar_of([("esc", SYM, "/etc"), ("esc/pwned", FILE, "owned\n")])
+    docker_client.api.put_archive(box.id, "/workspace", hostile)
+    assert {"Kind": 1, "Path": "/etc/pwned"} in (docker_client.api.diff(box.id) or [])
+    assert box.exec(["cat", "/etc/pwned"]).output == "owned\n"
