@@ -8,11 +8,14 @@ import gzip
 import io
 import tarfile
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 
 from sandbox.gate import archive
 from sandbox.gate.errors import Refused
+from tests.repos import Git
+from workers.mirrors import RepoCache
 
 Member = tuple[str, bytes, str]
 """A member to write: its name, its kind (`tarfile` type) and its link target or data."""
@@ -97,3 +100,22 @@ def test_folders_the_archive_writes_into_without_making_them_are_checked_in_the_
 def test_a_folder_made_after_a_file_written_into_it_does_not_count_as_made() -> None:
     late = tar_of([("a/f", FILE, "x"), ("a", DIR, "")])
     assert archive.check(io.BytesIO(late)).parents_to_check == ["a"]
+
+
+def test_a_tree_as_baton_archives_it_passes_with_its_links_and_nothing_to_check(
+    git: Git, tmp_path: Path
+) -> None:
+    repo = tmp_path / "repo"
+    (repo / "src" / "pkg").mkdir(parents=True)
+    (repo / "src" / "pkg" / "mod.py").write_text("x = 1\n")
+    (repo / "run.sh").write_text("#!/bin/sh\n")
+    (repo / "run.sh").chmod(0o755)
+    (repo / "docs").symlink_to("src/pkg")
+    git("init", "-q", repo)
+    git("-C", repo, "add", "-A")
+    git("-C", repo, "commit", "-qm", "tree")
+    commit = git("-C", repo, "rev-parse", "HEAD")
+    tree = RepoCache(tmp_path / "mirrors").archive(str(repo), commit, uid=1000, gid=1000)
+    assert archive.check(io.BytesIO(tree)).parents_to_check == []
+    names = {member.name for member in tarfile.open(fileobj=io.BytesIO(tree))}
+    assert {"src/pkg/mod.py", "run.sh", "docs"} <= names  # what was checked is the whole tree
