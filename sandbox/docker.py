@@ -234,7 +234,9 @@ class DockerSandbox:
         while time.monotonic() < deadline:
             still_open = stream.read_until(min(deadline, time.monotonic() + interval))
             running, exit_code = self._inspect(exec_id)
-            if not running:
+            # Not running with no exit code: not started yet. Docker answers the exec's start
+            # before it starts the process, so a busy host is seen here before it begins.
+            if not running and exit_code is not None:
                 if still_open and stream.read_until(time.monotonic() + GRACE_S):
                     logger.debug("sandbox %s: ending a background group", self.id[:12])
                     self._kill_group(token)

@@ -58,15 +58,14 @@ def test_a_sandbox_taken_from_the_pool_was_started_before_and_is_never_used_twic
     until(lambda: pool.ready() == 2, "the pool did not fill")
     waiting = pooled(docker_client)
 
-    started = time.monotonic()
+    # Taken, not started: its id is one of the containers that waited (how much time that
+    # saves is bench/sandbox.py's to measure, not a timed test's on a busy machine).
     with pool.start(CFG, labels={}, env={}) as first:
-        took_s = time.monotonic() - started
         assert first.id in waiting
         assert first.exec(["id", "-u"]).output.strip() == "1000"
     with pool.start(CFG, labels={}, env={}) as second:
         assert second.id != first.id
 
-    assert took_s < 0.05
     assert first.id not in pooled(docker_client) and second.id not in pooled(docker_client)
     until(lambda: pool.ready() == 2, "the pool did not refill")
 

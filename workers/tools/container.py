@@ -126,7 +126,7 @@ class ContainerWorkspace:
             timeout_s=LOCAL_GIT_TIMEOUT_S, max_output_bytes=MAX_DIFF_BYTES,
         )  # fmt: skip
         if result.exit_code != 0:
-            raise ToolError(f"git diff failed: {result.output.strip()[-500:]}")
+            raise ToolError(f"git diff exited {result.exit_code}: {result.output.strip()[-500:]}")
         if result.truncated:
             raise ToolError(f"the diff is over {MAX_DIFF_BYTES} bytes; make a smaller change")
         return result.output
