@@ -27,8 +27,8 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 
 # Python packages: exactly what requirements.lock lists (`make lock` writes it), each file checked
-# against its hash, nothing resolved against the index, then Baton itself, editable, with no dependency of its own and the locked
-# setuptools as its build backend. .venv/.installed holds the hashes of the lock and of
+# against its hash, nothing resolved against the index, then Baton itself, editable, with no
+# dependency of its own and the locked setuptools as its build backend. .venv/.installed holds the hashes of the lock and of
 # pyproject.toml it was made from: a changed lock makes .venv afresh (so nothing the lock no
 # longer lists stays behind), a changed pyproject.toml reinstalls Baton.
 lock_sum="lock $(sha256sum requirements.lock | cut -d' ' -f1)"
